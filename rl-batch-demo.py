@@ -732,7 +732,7 @@ def build_parser():
                               "runc on a kind cluster); results.json records runtime null")
     run.add_argument("--context", metavar="NAME",
                      help="kubectl context (default: kubectl's current context)")
-    run.set_defaults(handler=cmd_run)
+    run.set_defaults(handler=cmd_run, subparser=run)
 
     cleanup = commands.add_parser("cleanup", help="delete what one run created, after checking "
                                                   "ownership against its receipt.json")
@@ -747,12 +747,12 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.command == "run":
         if not 1 <= args.count <= MAX_COUNT:
-            parser.error("--count must be between 1 and %d (the demo's bound to keep first trials "
+            args.subparser.error("--count must be between 1 and %d (the demo's bound to keep first trials "
                          "small), got %d" % (MAX_COUNT, args.count))
         if args.parallelism is None:
             args.parallelism = args.count
         if not 1 <= args.parallelism <= args.count:
-            parser.error("--parallelism must be between 1 and --count (%d), got %d"
+            args.subparser.error("--parallelism must be between 1 and --count (%d), got %d"
                          % (args.count, args.parallelism))
     return args
 

@@ -1,0 +1,68 @@
+import importlib.util
+from pathlib import Path
+import subprocess
+import sys
+
+import pytest
+
+from fakecluster import FakeCluster
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "rl-batch-demo.py"
+
+
+def load_tool():
+    """Import the dashed script as a module (registered first, as importlib requires)."""
+    if "rl_batch_demo" in sys.modules:
+        return sys.modules["rl_batch_demo"]
+    spec = importlib.util.spec_from_file_location("rl_batch_demo", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["rl_batch_demo"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def tool():
+    return load_tool()
+
+
+@pytest.fixture
+def make_cluster(tmp_path):
+    started = []
+
+    def make(config=None, **kwargs):
+        cluster = FakeCluster(tmp_path / ("k8s%d" % len(started)), config, **kwargs).start()
+        started.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in started:
+        cluster.stop()
+
+
+@pytest.fixture
+def cluster(make_cluster):
+    return make_cluster()
+
+
+class Result:
+    def __init__(self, done):
+        self.code, self.stdout, self.stderr = done.returncode, done.stdout, done.stderr
+
+    def __repr__(self):
+        return "Result(code=%r, stdout=%r, stderr=%r)" % (self.code, self.stdout[-2000:], self.stderr[-2000:])
+
+
+@pytest.fixture
+def run_tool(tmp_path):
+    """Run the real script as a user would, against a cluster's kubectl (or none)."""
+
+    def run(*args, cluster=None, env=None, timeout=300):
+        environment = cluster.env() if cluster else dict(__import__("os").environ)
+        environment.update(env or {})
+        done = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=str(tmp_path), env=environment,
+                              text=True, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        return Result(done)
+
+    return run

@@ -1,0 +1,399 @@
+"""A fake `kubectl`: parses kubectl's command line, calls the simulated API server, and
+prints what real kubectl prints (JSON with 4-space indent, tables, error lines, exit codes).
+
+State directory: FAKE_K8S_DIR (kubeconfig.json names the contexts; server.json the port).
+Only the verbs and flags rl-batch-demo and its tests use are implemented; anything else
+fails loudly (exit 1, "fake kubectl: unsupported ...") so a gap is never silent.
+"""
+
+import datetime
+import http.client
+import json
+import os
+from pathlib import Path
+import socket
+import sys
+import time
+
+ALIASES = {
+    "ns": "namespaces", "namespace": "namespaces", "namespaces": "namespaces",
+    "po": "pods", "pod": "pods", "pods": "pods",
+    "job": "jobs", "jobs": "jobs", "job.batch": "jobs", "jobs.batch": "jobs",
+    "cm": "configmaps", "configmap": "configmaps", "configmaps": "configmaps",
+    "ev": "events", "event": "events", "events": "events",
+    "runtimeclass": "runtimeclasses", "runtimeclasses": "runtimeclasses",
+    "runtimeclass.node.k8s.io": "runtimeclasses",
+    "no": "nodes", "node": "nodes", "nodes": "nodes",
+}
+KIND_TO_RESOURCE = {"Namespace": "namespaces", "Pod": "pods", "Job": "jobs", "ConfigMap": "configmaps",
+                    "Event": "events", "RuntimeClass": "runtimeclasses", "Node": "nodes"}
+GROUP = {"jobs": ".batch", "runtimeclasses": ".node.k8s.io"}
+SINGULAR = {"namespaces": "namespace", "pods": "pod", "jobs": "job", "configmaps": "configmap",
+            "events": "event", "runtimeclasses": "runtimeclass", "nodes": "node"}
+KEY_ORDER = ["apiVersion", "kind", "metadata", "involvedObject", "reason", "message", "source",
+             "firstTimestamp", "lastTimestamp", "count", "type", "eventTime", "reportingComponent",
+             "reportingInstance", "handler", "overhead", "scheduling", "data", "spec", "status"]
+VALUE_FLAGS = {"-n", "--namespace", "--context", "--request-timeout", "-o", "--output", "-l",
+               "--selector", "-f", "--filename", "-c", "--container", "--cascade", "--wait",
+               "--sort-by", "--kubeconfig"}
+
+
+class Failure(Exception):
+    def __init__(self, message, code=1):
+        super().__init__(message)
+        self.code = code
+
+
+def parse(argv):
+    """Split kubectl's argv into positionals and flags (global flags may appear anywhere)."""
+    positionals, flags = [], {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("-") and arg != "-":
+            if "=" in arg:
+                key, value = arg.split("=", 1)
+            elif arg in VALUE_FLAGS:
+                if i + 1 >= len(argv):
+                    raise Failure("error: flag needs an argument: %s" % arg)
+                key, value = arg, argv[i + 1]
+                i += 1
+            else:
+                key, value = arg, "true"
+            flags[{"--namespace": "-n", "--output": "-o", "--selector": "-l", "--filename": "-f",
+                   "--container": "-c"}.get(key, key)] = value
+        else:
+            positionals.append(arg)
+        i += 1
+    return positionals, flags
+
+
+def state_dir():
+    path = os.environ.get("FAKE_K8S_DIR")
+    if not path:
+        raise Failure("fake kubectl: FAKE_K8S_DIR is not set")
+    return Path(path)
+
+
+def kubeconfig():
+    path = state_dir() / "kubeconfig.json"
+    return json.loads(path.read_text()) if path.exists() else {"contexts": [], "current-context": ""}
+
+
+def call(request, timeout):
+    info = json.loads((state_dir() / "server.json").read_text())
+    host = "127.0.0.1:%d" % info["port"]
+    connection = http.client.HTTPConnection("127.0.0.1", info["port"], timeout=timeout)
+    try:
+        body = json.dumps(request)
+        connection.request("POST", "/rpc", body, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        data = json.loads(response.read())
+    except (ConnectionRefusedError, socket.timeout, OSError) as error:
+        if isinstance(error, socket.timeout):
+            raise Failure("Unable to connect to the server: net/http: request canceled (Client.Timeout "
+                          "exceeded while awaiting headers)")
+        raise Failure("The connection to the server %s was refused - did you specify the right host or "
+                      "port?" % host)
+    finally:
+        connection.close()
+    if response.status != 200:
+        raise ApiFailure(data)
+    return data
+
+
+class ApiFailure(Failure):
+    def __init__(self, status):
+        self.status = status
+        super().__init__("Error from server (%s): %s" % (status["reason"], status["message"]))
+
+
+def ordered(obj):
+    if not isinstance(obj, dict):
+        return obj
+    keys = sorted(obj, key=lambda k: KEY_ORDER.index(k) if k in KEY_ORDER else len(KEY_ORDER))
+    return {k: obj[k] for k in keys}
+
+
+def dump(obj):
+    return json.dumps(obj, indent=4) + "\n"
+
+
+def age(stamp):
+    if not stamp:
+        return "<unknown>"
+    created = datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc)
+    seconds = max(0, int(time.time() - created.timestamp()))
+    if seconds < 120:
+        return "%ds" % seconds
+    if seconds < 3600:
+        return "%dm" % (seconds // 60) if seconds >= 600 else "%dm%ds" % (seconds // 60, seconds % 60)
+    return "%dh" % (seconds // 3600)
+
+
+def table(rows):
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [str(cell).ljust(widths[i]) for i, cell in enumerate(row)]
+        lines.append("   ".join(cells).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def row_for(resource, obj):
+    meta = obj["metadata"]
+    if resource == "runtimeclasses":
+        return [meta["name"], obj.get("handler", ""), age(meta["creationTimestamp"])]
+    if resource == "namespaces":
+        return [meta["name"], obj.get("status", {}).get("phase", ""), age(meta["creationTimestamp"])]
+    if resource == "nodes":
+        return [meta["name"], "Ready", "<none>", age(meta["creationTimestamp"]),
+                obj["status"]["nodeInfo"]["kubeletVersion"]]
+    if resource == "jobs":
+        status = obj.get("status", {})
+        conditions = {c["type"] for c in status.get("conditions", []) if c["status"] == "True"}
+        state = "Complete" if "Complete" in conditions else "Failed" if "Failed" in conditions else "Running"
+        return [meta["name"], state, "%d/%d" % (status.get("succeeded", 0), obj["spec"]["completions"]),
+                "-", age(meta["creationTimestamp"])]
+    if resource == "pods":
+        status = obj.get("status", {})
+        containers = status.get("containerStatuses", [])
+        ready = sum(1 for c in containers if c.get("ready"))
+        shown = status.get("phase", "Pending")
+        for c in containers:
+            state = c.get("state", {})
+            if "waiting" in state:
+                shown = state["waiting"]["reason"]
+            elif "terminated" in state:
+                shown = state["terminated"]["reason"]
+        if meta.get("deletionTimestamp"):
+            shown = "Terminating"
+        return [meta["name"], "%d/%d" % (ready, len(obj["spec"]["containers"])), shown,
+                sum(c.get("restartCount", 0) for c in containers), age(meta["creationTimestamp"])]
+    if resource == "events":
+        involved = obj["involvedObject"]
+        return [age(obj.get("lastTimestamp")), obj["type"], obj["reason"],
+                "%s/%s" % (involved["kind"].lower(), involved["name"]), obj["message"]]
+    if resource == "configmaps":
+        return [meta["name"], len(obj.get("data", {})), age(meta["creationTimestamp"])]
+    raise Failure("fake kubectl: no table for %s" % resource)
+
+
+HEADERS = {
+    "runtimeclasses": ["NAME", "HANDLER", "AGE"], "namespaces": ["NAME", "STATUS", "AGE"],
+    "nodes": ["NAME", "STATUS", "ROLES", "AGE", "VERSION"],
+    "jobs": ["NAME", "STATUS", "COMPLETIONS", "DURATION", "AGE"],
+    "pods": ["NAME", "READY", "STATUS", "RESTARTS", "AGE"],
+    "events": ["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"],
+    "configmaps": ["NAME", "DATA", "AGE"],
+}
+
+
+def sort_key(path):
+    parts = path.lstrip(".").split(".")
+
+    def key(obj):
+        value = obj
+        for part in parts:
+            value = value.get(part, "") if isinstance(value, dict) else ""
+        return value or ""
+    return key
+
+
+def resource_name(token):
+    if token not in ALIASES:
+        raise Failure('error: the server doesn\'t have a resource type "%s"' % token)
+    return ALIASES[token]
+
+
+def cmd_get(positionals, flags, namespace, timeout, out):
+    resource = resource_name(positionals[0])
+    name = positionals[1] if len(positionals) > 1 else None
+    output = flags.get("-o")
+    if name:
+        try:
+            objs = [call({"verb": "get", "resource": resource, "namespace": namespace, "name": name}, timeout)]
+        except ApiFailure as failure:
+            if failure.status["reason"] == "NotFound" and flags.get("--ignore-not-found") == "true":
+                return
+            raise
+    else:
+        objs = call({"verb": "list", "resource": resource, "namespace": namespace,
+                     "selector": flags.get("-l")}, timeout)["items"]
+        if "--sort-by" in flags:
+            objs.sort(key=sort_key(flags["--sort-by"]))
+    if output == "json":
+        if name:
+            out.write(dump(ordered(objs[0])))
+        else:
+            out.write(dump({"apiVersion": "v1", "items": [ordered(o) for o in objs], "kind": "List",
+                            "metadata": {"resourceVersion": ""}}))
+    elif output == "name":
+        for obj in objs:
+            out.write("%s%s/%s\n" % (SINGULAR[resource], GROUP.get(resource, ""), obj["metadata"]["name"]))
+    elif output in (None, "wide"):
+        if not objs:
+            where = (" in %s namespace" % namespace) if namespace and resource not in (
+                "namespaces", "nodes", "runtimeclasses") else ""
+            sys.stderr.write("No resources found%s.\n" % where)
+            return
+        out.write(table([HEADERS[resource]] + [row_for(resource, o) for o in objs]))
+    else:
+        raise Failure("fake kubectl: unsupported output format %r" % output)
+
+
+def cmd_create(positionals, flags, namespace, timeout, out, stdin_text):
+    if flags.get("-f") != "-":
+        raise Failure("fake kubectl: only `create -f -` is supported")
+    try:
+        body = json.loads(stdin_text)
+    except ValueError as error:
+        raise Failure("error: error parsing STDIN: %s" % error)
+    resource = KIND_TO_RESOURCE.get(body.get("kind"))
+    if resource is None:
+        raise Failure('error: resource mapping not found for name: "%s" namespace: "" from "STDIN": no matches '
+                      'for kind "%s"' % (body.get("metadata", {}).get("name"), body.get("kind")))
+    target_ns = body.get("metadata", {}).get("namespace") or namespace
+    try:
+        created = call({"verb": "create", "resource": resource, "namespace": target_ns, "body": body}, timeout)
+    except ApiFailure as failure:
+        raise Failure('Error from server (%s): error when creating "STDIN": %s'
+                      % (failure.status["reason"], failure.status["message"]))
+    if flags.get("-o") == "json":
+        out.write(dump(ordered(created)))
+    else:
+        out.write("%s%s/%s created\n" % (SINGULAR[resource], GROUP.get(resource, ""), created["metadata"]["name"]))
+
+
+def cmd_delete(positionals, flags, namespace, timeout, out):
+    resource = resource_name(positionals[0])
+    cascade = flags.get("--cascade", "background")
+    propagation = {"foreground": "Foreground", "background": "Background", "orphan": "Orphan",
+                   "true": "Background"}.get(cascade)
+    if propagation is None:
+        raise Failure('error: invalid cascade value (%s). Must be "background", "foreground", or "orphan"'
+                      % cascade)
+    for name in positionals[1:]:
+        try:
+            call({"verb": "delete", "resource": resource, "namespace": namespace, "name": name,
+                  "propagation": propagation}, timeout)
+        except ApiFailure as failure:
+            if failure.status["reason"] == "NotFound" and flags.get("--ignore-not-found") == "true":
+                continue
+            raise
+        out.write('%s%s "%s" deleted\n' % (SINGULAR[resource], GROUP.get(resource, ""), name))
+        if flags.get("--wait", "true") == "true":
+            while True:
+                try:
+                    call({"verb": "get", "resource": resource, "namespace": namespace, "name": name}, timeout)
+                except ApiFailure:
+                    break
+                time.sleep(0.1)
+
+
+def cmd_logs(positionals, flags, namespace, timeout, out):
+    name = positionals[0]
+    try:
+        data = call({"verb": "logs", "namespace": namespace, "name": name,
+                     "container": flags.get("-c")}, timeout)
+    except ApiFailure as failure:
+        if failure.status["reason"] == "NotFound":
+            # kubectl >= 1.29 wording (kubernetes/kubernetes#120111)
+            raise Failure('error: error from server (NotFound): pods "%s" not found in namespace "%s"'
+                          % (name, namespace))
+        raise
+    out.write(data["log"])
+
+
+def cmd_label(positionals, flags, namespace, timeout, out):
+    resource = resource_name(positionals[0])
+    name = positionals[1]
+    labels = {}
+    for item in positionals[2:]:
+        if item.endswith("-"):
+            labels[item[:-1]] = None
+        else:
+            key, value = item.split("=", 1)
+            labels[key] = value
+    call({"verb": "label", "resource": resource, "namespace": namespace, "name": name, "labels": labels,
+          "overwrite": flags.get("--overwrite") == "true"}, timeout)
+    out.write("%s%s/%s labeled\n" % (SINGULAR[resource], GROUP.get(resource, ""), name))
+
+
+def cmd_version(flags, timeout, out):
+    client = {"major": "1", "minor": "34", "gitVersion": "v1.34.3",
+              "gitCommit": "df11db1c0f08fab3c0baee1e5ce6efbf816af7f1", "gitTreeState": "clean",
+              "buildDate": "2025-12-09T15:06:39Z", "goVersion": "go1.24.11", "compiler": "gc",
+              "platform": "linux/amd64"}
+    result = {"clientVersion": client, "kustomizeVersion": "v5.7.1"}
+    if flags.get("--client") != "true":
+        server_version = call({"verb": "version"}, timeout)["gitVersion"]
+        major, minor = server_version.lstrip("v").split(".")[:2]
+        result["serverVersion"] = {"major": major, "minor": minor, "emulationMajor": major,
+                                   "emulationMinor": minor, "minCompatibilityMajor": major,
+                                   "minCompatibilityMinor": str(int(minor) - 1), "gitVersion": server_version,
+                                   "gitCommit": client["gitCommit"], "gitTreeState": "clean",
+                                   "buildDate": "2025-12-09T14:59:13Z", "goVersion": "go1.24.11",
+                                   "compiler": "gc", "platform": "linux/amd64"}
+    if flags.get("-o") == "json":
+        out.write(json.dumps(result, indent=2) + "\n")
+    else:
+        out.write("Client Version: %s\nKustomize Version: v5.7.1\n" % client["gitVersion"])
+        if "serverVersion" in result:
+            out.write("Server Version: %s\n" % result["serverVersion"]["gitVersion"])
+
+
+def parse_timeout(value):
+    if not value or value == "0":
+        return 60.0
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    for unit in ("ms", "s", "m", "h"):
+        if value.endswith(unit):
+            return float(value[: -len(unit)]) * units[unit]
+    return float(value)
+
+
+def main(argv):
+    positionals, flags = parse(argv)
+    config = kubeconfig()
+    record = state_dir() / "calls.jsonl"
+    with open(record, "a") as calls:
+        calls.write(json.dumps(argv) + "\n")
+    if positionals[:2] == ["config", "current-context"]:
+        if not config.get("current-context"):
+            raise Failure("error: current-context is not set")
+        sys.stdout.write(config["current-context"] + "\n")
+        return 0
+    context = flags.get("--context") or config.get("current-context")
+    if context and context not in config.get("contexts", []):
+        raise Failure("Error in configuration: context was not found for specified context: %s" % context)
+    if not context:
+        raise Failure("error: current-context is not set")
+    timeout = parse_timeout(flags.get("--request-timeout"))
+    namespace = flags.get("-n", "default")
+    verb, rest = (positionals[0], positionals[1:]) if positionals else (None, [])
+    out = sys.stdout
+    if verb == "get" and rest:
+        cmd_get(rest, flags, namespace, timeout, out)
+    elif verb == "create":
+        cmd_create(rest, flags, namespace, timeout, out, sys.stdin.read())
+    elif verb == "delete" and len(rest) >= 2:
+        cmd_delete(rest, flags, namespace, timeout, out)
+    elif verb == "logs" and rest:
+        cmd_logs(rest, flags, namespace, timeout, out)
+    elif verb == "label" and len(rest) >= 3:
+        cmd_label(rest, flags, namespace, timeout, out)
+    elif verb == "version":
+        cmd_version(flags, timeout, out)
+    else:
+        raise Failure("fake kubectl: unsupported command: %s" % " ".join(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except Failure as failure:
+        sys.stdout.flush()
+        sys.stderr.write(str(failure) + "\n")
+        sys.exit(failure.code)

@@ -1,0 +1,885 @@
+"""A simulated Kubernetes cluster: API server, Job controller, scheduler, kubelet, GC.
+
+Run as `python server.py STATE_DIR`. It serves a small JSON RPC on 127.0.0.1 (the port is
+written to STATE_DIR/server.json) that the fake `kubectl` (kubectl.py) calls. Controllers
+run in real time in a background thread; every pod's container is a real local process.
+
+Configuration: STATE_DIR/cluster.json (read at start), see DEFAULT_CONFIG. Everything
+this simulation assumes about real Kubernetes is listed in tests/fakecluster/ASSUMPTIONS.md.
+"""
+
+import datetime
+import hashlib
+import http.server
+import json
+import os
+from pathlib import Path
+import random
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+DEFAULT_CONFIG = {
+    "kubernetesVersion": "v1.34.3",
+    "nodes": [
+        {"name": "kind-worker", "cpu": "8", "memory": "16Gi"},
+        {"name": "kind-worker2", "cpu": "8", "memory": "16Gi"},
+    ],
+    "runtimeClasses": [{"name": "cube", "handler": "cube"}],
+    # image reference -> the local program that plays the image's `python`
+    "images": {"python:3.12-alpine": {"python": sys.executable}},
+    # RBAC denials: [{"verb": "create", "resource": "namespaces"}]
+    "forbid": [],
+    # delays in seconds (real clusters take a moment; tests keep them short)
+    "namespaceDeletionSeconds": 0.3,
+}
+
+RESOURCES = {
+    # resource: (apiVersion, kind, namespaced, printed group suffix)
+    "namespaces": ("v1", "Namespace", False, ""),
+    "nodes": ("v1", "Node", False, ""),
+    "configmaps": ("v1", "ConfigMap", True, ""),
+    "pods": ("v1", "Pod", True, ""),
+    "events": ("v1", "Event", True, ""),
+    "jobs": ("batch/v1", "Job", True, ".batch"),
+    "runtimeclasses": ("node.k8s.io/v1", "RuntimeClass", False, ".node.k8s.io"),
+}
+
+NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # apimachinery's generateName alphabet
+
+
+def now_rfc3339(at=None):
+    """metav1.Time: UTC, whole seconds (truncated), Z suffix."""
+    at = time.time() if at is None else at
+    return datetime.datetime.fromtimestamp(int(at), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_quantity(value):
+    """'100m' -> 0.1, '64Mi' -> 67108864, '8' -> 8.0 (the subset used here)."""
+    value = str(value)
+    suffixes = {"m": 1e-3, "Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40,
+                "k": 1e3, "M": 1e6, "G": 1e9}
+    for suffix in sorted(suffixes, key=len, reverse=True):
+        if value.endswith(suffix):
+            return float(value[: -len(suffix)]) * suffixes[suffix]
+    return float(value)
+
+
+class ApiError(Exception):
+    """A metav1.Status failure."""
+
+    def __init__(self, code, reason, message):
+        super().__init__(message)
+        self.status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                       "message": message, "reason": reason, "code": code}
+
+
+def not_found(resource, name):
+    return ApiError(404, "NotFound", '%s%s "%s" not found' % (resource, RESOURCES[resource][3], name))
+
+
+class Cluster:
+    def __init__(self, state_dir, config):
+        self.dir = Path(state_dir)
+        self.config = config
+        self.lock = threading.RLock()
+        self.objects = {}  # (resource, namespace or "", name) -> object
+        self.resource_version = 1000
+        self.processes = {}  # pod uid -> runtime record
+        self.job_books = {}  # job uid -> {"succeeded": set(), "failed": set(), ...}
+        self.stop = threading.Event()
+        self.seed_objects()
+
+    # ---------------------------------------------------------------- storage
+
+    def next_rv(self):
+        self.resource_version += 1
+        return str(self.resource_version)
+
+    def put(self, resource, obj):
+        obj["metadata"]["resourceVersion"] = self.next_rv()
+        self.objects[(resource, obj["metadata"].get("namespace", ""), obj["metadata"]["name"])] = obj
+
+    def get(self, resource, namespace, name):
+        return self.objects.get((resource, namespace or "", name))
+
+    def items(self, resource, namespace=None):
+        found = [obj for (res, ns, _), obj in self.objects.items()
+                 if res == resource and (namespace is None or ns == namespace)]
+        return sorted(found, key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+
+    def remove(self, resource, obj):
+        self.objects.pop((resource, obj["metadata"].get("namespace", ""), obj["metadata"]["name"]), None)
+
+    def new_metadata(self, metadata, namespace):
+        meta = dict(metadata)
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + "".join(random.choice(NAME_CHARS) for _ in range(5))
+        if namespace:
+            meta["namespace"] = namespace
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = now_rfc3339()
+        return meta
+
+    def seed_objects(self):
+        for node in self.config["nodes"]:
+            meta = self.new_metadata({"name": node["name"], "labels": {
+                "kubernetes.io/hostname": node["name"], "kubernetes.io/os": "linux",
+                **node.get("labels", {})}}, "")
+            allocatable = {"cpu": node.get("cpu", "8"), "memory": node.get("memory", "16Gi"), "pods": "110"}
+            obj = {"apiVersion": "v1", "kind": "Node", "metadata": meta,
+                   "spec": {"unschedulable": True} if node.get("unschedulable") else {},
+                   "status": {"allocatable": allocatable, "capacity": dict(allocatable),
+                              "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                              "message": "kubelet is posting ready status",
+                                              "lastHeartbeatTime": meta["creationTimestamp"],
+                                              "lastTransitionTime": meta["creationTimestamp"]}],
+                              "nodeInfo": {"kernelVersion": os.uname().release,
+                                           "osImage": "Debian GNU/Linux 12 (bookworm)",
+                                           "containerRuntimeVersion": "containerd://2.1.1",
+                                           "kubeletVersion": self.config["kubernetesVersion"],
+                                           "kubeProxyVersion": "", "operatingSystem": "linux",
+                                           "architecture": "amd64"}}}
+            self.put("nodes", obj)
+        for rc in self.config["runtimeClasses"]:
+            obj = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                   "metadata": self.new_metadata({"name": rc["name"]}, ""), "handler": rc["handler"]}
+            for key in ("overhead", "scheduling"):
+                if key in rc:
+                    obj[key] = rc[key]
+            self.put("runtimeclasses", obj)
+        for name in ("default", "kube-system"):
+            self.create_namespace({"metadata": {"name": name}})
+
+    # ---------------------------------------------------------------- API verbs
+
+    def check_rbac(self, verb, resource, namespace):
+        for rule in self.config.get("forbid", []):
+            if rule.get("verb") == verb and rule.get("resource") == resource:
+                group = RESOURCES[resource][3].lstrip(".")
+                scope = ('in the namespace "%s"' % namespace) if namespace else "at the cluster scope"
+                raise ApiError(403, "Forbidden", '%s is forbidden: User "kind-user" cannot %s resource '
+                               '"%s" in API group "%s" %s' % (resource, verb, resource, group, scope))
+
+    def api_create(self, resource, namespace, body):
+        if resource not in RESOURCES:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        api_version, kind, namespaced, _ = RESOURCES[resource]
+        namespace = (namespace or body.get("metadata", {}).get("namespace") or "default") if namespaced else ""
+        self.check_rbac("create", resource, namespace)
+        if body.get("kind") != kind:
+            raise ApiError(400, "BadRequest", "the object kind %r does not match %s" % (body.get("kind"), kind))
+        name = body.get("metadata", {}).get("name")
+        if namespaced:
+            ns = self.get("namespaces", "", namespace)
+            if ns is None:
+                raise not_found("namespaces", namespace)
+            if ns["metadata"].get("deletionTimestamp"):
+                raise ApiError(403, "Forbidden", '%s "%s" is forbidden: unable to create new content in '
+                               'namespace %s because it is being terminated' % (resource, name, namespace))
+        if name and self.get(resource, namespace, name) is not None:
+            raise ApiError(409, "AlreadyExists", '%s%s "%s" already exists' % (resource, RESOURCES[resource][3], name))
+        if resource == "namespaces":
+            return self.create_namespace(body)
+        obj = json.loads(json.dumps(body))
+        obj["apiVersion"], obj["kind"] = api_version, kind
+        obj["metadata"] = self.new_metadata(obj.get("metadata", {}), namespace)
+        if resource == "jobs":
+            self.default_job(obj)
+        elif resource == "pods":
+            self.admit_pod(obj)
+        self.put(resource, obj)
+        return obj
+
+    def create_namespace(self, body):
+        meta = self.new_metadata(body.get("metadata", {}), "")
+        meta["labels"] = {**meta.get("labels", {}), "kubernetes.io/metadata.name": meta["name"]}
+        obj = {"apiVersion": "v1", "kind": "Namespace", "metadata": meta,
+               "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}
+        self.put("namespaces", obj)
+        return obj
+
+    def default_job(self, job):
+        """What the API server's Job strategy and defaulting add at creation."""
+        uid, name = job["metadata"]["uid"], job["metadata"]["name"]
+        labels = {"batch.kubernetes.io/controller-uid": uid, "batch.kubernetes.io/job-name": name,
+                  "controller-uid": uid, "job-name": name}
+        job["metadata"]["generation"] = 1
+        job["metadata"]["labels"] = {**labels, **job["metadata"].get("labels", {})}
+        spec = job.setdefault("spec", {})
+        spec.setdefault("backoffLimit", 6)
+        spec.setdefault("completionMode", "NonIndexed")
+        spec.setdefault("completions", 1)
+        spec.setdefault("manualSelector", False)
+        spec.setdefault("parallelism", 1)
+        spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
+        spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+        spec.setdefault("suspend", False)
+        template = spec.setdefault("template", {})
+        template.setdefault("metadata", {})["labels"] = {**template["metadata"].get("labels", {}), **labels}
+        pod_spec = template.setdefault("spec", {})
+        for container in pod_spec.get("containers", []):
+            image = container.get("image", "")
+            default_policy = "Always" if image.endswith(":latest") or ":" not in image.split("/")[-1] else "IfNotPresent"
+            container.setdefault("imagePullPolicy", default_policy)
+            container.setdefault("resources", {})
+            container.setdefault("terminationMessagePath", "/dev/termination-log")
+            container.setdefault("terminationMessagePolicy", "File")
+        pod_spec.setdefault("dnsPolicy", "ClusterFirst")
+        pod_spec.setdefault("schedulerName", "default-scheduler")
+        pod_spec.setdefault("securityContext", {})
+        pod_spec.setdefault("terminationGracePeriodSeconds", 30)
+        for volume in pod_spec.get("volumes", []):
+            if "configMap" in volume:
+                volume["configMap"].setdefault("defaultMode", 420)
+        job["status"] = {}
+        self.job_books[uid] = {"succeeded": set(), "failed": set(), "create_backoff_until": 0.0,
+                               "create_failures": 0}
+
+    def admit_pod(self, pod):
+        """RuntimeClass admission: reject unknown classes, copy overhead and scheduling."""
+        spec = pod["spec"]
+        rc_name = spec.get("runtimeClassName")
+        if rc_name:
+            rc = self.get("runtimeclasses", "", rc_name)
+            if rc is None:
+                raise ApiError(403, "Forbidden", 'pods "%s" is forbidden: pod rejected: RuntimeClass "%s" '
+                               'not found' % (pod["metadata"]["name"], rc_name))
+            if "overhead" in rc:
+                spec["overhead"] = dict(rc["overhead"].get("podFixed", {}))
+            selector = rc.get("scheduling", {}).get("nodeSelector")
+            if selector:
+                spec["nodeSelector"] = {**spec.get("nodeSelector", {}), **selector}
+        spec.setdefault("enableServiceLinks", True)
+        spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
+        spec.setdefault("priority", 0)
+        spec.setdefault("serviceAccount", "default")
+        spec.setdefault("serviceAccountName", "default")
+        spec.setdefault("tolerations", [
+            {"effect": "NoExecute", "key": "node.kubernetes.io/not-ready", "operator": "Exists",
+             "tolerationSeconds": 300},
+            {"effect": "NoExecute", "key": "node.kubernetes.io/unreachable", "operator": "Exists",
+             "tolerationSeconds": 300}])
+        pod["metadata"]["generation"] = 1
+        pod["status"] = {"phase": "Pending", "qosClass": "Burstable"}
+
+    def api_get(self, resource, namespace, name):
+        self.check_rbac("get", resource, namespace)
+        obj = self.get(resource, namespace if RESOURCES[resource][2] else "", name)
+        if obj is None:
+            raise not_found(resource, name)
+        return obj
+
+    def api_list(self, resource, namespace, selector):
+        self.check_rbac("list", resource, namespace)
+        wanted = dict(part.split("=", 1) for part in selector.split(",")) if selector else {}
+        found = self.items(resource, namespace if RESOURCES[resource][2] else None)
+        return [obj for obj in found
+                if all(obj["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())]
+
+    def api_delete(self, resource, namespace, name, propagation):
+        self.check_rbac("delete", resource, namespace)
+        obj = self.api_get(resource, namespace, name)
+        if obj["metadata"].get("deletionTimestamp"):
+            return obj
+        obj["metadata"]["deletionTimestamp"] = now_rfc3339()
+        obj["metadata"]["deletionGracePeriodSeconds"] = 0
+        if resource == "namespaces":
+            obj["status"]["phase"] = "Terminating"
+            self.job_books.setdefault("ns:" + obj["metadata"]["uid"], {"deleted_at": time.time()})
+        elif resource == "jobs" and propagation == "Foreground":
+            obj["metadata"]["finalizers"] = obj["metadata"].get("finalizers", []) + ["foregroundDeletion"]
+        elif resource == "pods":
+            self.begin_pod_termination(obj)
+        else:
+            self.remove(resource, obj)
+            return obj
+        self.put(resource, obj)
+        return obj
+
+    def api_label(self, resource, namespace, name, labels, overwrite):
+        obj = self.api_get(resource, namespace, name)
+        current = obj["metadata"].setdefault("labels", {})
+        for key, value in labels.items():
+            if value is None:
+                current.pop(key, None)
+                continue
+            if key in current and current[key] != value and not overwrite:
+                raise ApiError(400, "BadRequest", "'%s' already has a value (%s), and --overwrite is false"
+                               % (key, current[key]))
+            current[key] = value
+        self.put(resource, obj)
+        return obj
+
+    def api_logs(self, namespace, name, container):
+        pod = self.get("pods", namespace, name)
+        if pod is None:
+            raise ApiError(404, "NotFound", 'pods "%s" not found' % name)
+        record = self.processes.get(pod["metadata"]["uid"])
+        if record is None or record.get("log_path") is None:
+            reason = "ContainerCreating"
+            for status in pod.get("status", {}).get("containerStatuses", []):
+                reason = status.get("state", {}).get("waiting", {}).get("reason", reason)
+            if reason in ("ErrImagePull", "ImagePullBackOff"):
+                reason = "image can't be pulled"
+            raise ApiError(400, "BadRequest", 'container "%s" in pod "%s" is waiting to start: %s'
+                           % (container, name, reason))
+        text = Path(record["log_path"]).read_text(errors="replace")
+        drop = record.get("log_drop_first_lines", 0)
+        if drop:
+            text = "".join(text.splitlines(keepends=True)[drop:])
+        return text
+
+    # ---------------------------------------------------------------- events
+
+    def record_event(self, obj, type_, reason, message, component="job-controller", host=None):
+        namespace = obj["metadata"].get("namespace", "default")
+        involved = {"kind": obj["kind"], "namespace": namespace, "name": obj["metadata"]["name"],
+                    "uid": obj["metadata"]["uid"], "apiVersion": obj["apiVersion"],
+                    "resourceVersion": obj["metadata"].get("resourceVersion", "")}
+        if obj["kind"] == "Pod" and component == "kubelet" and reason not in ("SandboxChanged",):
+            involved["fieldPath"] = "spec.containers{%s}" % obj["spec"]["containers"][0]["name"]
+        stamp = now_rfc3339()
+        for event in self.items("events", namespace):
+            if (event["involvedObject"]["uid"] == involved["uid"] and event["reason"] == reason
+                    and event["message"] == message):
+                event["count"] += 1
+                event["lastTimestamp"] = stamp
+                self.put("events", event)
+                return
+        source = {"component": component}
+        if host:
+            source["host"] = host
+        event = {"metadata": {"name": "%s.%s" % (involved["name"], secrets.token_hex(8)),
+                              "namespace": namespace, "uid": str(uuid.uuid4()),
+                              "creationTimestamp": stamp},
+                 "involvedObject": involved, "reason": reason, "message": message, "source": source,
+                 "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1, "type": type_,
+                 "eventTime": None, "reportingComponent": component, "reportingInstance": host or "",
+                 "apiVersion": "v1", "kind": "Event"}
+        self.put("events", event)
+
+    # ---------------------------------------------------------------- controllers
+
+    def reconcile(self):
+        with self.lock:
+            self.job_controller()
+            self.scheduler()
+            self.kubelet()
+            self.garbage_collector()
+            self.namespace_controller()
+
+    def owned_pods(self, job):
+        uid = job["metadata"]["uid"]
+        return [pod for pod in self.items("pods", job["metadata"]["namespace"])
+                if any(ref.get("uid") == uid for ref in pod["metadata"].get("ownerReferences", []))]
+
+    def job_controller(self):
+        for job in self.items("jobs"):
+            if job["metadata"].get("deletionTimestamp"):
+                continue
+            book = self.job_books[job["metadata"]["uid"]]
+            spec, status = job["spec"], job["status"]
+            conditions = status.get("conditions", [])
+            types = {c["type"] for c in conditions}
+            if "Complete" in types or "Failed" in types:
+                continue
+            changed = False
+            if "startTime" not in status:
+                status["startTime"] = now_rfc3339()
+                book["started"] = time.time()
+                changed = True
+            pods = self.owned_pods(job)
+            for pod in pods:
+                phase = pod["status"].get("phase")
+                uid = pod["metadata"]["uid"]
+                if phase == "Succeeded" and uid not in book["succeeded"]:
+                    book["succeeded"].add(uid)
+                elif phase == "Failed" and uid not in book["failed"]:
+                    book["failed"].add(uid)
+                else:
+                    continue
+                pod["metadata"]["finalizers"] = [f for f in pod["metadata"].get("finalizers", [])
+                                                 if f != "batch.kubernetes.io/job-tracking"]
+                self.put("pods", pod)
+                changed = True
+            active = [p for p in pods if p["status"].get("phase") in ("Pending", "Running")
+                      and not p["metadata"].get("deletionTimestamp")]
+            terminating = [p for p in pods if p["metadata"].get("deletionTimestamp")
+                           and p["status"].get("phase") in ("Pending", "Running")]
+            succeeded, failed = len(book["succeeded"]), len(book["failed"])
+            if "FailureTarget" not in types and "SuccessCriteriaMet" not in types:
+                deadline = spec.get("activeDeadlineSeconds")
+                if failed > spec["backoffLimit"]:
+                    self.add_condition(job, "FailureTarget", "BackoffLimitExceeded",
+                                       "Job has reached the specified backoff limit")
+                    changed = True
+                elif deadline is not None and time.time() - book["started"] >= deadline:
+                    self.add_condition(job, "FailureTarget", "DeadlineExceeded",
+                                       "Job was active longer than specified deadline")
+                    changed = True
+                elif succeeded >= spec["completions"]:
+                    self.add_condition(job, "SuccessCriteriaMet", "CompletionsReached",
+                                       "Reached expected number of succeeded pods")
+                    changed = True
+            types = {c["type"] for c in job["status"].get("conditions", [])}
+            if "FailureTarget" in types:
+                for pod in active:
+                    self.begin_pod_termination(pod)
+                    self.put("pods", pod)
+                if not active and not terminating:
+                    target = [c for c in job["status"]["conditions"] if c["type"] == "FailureTarget"][0]
+                    self.add_condition(job, "Failed", target["reason"], target["message"])
+                    self.record_event(job, "Warning", target["reason"], target["message"])
+                changed = True
+            elif "SuccessCriteriaMet" in types:
+                if not active and not terminating:
+                    self.add_condition(job, "Complete", "CompletionsReached",
+                                       "Reached expected number of succeeded pods")
+                    job["status"]["completionTime"] = now_rfc3339()
+                    self.record_event(job, "Normal", "Completed", "Job completed")
+                    changed = True
+            else:
+                want = min(spec["parallelism"], spec["completions"] - succeeded) - len(active)
+                if want > 0 and time.time() >= book["create_backoff_until"]:
+                    self.create_job_pods(job, want, book)
+                    active = [p for p in self.owned_pods(job) if p["status"].get("phase") in ("Pending", "Running")
+                              and not p["metadata"].get("deletionTimestamp")]
+                    changed = True
+            new_status = self.job_status(job, active, terminating, book)
+            if new_status != job["status"] or changed:
+                job["status"] = new_status
+                self.put("jobs", job)
+
+    def job_status(self, job, active, terminating, book):
+        old = job["status"]
+        status = {}
+        if active:
+            status["active"] = len(active)
+        for key in ("completionTime", "conditions"):
+            if key in old:
+                status[key] = old[key]
+        if book["failed"]:
+            status["failed"] = len(book["failed"])
+        status["ready"] = sum(1 for p in active if any(
+            c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", [])))
+        status["startTime"] = old["startTime"]
+        if book["succeeded"]:
+            status["succeeded"] = len(book["succeeded"])
+        status["terminating"] = len(terminating)
+        status["uncountedTerminatedPods"] = {}
+        return status
+
+    def add_condition(self, job, type_, reason, message):
+        stamp = now_rfc3339()
+        job["status"].setdefault("conditions", []).append(
+            {"type": type_, "status": "True", "lastProbeTime": stamp, "lastTransitionTime": stamp,
+             "reason": reason, "message": message})
+
+    def create_job_pods(self, job, count, book):
+        """Create pods in slow-start batches (1, 2, 4, ...) as the Job controller does."""
+        template = job["spec"]["template"]
+        batch, created = 1, 0
+        while created < count:
+            for _ in range(min(batch, count - created)):
+                pod = {"apiVersion": "v1", "kind": "Pod",
+                       "metadata": {"generateName": job["metadata"]["name"] + "-",
+                                    "labels": dict(template["metadata"].get("labels", {})),
+                                    "finalizers": ["batch.kubernetes.io/job-tracking"],
+                                    "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                                                         "name": job["metadata"]["name"],
+                                                         "uid": job["metadata"]["uid"],
+                                                         "controller": True, "blockOwnerDeletion": True}]},
+                       "spec": json.loads(json.dumps(template["spec"]))}
+                try:
+                    pod = self.api_create("pods", job["metadata"]["namespace"], pod)
+                except ApiError as error:
+                    self.record_event(job, "Warning", "FailedCreate", "Error creating: " + str(error))
+                    book["create_failures"] += 1
+                    book["create_backoff_until"] = time.time() + min(10.0, 0.5 * 2 ** book["create_failures"])
+                    return
+                self.record_event(job, "Normal", "SuccessfulCreate", "Created pod: " + pod["metadata"]["name"])
+                created += 1
+            batch *= 2
+
+    def node_fits(self, node, pod):
+        if node.get("spec", {}).get("unschedulable"):
+            return False
+        labels = node["metadata"].get("labels", {})
+        if any(labels.get(k) != v for k, v in pod["spec"].get("nodeSelector", {}).items()):
+            return False
+        return True
+
+    def scheduler(self):
+        nodes = self.items("nodes")
+        for pod in self.items("pods"):
+            if pod["spec"].get("nodeName") or pod["metadata"].get("deletionTimestamp"):
+                continue
+            candidates = [n for n in nodes if self.node_fits(n, pod)]
+            if not candidates:
+                message = "0/%d nodes are available: %d node(s) didn't match Pod's node affinity/selector." % (
+                    len(nodes), len(nodes))
+                if not any(c["type"] == "PodScheduled" for c in pod["status"].get("conditions", [])):
+                    pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False",
+                                                    "lastProbeTime": None,
+                                                    "lastTransitionTime": now_rfc3339(),
+                                                    "reason": "Unschedulable", "message": message}]
+                    self.put("pods", pod)
+                    self.record_event(pod, "Warning", "FailedScheduling", message, "default-scheduler")
+                continue
+            load = {n["metadata"]["name"]: 0 for n in candidates}
+            for other in self.items("pods"):
+                if other["spec"].get("nodeName") in load and other["status"].get("phase") in ("Pending", "Running"):
+                    load[other["spec"]["nodeName"]] += 1
+            node = min(candidates, key=lambda n: (load[n["metadata"]["name"]], n["metadata"]["name"]))
+            name = node["metadata"]["name"]
+            pod["spec"]["nodeName"] = name
+            pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                                            "lastTransitionTime": now_rfc3339()}]
+            self.put("pods", pod)
+            self.record_event(pod, "Normal", "Scheduled", "Successfully assigned %s/%s to %s" % (
+                pod["metadata"]["namespace"], pod["metadata"]["name"], name), "default-scheduler")
+
+    def node_config(self, name):
+        for node in self.config["nodes"]:
+            if node["name"] == name:
+                return node
+        return {}
+
+    def set_condition(self, pod, type_, status, reason=None):
+        conditions = pod["status"].setdefault("conditions", [])
+        for condition in conditions:
+            if condition["type"] == type_:
+                if condition["status"] != status or condition.get("reason") != reason:
+                    condition["status"] = status
+                    condition["lastTransitionTime"] = now_rfc3339()
+                    condition.pop("reason", None)
+                    if reason:
+                        condition["reason"] = reason
+                return
+        condition = {"type": type_, "status": status, "lastProbeTime": None, "lastTransitionTime": now_rfc3339()}
+        if reason:
+            condition["reason"] = reason
+        conditions.append(condition)
+        order = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"]
+        conditions.sort(key=lambda c: order.index(c["type"]) if c["type"] in order else 99)
+
+    def kubelet(self):
+        for pod in self.items("pods"):
+            node = pod["spec"].get("nodeName")
+            if not node:
+                continue
+            uid = pod["metadata"]["uid"]
+            record = self.processes.get(uid)
+            if pod["metadata"].get("deletionTimestamp"):
+                self.finish_pod_termination(pod, record)
+                continue
+            if pod["status"]["phase"] in ("Succeeded", "Failed"):
+                continue
+            if record is None:
+                self.start_pod(pod, node)
+            elif record.get("process") is not None and record["process"].poll() is not None:
+                self.container_exited(pod, record)
+
+    def image_info(self, image):
+        return self.config["images"].get(image)
+
+    def normalized_image(self, image):
+        name = image
+        if "/" not in name.split(":")[0]:
+            name = "docker.io/library/" + name
+        elif "." not in name.split("/")[0]:
+            name = "docker.io/" + name
+        return name
+
+    def start_pod(self, pod, node):
+        """Sandbox, image, container: what the kubelet does for a newly bound pod."""
+        uid = pod["metadata"]["uid"]
+        container = pod["spec"]["containers"][0]
+        image = container["image"]
+        self.set_condition(pod, "PodReadyToStartContainers", "True")
+        self.set_condition(pod, "Initialized", "True")
+        self.set_condition(pod, "Ready", "False", "ContainersNotReady")
+        self.set_condition(pod, "ContainersReady", "False", "ContainersNotReady")
+        pod["status"]["hostIP"] = "172.18.0.%d" % (2 + [n["name"] for n in self.config["nodes"]].index(node))
+        pod["status"]["hostIPs"] = [{"ip": pod["status"]["hostIP"]}]
+        pod["status"].setdefault("startTime", now_rfc3339())
+        info = self.image_info(image)
+        if info is None:
+            pod["status"]["containerStatuses"] = [{
+                "image": image, "imageID": "", "lastState": {}, "name": container["name"], "ready": False,
+                "restartCount": 0, "started": False,
+                "state": {"waiting": {"reason": "ErrImagePull",
+                                      "message": 'failed to pull and unpack image "%s": failed to resolve '
+                                                 'reference "%s": not found' % (self.normalized_image(image),
+                                                                                self.normalized_image(image))}}}]
+            self.put("pods", pod)
+            self.record_event(pod, "Normal", "Pulling", 'Pulling image "%s"' % image, "kubelet", node)
+            self.record_event(pod, "Warning", "Failed", "Error: ErrImagePull", "kubelet", node)
+            self.processes[uid] = {"process": None, "log_path": None}
+            return
+        pod_dir = self.dir / "pods" / uid
+        volumes = {}
+        for volume in pod["spec"].get("volumes", []):
+            path = pod_dir / "volumes" / volume["name"]
+            path.mkdir(parents=True, exist_ok=True)
+            if "configMap" in volume:
+                cm = self.get("configmaps", pod["metadata"]["namespace"], volume["configMap"]["name"])
+                for key, value in (cm or {}).get("data", {}).items():
+                    (path / key).write_text(value)
+            volumes[volume["name"]] = path
+        mounts = {m["mountPath"]: volumes[m["name"]] for m in container.get("volumeMounts", [])}
+        bin_dir = pod_dir / "bin"
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        os.symlink(info["python"], bin_dir / "python")
+        env = {"PATH": "%s:/usr/bin:/bin" % bin_dir, "HOME": str(pod_dir), "LANG": "C.UTF-8"}
+        for var in container.get("env", []):
+            if "value" in var:
+                env[var["name"]] = var["value"]
+            elif "fieldRef" in var.get("valueFrom", {}):
+                path = var["valueFrom"]["fieldRef"]["fieldPath"]
+                env[var["name"]] = {"metadata.name": pod["metadata"]["name"],
+                                    "metadata.namespace": pod["metadata"]["namespace"],
+                                    "metadata.uid": uid, "spec.nodeName": node}.get(path, "")
+        if "/workspace" in mounts:
+            env["RL_WORKSPACE"] = str(mounts["/workspace"])
+        offset = self.node_config(node).get("clockOffsetSeconds")
+        if offset:
+            # A node whose clock differs from the API server's: shift time.time() in the container.
+            (pod_dir / "clock").mkdir(exist_ok=True)
+            (pod_dir / "clock" / "sitecustomize.py").write_text(
+                "import time\n_real = time.time\ntime.time = lambda: _real() + %r\n" % float(offset))
+            env["PYTHONPATH"] = str(pod_dir / "clock")
+        argv = []
+        for arg in container.get("command", []) + container.get("args", []):
+            for mount_path, local in mounts.items():
+                if arg == mount_path or arg.startswith(mount_path + "/"):
+                    arg = str(local) + arg[len(mount_path):]
+            argv.append(arg)
+        if argv and argv[0] == "python":
+            argv[0] = str(bin_dir / "python")
+        log_path = pod_dir / "container.log"
+        workdir = mounts.get("/workspace", pod_dir)
+        # The same image has the same digest on every node (a real pull resolves one manifest).
+        digest = info.get("digest") or "sha256:" + hashlib.sha256(image.encode()).hexdigest()
+        container_id = "containerd://" + secrets.token_hex(32)
+        restart_fault = self.node_config(node).get("restartContainersOnce", False)
+        process = self.spawn(argv, env, workdir, log_path, truncate=True)
+        self.processes[uid] = {"process": process, "log_path": log_path, "argv": argv, "env": env,
+                               "workdir": workdir, "container_id": container_id,
+                               "restart_once": restart_fault, "restarts": 0,
+                               "log_drop_first_lines": self.node_config(node).get("logDropFirstLines", 0)}
+        started = now_rfc3339()
+        repo = self.normalized_image(image).rsplit(":", 1)[0]
+        pod["status"]["containerStatuses"] = [{
+            "containerID": container_id, "image": self.normalized_image(image),
+            "imageID": "%s@%s" % (repo, digest), "lastState": {}, "name": container["name"],
+            "ready": True, "restartCount": 0, "started": True, "state": {"running": {"startedAt": started}}}]
+        pod["status"]["phase"] = "Running"
+        pod["status"]["podIP"] = "10.244.%d.%d" % (random.randint(1, 3), random.randint(2, 250))
+        pod["status"]["podIPs"] = [{"ip": pod["status"]["podIP"]}]
+        self.set_condition(pod, "Ready", "True")
+        self.set_condition(pod, "ContainersReady", "True")
+        self.put("pods", pod)
+        self.record_event(pod, "Normal", "Pulled", 'Container image "%s" already present on machine' % image,
+                          "kubelet", node)
+        self.record_event(pod, "Normal", "Created", "Created container: " + container["name"], "kubelet", node)
+        self.record_event(pod, "Normal", "Started", "Started container " + container["name"], "kubelet", node)
+
+    def spawn(self, argv, env, workdir, log_path, truncate):
+        with open(log_path, "w" if truncate else "a") as log:
+            return subprocess.Popen(argv, env=env, cwd=str(workdir), stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def container_exited(self, pod, record):
+        code = record["process"].returncode
+        status = pod["status"]["containerStatuses"][0]
+        started = status["state"].get("running", {}).get("startedAt", now_rfc3339())
+        terminated = {"containerID": record["container_id"], "exitCode": code if code >= 0 else 128 - code,
+                      "finishedAt": now_rfc3339(), "reason": "Completed" if code == 0 else "Error",
+                      "startedAt": started}
+        node = pod["spec"]["nodeName"]
+        if record["restart_once"] and record["restarts"] == 0:
+            # Fault: the node lost the pod sandbox and the kubelet started the container again.
+            record["restarts"] = 1
+            self.record_event(pod, "Normal", "SandboxChanged",
+                              "Pod sandbox changed, it will be killed and re-created.", "kubelet", node)
+            record["process"] = self.spawn(record["argv"], record["env"], record["workdir"], record["log_path"],
+                                           truncate=True)
+            status["lastState"] = {"terminated": terminated}
+            status["restartCount"] = 1
+            status["state"] = {"running": {"startedAt": now_rfc3339()}}
+            self.put("pods", pod)
+            return
+        status.update(ready=False, started=False, state={"terminated": terminated})
+        succeeded = code == 0
+        pod["status"]["phase"] = "Succeeded" if succeeded else "Failed"
+        reason = "PodCompleted" if succeeded else "PodFailed"
+        self.set_condition(pod, "PodReadyToStartContainers", "False")
+        self.set_condition(pod, "Initialized", "True", "PodCompleted" if succeeded else None)
+        self.set_condition(pod, "Ready", "False", reason)
+        self.set_condition(pod, "ContainersReady", "False", reason)
+        record["process"] = None
+        self.put("pods", pod)
+
+    def begin_pod_termination(self, pod):
+        if not pod["metadata"].get("deletionTimestamp"):
+            pod["metadata"]["deletionTimestamp"] = now_rfc3339()
+            pod["metadata"]["deletionGracePeriodSeconds"] = pod["spec"].get("terminationGracePeriodSeconds", 30)
+        record = self.processes.get(pod["metadata"]["uid"])
+        if record and record.get("process") is not None and record["process"].poll() is None:
+            try:
+                os.killpg(record["process"].pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def finish_pod_termination(self, pod, record):
+        process = (record or {}).get("process")
+        if process is not None and process.poll() is None:
+            return  # still shutting down
+        if process is not None:
+            self.container_exited(pod, record)
+        if pod["status"].get("phase") in ("Pending", "Running"):
+            pod["status"]["phase"] = "Failed"
+        # The Job controller counts a pod that ends while being deleted; drop it once counted.
+        if any(f == "batch.kubernetes.io/job-tracking" for f in pod["metadata"].get("finalizers", [])):
+            owner = pod["metadata"]["ownerReferences"][0]["uid"]
+            book = self.job_books.get(owner)
+            if book is not None:
+                book["failed" if pod["status"]["phase"] == "Failed" else "succeeded"].add(pod["metadata"]["uid"])
+        self.remove("pods", pod)
+        self.processes.pop(pod["metadata"]["uid"], None)
+        shutil.rmtree(self.dir / "pods" / pod["metadata"]["uid"], ignore_errors=True)
+
+    def garbage_collector(self):
+        job_uids = {job["metadata"]["uid"]: job for job in self.items("jobs")}
+        for pod in self.items("pods"):
+            owners = pod["metadata"].get("ownerReferences", [])
+            if not owners:
+                continue
+            owner = job_uids.get(owners[0]["uid"])
+            orphaned = owner is None
+            foreground = owner is not None and "foregroundDeletion" in owner["metadata"].get("finalizers", [])
+            if (orphaned or foreground) and not pod["metadata"].get("deletionTimestamp"):
+                self.begin_pod_termination(pod)
+                self.put("pods", pod)
+        for job in job_uids.values():
+            if "foregroundDeletion" in job["metadata"].get("finalizers", []) and not self.owned_pods(job):
+                self.remove("jobs", job)
+                self.job_books.pop(job["metadata"]["uid"], None)
+
+    def namespace_controller(self):
+        for ns in self.items("namespaces"):
+            if not ns["metadata"].get("deletionTimestamp"):
+                continue
+            name = ns["metadata"]["name"]
+            contents = [(res, obj) for (res, namespace, _), obj in list(self.objects.items()) if namespace == name]
+            for resource, obj in contents:
+                if resource == "pods":
+                    self.begin_pod_termination(obj)
+                elif resource == "jobs":
+                    self.remove("jobs", obj)
+                elif resource != "events" or not any(r == "pods" for r, _ in contents):
+                    self.remove(resource, obj)
+            book = self.job_books.get("ns:" + ns["metadata"]["uid"], {})
+            if not contents and time.time() - book.get("deleted_at", 0) >= self.config["namespaceDeletionSeconds"]:
+                self.remove("namespaces", ns)
+
+    def shutdown(self):
+        with self.lock:
+            for record in self.processes.values():
+                process = record.get("process")
+                if process is not None and process.poll() is None:
+                    try:
+                        os.killpg(process.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+
+
+# -------------------------------------------------------------------- RPC server
+
+
+def dispatch(cluster, request):
+    verb = request["verb"]
+    resource, namespace, name = request.get("resource"), request.get("namespace"), request.get("name")
+    with cluster.lock:
+        if verb == "create":
+            return cluster.api_create(resource, namespace, request["body"])
+        if verb == "get":
+            return cluster.api_get(resource, namespace, name)
+        if verb == "list":
+            return {"items": cluster.api_list(resource, namespace, request.get("selector"))}
+        if verb == "delete":
+            return cluster.api_delete(resource, namespace, name, request.get("propagation", "Background"))
+        if verb == "label":
+            return cluster.api_label(resource, namespace, name, request["labels"], request.get("overwrite"))
+        if verb == "logs":
+            return {"log": cluster.api_logs(namespace, name, request.get("container"))}
+        if verb == "version":
+            return {"gitVersion": cluster.config["kubernetesVersion"]}
+        if verb == "config":
+            return cluster.config
+    raise ApiError(400, "BadRequest", "unknown verb %r" % verb)
+
+
+def serve(state_dir):
+    state_dir = Path(state_dir)
+    config = dict(DEFAULT_CONFIG)
+    config_path = state_dir / "cluster.json"
+    if config_path.exists():
+        config.update(json.loads(config_path.read_text()))
+    cluster = Cluster(state_dir, config)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            try:
+                body, code = dispatch(cluster, request), 200
+            except ApiError as error:
+                body, code = error.status, error.status["code"]
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+
+    def control_loop():
+        while not cluster.stop.is_set():
+            try:
+                cluster.reconcile()
+            except Exception as error:  # keep the cluster alive; the log shows the bug
+                print("controller error: %r" % error, file=sys.stderr, flush=True)
+                import traceback
+                traceback.print_exc()
+            time.sleep(0.02)
+
+    threading.Thread(target=control_loop, daemon=True).start()
+
+    def stop(*_):
+        cluster.stop.set()
+        cluster.shutdown()
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    info = {"port": server.server_address[1], "pid": os.getpid()}
+    partial = state_dir / "server.json.partial"
+    partial.write_text(json.dumps(info))
+    os.replace(partial, state_dir / "server.json")
+    server.serve_forever()
+    cluster.shutdown()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
