@@ -62,8 +62,8 @@ JOB_NAME = "rollout"
 CONFIGMAP_NAME = "episode"
 CONTAINER_NAME = "episode"
 
-JOB_ACTIVE_DEADLINE_SECONDS = 240  # the Job controller fails the Job after this
-CLIENT_WAIT_SECONDS = 270  # the client stops waiting for the Job after this
+DEFAULT_TIMEOUT_SECONDS = 240  # the Job's activeDeadlineSeconds: the Job controller fails it after this
+CLIENT_GRACE_SECONDS = 30  # the client waits the Job's deadline plus this (240 + 30 = the seed's 270)
 POLL_INTERVAL_SECONDS = 1.0
 LOG_FETCH_WORKERS = 4
 CLEANUP_WAIT_SECONDS = 120  # for the Job (and its pods), then again for the namespace
@@ -183,7 +183,7 @@ def configmap_manifest(namespace):
             "data": {"episode.py": EPISODE_PROGRAM}}
 
 
-def job_manifest(namespace, count, parallelism, image, runtime):
+def job_manifest(namespace, count, parallelism, image, runtime, deadline=DEFAULT_TIMEOUT_SECONDS):
     """The batch: `count` episodes, `parallelism` at a time; runtime None = cluster default."""
     container = {
         "name": CONTAINER_NAME,
@@ -214,7 +214,7 @@ def job_manifest(namespace, count, parallelism, image, runtime):
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": JOB_NAME, "namespace": namespace},
         "spec": {"completions": count, "parallelism": parallelism, "backoffLimit": 0,
-                 "activeDeadlineSeconds": JOB_ACTIVE_DEADLINE_SECONDS,
+                 "activeDeadlineSeconds": deadline,
                  "template": {"metadata": {"labels": {"app": "rl-batch-demo"}},
                               "spec": pod_spec}},
     }
@@ -487,9 +487,9 @@ def cleanup_command(output):
 # ============================================================================
 
 
-def wait_for_job(cluster, namespace, started):
+def wait_for_job(cluster, namespace, started, wait_seconds):
     """Poll the Job about once a second until Complete/Failed or the client deadline."""
-    deadline = started + CLIENT_WAIT_SECONDS
+    deadline = started + wait_seconds
     show_progress = sys.stderr.isatty()
     while True:
         live = json.loads(cluster.kubectl("-n", namespace, "get", "job", JOB_NAME, "-o", "json"))
@@ -582,14 +582,15 @@ def run_batch(args, cluster, output, receipt):
     print("Test namespace:", namespace, flush=True)
     cluster.create(configmap_manifest(namespace))
 
-    job = job_manifest(namespace, args.count, args.parallelism, args.image, runtime)
+    job = job_manifest(namespace, args.count, args.parallelism, args.image, runtime, args.timeout)
     write_json(output / "job-submitted.json", job)
     started = time.monotonic()
     created_job = cluster.create(job)
     receipt["job_uid"] = created_job["metadata"]["uid"]
     write_json(output / "receipt.json", receipt)
 
-    live, outcome = wait_for_job(cluster, namespace, started)
+    wait_seconds = args.timeout + CLIENT_GRACE_SECONDS
+    live, outcome = wait_for_job(cluster, namespace, started, wait_seconds)
     # client_job_complete_seconds: client monotonic clock, from just before the Job's
     # create request to the poll that saw the Complete condition (includes polling).
     observed = time.monotonic() - started
@@ -597,7 +598,7 @@ def run_batch(args, cluster, output, receipt):
     where = "diagnostics saved in %s (job.json, pods.json, events.txt, pod logs)" % output
     if outcome is None:
         raise BatchTimeout("Job %s did not finish within the client's %d s wait; %s"
-                           % (JOB_NAME, CLIENT_WAIT_SECONDS, where))
+                           % (JOB_NAME, wait_seconds, where))
     if outcome == "Failed":
         failed = job_condition(live, "Failed")
         message = "Job %s failed (%s: %s)" % (JOB_NAME, failed.get("reason"), failed.get("message"))
@@ -730,6 +731,9 @@ def build_parser():
     runtime.add_argument("--no-runtime-class", action="store_true",
                          help="set no RuntimeClass: pods use the nodes' default runtime (e.g. "
                               "runc on a kind cluster); results.json records runtime null")
+    run.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_SECONDS, metavar="SECONDS",
+                     help="the Job's activeDeadlineSeconds (default %d); the client waits this plus "
+                          "%d s" % (DEFAULT_TIMEOUT_SECONDS, CLIENT_GRACE_SECONDS))
     run.add_argument("--context", metavar="NAME",
                      help="kubectl context (default: kubectl's current context)")
     run.set_defaults(handler=cmd_run, subparser=run)
@@ -749,6 +753,8 @@ def parse_args(argv):
         if not 1 <= args.count <= MAX_COUNT:
             args.subparser.error("--count must be between 1 and %d (the demo's bound to keep first trials "
                          "small), got %d" % (MAX_COUNT, args.count))
+        if args.timeout < 1:
+            args.subparser.error("--timeout must be at least 1 second, got %d" % args.timeout)
         if args.parallelism is None:
             args.parallelism = args.count
         if not 1 <= args.parallelism <= args.count:

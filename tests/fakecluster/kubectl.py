@@ -108,11 +108,23 @@ class ApiFailure(Failure):
         super().__init__("Error from server (%s): %s" % (status["reason"], status["message"]))
 
 
+POD_STATUS_ORDER = ["phase", "conditions", "message", "reason", "hostIP", "hostIPs", "podIP", "podIPs",
+                    "startTime", "containerStatuses", "qosClass"]
+
+
+def by_order(obj, order):
+    keys = sorted(obj, key=lambda k: order.index(k) if k in order else len(order))
+    return {k: obj[k] for k in keys}
+
+
 def ordered(obj):
+    """Go struct field order, as `kubectl -o json` prints it."""
     if not isinstance(obj, dict):
         return obj
-    keys = sorted(obj, key=lambda k: KEY_ORDER.index(k) if k in KEY_ORDER else len(KEY_ORDER))
-    return {k: obj[k] for k in keys}
+    obj = by_order(obj, KEY_ORDER)
+    if obj.get("kind") == "Pod" and isinstance(obj.get("status"), dict):
+        obj["status"] = by_order(obj["status"], POD_STATUS_ORDER)
+    return obj
 
 
 def dump(obj):

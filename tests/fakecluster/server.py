@@ -355,7 +355,8 @@ class Cluster:
         source = {"component": component}
         if host:
             source["host"] = host
-        event = {"metadata": {"name": "%s.%s" % (involved["name"], secrets.token_hex(8)),
+        # client-go names events <object>.<UnixNano in hex>, so a list by name is chronological
+        event = {"metadata": {"name": "%s.%x" % (involved["name"], time.time_ns()),
                               "namespace": namespace, "uid": str(uuid.uuid4()),
                               "creationTimestamp": stamp},
                  "involvedObject": involved, "reason": reason, "message": message, "source": source,

@@ -1,0 +1,297 @@
+"""Pure functions of rl-batch-demo.py, in-process: manifests, percentiles, validation."""
+
+import ast
+import copy
+import json
+import os
+from pathlib import Path
+import shutil
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+JOB_CREATED = "2026-11-29T10:00:00Z"
+T0 = 1795946400.0  # 2026-11-29T10:00:00Z as Unix seconds
+
+
+def good_pod(name="rollout-abcde", created="2026-11-29T10:00:01Z", node="kind-worker"):
+    return {
+        "metadata": {"name": name, "creationTimestamp": created},
+        "spec": {"nodeName": node},
+        "status": {"phase": "Succeeded", "containerStatuses": [{
+            "imageID": "docker.io/library/python@sha256:" + "a" * 64, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]},
+    }
+
+
+def good_log(name="rollout-abcde", ready_at=T0 + 3.5, reward_at=T0 + 5.0, **reward_fields):
+    reward = dict(event="reward", at=reward_at, episode_id=name, reward=1, baseline_exit=1, tests_exit=0,
+                  tests_output="...\nOK\n")
+    reward.update(reward_fields)
+    return json.dumps(dict(event="ready", at=ready_at, episode_id=name)) + "\n" + json.dumps(reward) + "\n"
+
+
+JOB = {"metadata": {"creationTimestamp": JOB_CREATED}}
+
+
+def test_parse_k8s_time_reads_rfc3339_utc(tool):
+    assert tool.parse_k8s_time(JOB_CREATED) == T0
+
+
+# ---------------------------------------------------------------- manifests
+
+
+def test_job_manifest_matches_the_tutorial(tool):
+    job = tool.job_manifest("agc-rl-0123456789ab", 10, 4, "python:3.12-alpine", "cube")
+    spec = job["spec"]
+    assert (job["apiVersion"], job["kind"], job["metadata"]) == (
+        "batch/v1", "Job", {"name": "rollout", "namespace": "agc-rl-0123456789ab"})
+    assert (spec["completions"], spec["parallelism"], spec["backoffLimit"], spec["activeDeadlineSeconds"]) == (
+        10, 4, 0, 240)
+    pod = spec["template"]["spec"]
+    assert spec["template"]["metadata"]["labels"] == {"app": "rl-batch-demo"}
+    assert pod["runtimeClassName"] == "cube"
+    assert pod["restartPolicy"] == "Never"
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"] == {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000, "runAsNonRoot": True}
+    (container,) = pod["containers"]
+    assert container["name"] == "episode"
+    assert container["imagePullPolicy"] == "IfNotPresent"
+    assert container["command"] == ["python", "-B", "/demo/episode.py"]
+    assert container["env"] == [{"name": "EPISODE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                            "seccompProfile": {"type": "RuntimeDefault"}}
+    assert container["resources"] == {"requests": {"cpu": "100m", "memory": "64Mi"},
+                                      "limits": {"cpu": "500m", "memory": "128Mi"}}
+    assert container["volumeMounts"] == [{"name": "script", "mountPath": "/demo", "readOnly": True},
+                                         {"name": "workspace", "mountPath": "/workspace"}]
+    assert pod["volumes"] == [{"name": "script", "configMap": {"name": "episode"}},
+                              {"name": "workspace", "emptyDir": {}}]
+
+
+def test_job_manifest_without_runtime_class_has_no_runtimeClassName(tool):
+    job = tool.job_manifest("ns", 1, 1, "python:3.12-alpine", None)
+    assert "runtimeClassName" not in job["spec"]["template"]["spec"]
+
+
+def test_job_manifest_deadline_follows_timeout(tool):
+    assert tool.job_manifest("ns", 1, 1, "img", "cube", 30)["spec"]["activeDeadlineSeconds"] == 30
+
+
+def test_namespace_manifest_carries_the_run_label(tool):
+    assert tool.namespace_manifest("agc-rl-x", "x") == {
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "agc-rl-x", "labels": {"agc-demo-run": "x"}}}
+
+
+def test_configmap_ships_the_episode_program(tool):
+    cm = tool.configmap_manifest("ns")
+    assert cm["metadata"] == {"name": "episode", "namespace": "ns"}
+    assert cm["data"] == {"episode.py": tool.EPISODE_PROGRAM}
+
+
+# ---------------------------------------------------------------- the episode program
+
+
+def test_episode_program_imports_only_cheap_standard_modules(tool):
+    tree = ast.parse(tool.EPISODE_PROGRAM)
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert imported == {"json", "os", "pathlib", "subprocess", "time"}
+    assert not any(isinstance(node, ast.ImportFrom) for node in ast.walk(tree))
+
+
+def find_python(version):
+    """A working pythonX.Y: on PATH, or in a pyenv tree (whose shims refuse inactive versions)."""
+    candidates = [shutil.which("python" + version)]
+    candidates += sorted(str(p) for p in Path.home().glob(".pyenv/versions/%s.*/bin/python%s" % (version, version)))
+    for candidate in filter(None, candidates):
+        if subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0:
+            return candidate
+    pytest.skip("python%s is not installed here" % version)
+
+
+def run_episode(python, tmp_path, tool):
+    """Run the episode program as a pod would: `python` on PATH, EPISODE_ID set."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(python)
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    program = tmp_path / "episode.py"
+    program.write_text(tool.EPISODE_PROGRAM)
+    env = {"PATH": "%s:/usr/bin:/bin" % bin_dir, "EPISODE_ID": "rollout-xyz12", "RL_WORKSPACE": str(workspace)}
+    return subprocess.run([str(bin_dir / "python"), "-B", str(program)], env=env, text=True,
+                          capture_output=True, timeout=60)
+
+
+@pytest.mark.parametrize("version", ["3.9", "3.12"])
+def test_episode_program_runs_on_python_3_9_and_later(version, tmp_path, tool):
+    python = find_python(version)
+    done = run_episode(python, tmp_path, tool)
+    assert done.returncode == 0, done.stderr
+    ready, reward = [json.loads(line) for line in done.stdout.splitlines()]
+    assert ready["event"] == "ready" and ready["episode_id"] == "rollout-xyz12"
+    assert (reward["reward"], reward["tests_exit"], reward["baseline_exit"]) == (1, 0, 1)
+    assert ready["at"] <= reward["at"]
+
+
+def test_cli_runs_on_python_3_9(tmp_path):
+    python = find_python("3.9")
+    script = Path(__file__).resolve().parent.parent / "rl-batch-demo.py"
+    done = subprocess.run([python, str(script), "run", "--help"], text=True, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "--parallelism" in done.stdout
+
+
+# ---------------------------------------------------------------- percentiles
+
+
+def test_percentile_interpolates_between_order_statistics(tool):
+    assert tool.percentile([4, 1, 3, 2], 0.5) == 2.5
+    assert tool.percentile([1, 2, 3, 4], 0.95) == pytest.approx(3.85)
+    assert tool.percentile([1, 2, 3, 4], 0.0) == 1
+    assert tool.percentile([1, 2, 3, 4], 1.0) == 4
+
+
+def test_percentile_of_one_sample_is_that_sample(tool):
+    assert tool.percentile([3.25], 0.95) == 3.25
+
+
+def test_percentile_agrees_with_statistics_inclusive_quantiles(tool):
+    values = [0.8, 1.3, 0.9, 2.7, 1.1, 1.0, 0.95, 3.9, 1.2, 1.05]
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    assert tool.percentile(values, 0.5) == pytest.approx(cuts[49])
+    assert tool.percentile(values, 0.95) == pytest.approx(cuts[94])
+
+
+# ---------------------------------------------------------------- validation of saved results
+
+
+def test_collect_computes_the_tutorial_metrics(tool):
+    pods = [good_pod("rollout-aaaaa", "2026-11-29T10:00:01Z", "n1"),
+            good_pod("rollout-bbbbb", "2026-11-29T10:00:02Z", "n2")]
+    logs = [good_log("rollout-aaaaa", T0 + 3.5, T0 + 5.0), good_log("rollout-bbbbb", T0 + 4.0, T0 + 6.5)]
+    result = tool.collect(pods, logs, JOB, 2)
+    assert (result["episodes"], result["successful_episodes"], result["reward_sum"]) == (2, 2, 2)
+    assert result["batch_to_all_ready_seconds"] == 4.0
+    assert result["batch_to_all_rewards_seconds"] == 6.5
+    assert result["pod_to_ready_p50_seconds"] == 2.25  # 2.5 and 2.0
+    assert result["pod_to_ready_p95_seconds"] == pytest.approx(2.475)
+    assert result["pod_to_ready_max_seconds"] == 2.5
+    assert result["nodes"] == {"n1": 1, "n2": 1}
+    assert result["image_ids"] == ["docker.io/library/python@sha256:" + "a" * 64]
+    assert result["pods"][0] == {"pod": "rollout-aaaaa", "node": "n1",
+                                 "image_id": "docker.io/library/python@sha256:" + "a" * 64, "reward": 1,
+                                 "pod_to_ready_seconds": 2.5, "batch_to_ready_seconds": 3.5,
+                                 "batch_to_reward_seconds": 5.0}
+
+
+def invalid(tool, pod=None, log=None, count=1):
+    with pytest.raises(tool.EpisodeInvalid) as caught:
+        tool.collect([pod or good_pod()], [good_log() if log is None else log], JOB, count)
+    return str(caught.value)
+
+
+def test_validation_requires_one_pod_per_episode(tool):
+    assert "expected 2 pods for 2 episodes, found 1" in invalid(tool, count=2)
+
+
+def test_validation_requires_phase_succeeded(tool):
+    pod = good_pod()
+    pod["status"]["phase"] = "Failed"
+    assert invalid(tool, pod=pod) == "pod rollout-abcde: phase is Failed, expected Succeeded"
+
+
+def test_validation_requires_a_ready_event(tool):
+    log = good_log().splitlines()[1] + "\n"
+    assert invalid(tool, log=log) == "pod rollout-abcde: expected exactly one ready event, found 0"
+
+
+def test_validation_requires_exactly_one_reward_event(tool):
+    log = good_log() + good_log().splitlines()[1] + "\n"
+    assert invalid(tool, log=log) == "pod rollout-abcde: expected exactly one reward event, found 2"
+
+
+def test_validation_rejects_a_line_that_is_not_json(tool):
+    assert "log line 1 is not a JSON event: Traceback" in invalid(tool, log="Traceback (most recent call last):\n")
+
+
+def test_validation_requires_episode_id_to_equal_the_pod_name(tool):
+    log = good_log(name="rollout-other")
+    assert invalid(tool, log=log) == ("pod rollout-abcde: ready event has episode_id 'rollout-other', "
+                                      "expected the pod name")
+
+
+def test_validation_requires_reward_one(tool):
+    assert invalid(tool, log=good_log(reward=0)) == "pod rollout-abcde: reward is 0, expected 1"
+
+
+def test_validation_requires_patched_tests_to_pass(tool):
+    assert "tests_exit is 1, expected 0" in invalid(tool, log=good_log(tests_exit=1))
+
+
+def test_validation_requires_the_baseline_to_fail(tool):
+    assert "baseline_exit is 0, expected non-zero" in invalid(tool, log=good_log(baseline_exit=0))
+
+
+def test_validation_rejects_ready_before_pod_creation(tool):
+    message = invalid(tool, log=good_log(ready_at=T0 + 0.5))
+    assert message.startswith("pod rollout-abcde: time order job created")
+    assert "check clock synchronization" in message
+
+
+def test_validation_rejects_reward_before_ready(tool):
+    assert "time order" in invalid(tool, log=good_log(ready_at=T0 + 5, reward_at=T0 + 4))
+
+
+def test_validation_rejects_a_pod_created_before_its_job(tool):
+    assert "time order" in invalid(tool, pod=good_pod(created="2026-11-29T09:59:59Z"))
+
+
+def test_validation_rejects_a_restarted_container(tool):
+    pod = good_pod()
+    pod["status"]["containerStatuses"][0]["restartCount"] = 1
+    assert invalid(tool, pod=pod) == "pod rollout-abcde: container restarted 1 times, expected 0"
+
+
+def test_validation_rejects_a_nonzero_exit_code(tool):
+    pod = good_pod()
+    pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] = 2
+    assert invalid(tool, pod=pod) == "pod rollout-abcde: container exit code is 2, expected 0"
+
+
+def test_validation_lists_every_failed_episode(tool):
+    pods = [good_pod("rollout-aaaaa"), good_pod("rollout-bbbbb")]
+    logs = [good_log("rollout-aaaaa", reward=0), good_log("rollout-bbbbb", tests_exit=3)]
+    with pytest.raises(tool.EpisodeInvalid) as caught:
+        tool.collect(pods, logs, JOB, 2)
+    assert str(caught.value).splitlines() == [
+        "pod rollout-aaaaa: reward is 0, expected 1",
+        "pod rollout-bbbbb: tests_exit is 3, expected 0 (the patched code must pass)"]
+
+
+# ---------------------------------------------------------------- ownership
+
+
+def test_ownership_mismatches_name_each_key(tool):
+    live = {"metadata": {"uid": "u2", "labels": {"agc-demo-run": "other"}}}
+    assert tool.ownership_mismatches("namespace agc-rl-x", live, {"uid": "u1", "label agc-demo-run": "x"}) == [
+        "namespace agc-rl-x uid must equal u1: current value is u2",
+        "namespace agc-rl-x label agc-demo-run must equal x: current value is other"]
+
+
+def test_ownership_matches_when_every_key_is_equal(tool):
+    live = {"metadata": {"uid": "u1", "labels": {"agc-demo-run": "x"}}}
+    assert tool.ownership_mismatches("namespace n", live, {"uid": "u1", "label agc-demo-run": "x"}) == []
+
+
+def test_job_outcome_reads_terminal_conditions(tool):
+    complete = {"status": {"conditions": [{"type": "SuccessCriteriaMet", "status": "True"},
+                                          {"type": "Complete", "status": "True"}]}}
+    failed = {"status": {"conditions": [{"type": "FailureTarget", "status": "True"},
+                                        {"type": "Failed", "status": "True"}]}}
+    assert tool.job_outcome(complete) == "Complete"
+    assert tool.job_outcome(failed) == "Failed"
+    assert tool.job_outcome({"status": {"conditions": [{"type": "SuccessCriteriaMet", "status": "True"}]}}) is None
+    assert tool.job_outcome({"status": {}}) is None
