@@ -293,7 +293,9 @@ def cmd_delete(positionals, flags, namespace, timeout, out):
             if failure.status["reason"] == "NotFound" and flags.get("--ignore-not-found") == "true":
                 continue
             raise
-        out.write('%s%s "%s" deleted\n' % (SINGULAR[resource], GROUP.get(resource, ""), name))
+        # kubectl >= 1.34 names the namespace of a namespaced object (kubernetes/kubernetes#126619)
+        where = "" if resource in ("namespaces", "nodes", "runtimeclasses") else " from %s namespace" % namespace
+        out.write('%s%s "%s" deleted%s\n' % (SINGULAR[resource], GROUP.get(resource, ""), name, where))
         if flags.get("--wait", "true") == "true":
             while True:
                 try:

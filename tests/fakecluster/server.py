@@ -433,6 +433,7 @@ class Cluster:
                 for pod in active:
                     self.begin_pod_termination(pod)
                     self.put("pods", pod)
+                    self.record_event(job, "Normal", "SuccessfulDelete", "Deleted pod: " + pod["metadata"]["name"])
                 if not active and not terminating:
                     target = [c for c in job["status"]["conditions"] if c["type"] == "FailureTarget"][0]
                     self.add_condition(job, "Failed", target["reason"], target["message"])
