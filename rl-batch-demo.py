@@ -56,6 +56,7 @@ MAX_COUNT = 20  # the tutorial's bound to keep first trials small; not a capacit
 DEFAULT_IMAGE = "python:3.12-alpine"
 DEFAULT_RUNTIME = "cube"
 
+TOOL_NAME = "rl-batch-demo"
 RUN_LABEL = "agc-demo-run"  # namespace label holding the run id: the ownership proof
 NAMESPACE_PREFIX = "agc-rl-"
 JOB_NAME = "rollout"
@@ -65,6 +66,7 @@ CONTAINER_NAME = "episode"
 DEFAULT_TIMEOUT_SECONDS = 240  # the Job's activeDeadlineSeconds: the Job controller fails it after this
 CLIENT_GRACE_SECONDS = 30  # the client waits the Job's deadline plus this (240 + 30 = the seed's 270)
 POLL_INTERVAL_SECONDS = 1.0
+STALL_CHECK_SECONDS = 3.0  # no progress this long: look for a reason the pods cannot start
 LOG_FETCH_WORKERS = 4
 CLEANUP_WAIT_SECONDS = 120  # for the Job (and its pods), then again for the namespace
 KUBECTL_REQUEST_TIMEOUT = "30s"  # passed to kubectl: one API request
@@ -147,7 +149,10 @@ class KubectlError(DemoError):
         self.returncode = returncode
         self.stderr = (stderr or "").strip()
         detail = last_line(self.stderr) or "no error message (exit code %s)" % returncode
-        super().__init__("kubectl %s failed: %s" % (" ".join(args[:3]), detail))
+        words = [word for word in args if not word.startswith("--request-timeout")]
+        if words[:1] == ["--context"]:
+            words = words[2:]
+        super().__init__("kubectl %s failed: %s" % (" ".join(words[:4]), detail))
 
     @property
     def not_found(self):
@@ -172,18 +177,41 @@ def last_line(text):
 # ============================================================================
 
 
+def object_labels(run_id, component):
+    """Labels on every object the tool creates: the seed's run label plus the recommended
+    app.kubernetes.io set, so `list` and other tools can find a run and its owner."""
+    return {RUN_LABEL: run_id,
+            "app.kubernetes.io/name": TOOL_NAME,
+            "app.kubernetes.io/instance": run_id,
+            "app.kubernetes.io/version": __version__,
+            "app.kubernetes.io/component": component,
+            "app.kubernetes.io/managed-by": TOOL_NAME}
+
+
 def namespace_manifest(namespace, run_id):
-    return {"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": namespace, "labels": {RUN_LABEL: run_id}}}
+    # Pod Security Admission enforces `restricted` here: the cluster, not only this file,
+    # then guarantees the sandboxes' posture (non-root, no escalation, no capabilities).
+    labels = {**object_labels(run_id, "run"), "pod-security.kubernetes.io/enforce": "restricted"}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": labels}}
 
 
-def configmap_manifest(namespace):
+def configmap_manifest(namespace, run_id):
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": CONFIGMAP_NAME, "namespace": namespace},
+            "metadata": {"name": CONFIGMAP_NAME, "namespace": namespace,
+                         "labels": object_labels(run_id, "episode-program")},
             "data": {"episode.py": EPISODE_PROGRAM}}
 
 
-def job_manifest(namespace, count, parallelism, image, runtime, deadline=DEFAULT_TIMEOUT_SECONDS):
+def network_policy_manifest(namespace, run_id):
+    """Default deny, ingress and egress, for every pod of the namespace."""
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "deny-all", "namespace": namespace,
+                         "labels": object_labels(run_id, "network-isolation")},
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}}
+
+
+def job_manifest(namespace, run_id, count, parallelism, image, runtime,
+                 deadline=DEFAULT_TIMEOUT_SECONDS):
     """The batch: `count` episodes, `parallelism` at a time; runtime None = cluster default."""
     container = {
         "name": CONTAINER_NAME,
@@ -212,12 +240,24 @@ def job_manifest(namespace, count, parallelism, image, runtime, deadline=DEFAULT
         pod_spec = {"runtimeClassName": runtime, **pod_spec}
     return {
         "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": JOB_NAME, "namespace": namespace},
+        "metadata": {"name": JOB_NAME, "namespace": namespace, "labels": object_labels(run_id, "batch")},
         "spec": {"completions": count, "parallelism": parallelism, "backoffLimit": 0,
                  "activeDeadlineSeconds": deadline,
-                 "template": {"metadata": {"labels": {"app": "rl-batch-demo"}},
+                 "template": {"metadata": {"labels": {"app": "rl-batch-demo",
+                                                      **object_labels(run_id, "episode")}},
                               "spec": pod_spec}},
     }
+
+
+def run_manifests(args, namespace, run_id):
+    """Every object of one run, in creation order (the namespace first, the Job last)."""
+    objects = [namespace_manifest(namespace, run_id), configmap_manifest(namespace, run_id)]
+    if args.network == "none":
+        objects.append(network_policy_manifest(namespace, run_id))
+    runtime = None if args.no_runtime_class else args.runtime
+    objects.append(job_manifest(namespace, run_id, args.count, args.parallelism, args.image, runtime,
+                                args.timeout))
+    return objects
 
 
 # ============================================================================
@@ -487,24 +527,60 @@ def cleanup_command(output):
 # ============================================================================
 
 
+def blocking_reason(events, pods):
+    """Why the episode pods cannot start, when waiting will not help; None otherwise.
+
+    Admission refusals (PodSecurity, RuntimeClass) show only as the Job controller's
+    FailedCreate events; a container the kubelet refuses to start shows as
+    CreateContainerConfigError. Both persist until someone changes the cluster or the spec.
+    """
+    for event in events:
+        message = event.get("message") or ""
+        if event.get("reason") == "FailedCreate" and "forbidden" in message:
+            return "the cluster refused to create the episode pods: " + message.replace("Error creating: ", "", 1)
+    for pod in pods:
+        for status in pod.get("status", {}).get("containerStatuses") or []:
+            waiting = status.get("state", {}).get("waiting") or {}
+            if waiting.get("reason") == "CreateContainerConfigError":
+                return "pod %s cannot start its container (CreateContainerConfigError: %s)" % (
+                    pod["metadata"]["name"], waiting.get("message"))
+    return None
+
+
 def wait_for_job(cluster, namespace, started, wait_seconds):
-    """Poll the Job about once a second until Complete/Failed or the client deadline."""
+    """Poll the Job about once a second until Complete/Failed or the client deadline.
+
+    While the Job makes no progress for STALL_CHECK_SECONDS, also look for a reason the
+    pods can never start, so such a run stops early with that reason.
+    Returns (job, 'Complete'|'Failed'|None, blocking reason or None).
+    """
     deadline = started + wait_seconds
     show_progress = sys.stderr.isatty()
+    progress, progress_at = None, time.monotonic()
     while True:
         live = json.loads(cluster.kubectl("-n", namespace, "get", "job", JOB_NAME, "-o", "json"))
         outcome = job_outcome(live)
+        status = live.get("status", {})
+        counts = tuple(status.get(key, 0) for key in ("active", "ready", "succeeded", "failed"))
         if show_progress:
-            status = live.get("status", {})
             sys.stderr.write("\rwaiting: active %d, ready %d, succeeded %d, failed %d, %.0f s   "
-                             % (status.get("active", 0), status.get("ready", 0),
-                                status.get("succeeded", 0), status.get("failed", 0),
-                                time.monotonic() - started))
+                             % (counts + (time.monotonic() - started,)))
             sys.stderr.flush()
-        if outcome or time.monotonic() > deadline:
+        blocked = None
+        if counts != progress:
+            progress, progress_at = counts, time.monotonic()
+        elif not outcome and time.monotonic() - progress_at >= STALL_CHECK_SECONDS:
+            events = json.loads(cluster.kubectl("-n", namespace, "get", "events", "-o", "json"))["items"]
+            pods = []
+            if counts[0]:
+                pods = json.loads(cluster.kubectl("-n", namespace, "get", "pods", "-l", "job-name=" + JOB_NAME,
+                                                  "-o", "json"))["items"]
+            blocked = blocking_reason(events, pods)
+            progress_at = time.monotonic()
+        if outcome or blocked or time.monotonic() > deadline:
             if show_progress:
                 sys.stderr.write("\n")
-            return live, outcome
+            return live, outcome, blocked
         time.sleep(POLL_INTERVAL_SECONDS)
 
 
@@ -533,6 +609,13 @@ def save_diagnostics(cluster, namespace, output, job):
 
 
 def cmd_run(args):
+    if args.dry_run:
+        # Exactly what a run would create, as one List `kubectl create -f -` accepts;
+        # neither the cluster nor the output folder is touched.
+        run_id = uuid.uuid4().hex[:12]
+        objects = run_manifests(args, NAMESPACE_PREFIX + run_id, run_id)
+        print(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
+        return EXIT_OK
     output = Path(args.output)
     if output.exists():
         raise DemoError("output folder %s already exists; choose a new --output so that no "
@@ -576,13 +659,14 @@ def run_batch(args, cluster, output, receipt):
                             "--no-runtime-class for the cluster's default runtime)"
                             % (runtime, cluster.context, cluster.context)) from None
 
-    created = cluster.create(namespace_manifest(namespace, receipt["run_id"]))
+    namespace_obj, *supporting, job = run_manifests(args, namespace, receipt["run_id"])
+    created = cluster.create(namespace_obj)
     receipt["uid"] = created["metadata"]["uid"]
     write_json(output / "receipt.json", receipt)
     print("Test namespace:", namespace, flush=True)
-    cluster.create(configmap_manifest(namespace))
+    for obj in supporting:
+        cluster.create(obj)
 
-    job = job_manifest(namespace, args.count, args.parallelism, args.image, runtime, args.timeout)
     write_json(output / "job-submitted.json", job)
     started = time.monotonic()
     created_job = cluster.create(job)
@@ -590,12 +674,14 @@ def run_batch(args, cluster, output, receipt):
     write_json(output / "receipt.json", receipt)
 
     wait_seconds = args.timeout + CLIENT_GRACE_SECONDS
-    live, outcome = wait_for_job(cluster, namespace, started, wait_seconds)
+    live, outcome, blocked = wait_for_job(cluster, namespace, started, wait_seconds)
     # client_job_complete_seconds: client monotonic clock, from just before the Job's
     # create request to the poll that saw the Complete condition (includes polling).
     observed = time.monotonic() - started
     pods, logs = save_diagnostics(cluster, namespace, output, live)
     where = "diagnostics saved in %s (job.json, pods.json, events.txt, pod logs)" % output
+    if blocked:
+        raise DemoError("%s; stopped early instead of waiting for the deadline; %s" % (blocked, where))
     if outcome is None:
         raise BatchTimeout("Job %s did not finish within the client's %d s wait; %s"
                            % (JOB_NAME, wait_seconds, where))
@@ -651,7 +737,20 @@ def wait_until_gone(cluster, what, parts, timeout):
 
 
 def cmd_cleanup(args):
-    output = Path(args.output)
+    """Clean up each folder in turn; one folder's refusal does not stop the others."""
+    if len(args.output) == 1:
+        return cleanup_one(Path(args.output[0]))
+    first_failure = EXIT_OK
+    for folder in args.output:
+        try:
+            cleanup_one(Path(folder))
+        except DemoError as error:
+            print("Error: %s: %s" % (folder, error), file=sys.stderr)
+            first_failure = first_failure or error.exit_code
+    return first_failure
+
+
+def cleanup_one(output):
     receipt = read_json(output / "receipt.json", "the receipt")
     try:
         cluster, namespace, run_id = Cluster(receipt["context"]), receipt["namespace"], receipt["run_id"]
@@ -696,6 +795,74 @@ def cmd_cleanup(args):
     return EXIT_OK
 
 
+def find_receipts(folders):
+    """{namespace: (folder, receipt)} for every receipt.json in the folders or one level below."""
+    found = {}
+    for folder in folders:
+        folder = Path(folder)
+        for path in [folder / "receipt.json", *sorted(folder.glob("*/receipt.json"))]:
+            try:
+                receipt = json.loads(path.read_text())
+                found[receipt["namespace"]] = (path.parent, receipt)
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+    return found
+
+
+def run_row(namespace, job, receipts, now):
+    """One line of `list`: what the cluster says about a run, and which receipt names it."""
+    meta = namespace["metadata"]
+    name = meta["name"]
+    status = (job or {}).get("status", {})
+    if meta.get("deletionTimestamp"):
+        state = "Terminating"
+    elif job is None:
+        state = "no Job"
+    else:
+        state = job_outcome(job) or "Running"
+    receipt = "-"
+    if name in receipts:
+        folder, saved = receipts[name]
+        receipt = str(folder)
+        if saved.get("uid") != meta.get("uid"):
+            receipt += " (uid differs: not this namespace)"
+    return {"namespace": name, "run_id": meta.get("labels", {}).get(RUN_LABEL),
+            "age_seconds": int(now - parse_k8s_time(meta["creationTimestamp"])), "state": state,
+            "completions": (job or {}).get("spec", {}).get("completions"),
+            "succeeded": status.get("succeeded", 0), "failed": status.get("failed", 0),
+            "active": status.get("active", 0), "receipt": receipt}
+
+
+def human_age(seconds):
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return "%d%s" % (seconds // size, unit)
+    return "%ds" % seconds
+
+
+def cmd_list(args):
+    cluster = Cluster(args.context or current_context())
+    namespaces = json.loads(cluster.kubectl("get", "namespaces", "-l", RUN_LABEL, "-o", "json"))["items"]
+    receipts = find_receipts(args.search or ["."])
+    now = time.time()
+    rows = [run_row(ns, cluster.get_json("-n", ns["metadata"]["name"], "job", JOB_NAME), receipts, now)
+            for ns in namespaces]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    if not rows:
+        print("No runs of %s on context %s." % (TOOL_NAME, cluster.context))
+        return EXIT_OK
+    table = [("NAMESPACE", "AGE", "STATE", "EPISODES", "RECEIPT")]
+    for row in rows:
+        episodes = "%s/%s done, %s failed" % (row["succeeded"], row["completions"] or "?", row["failed"])
+        table.append((row["namespace"], human_age(row["age_seconds"]), row["state"], episodes, row["receipt"]))
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    for line in table:
+        print("   ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+    return EXIT_OK
+
+
 # ============================================================================
 # Command line
 # ============================================================================
@@ -704,11 +871,18 @@ def cmd_cleanup(args):
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="rl-batch-demo.py",
-        description="Launch a batch of isolated sandbox episodes (one Kubernetes Job) for RL "
-                    "rollouts, measure batch readiness and reward latency, verify every "
-                    "episode, and clean up only what was created.",
-        epilog="Exit codes: 0 ok, 1 error, 2 bad command line, 3 timed out, 4 batch failed or "
-               "validation failed, 130 interrupted. KUBECTL overrides the kubectl program.",
+        description="Launch a batch of isolated sandbox episodes (one Kubernetes Job) for RL\n"
+                    "rollouts, measure batch readiness and reward latency, verify every episode,\n"
+                    "and clean up only what was created.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="exit codes:\n"
+               "  0    ok\n"
+               "  1    error (kubectl, cluster, prerequisites, refused cleanup)\n"
+               "  2    bad command line\n"
+               "  3    timed out (Job deadline, client wait, cleanup wait)\n"
+               "  4    batch failed or validation failed\n"
+               "  130  interrupted\n\n"
+               "environment: KUBECTL overrides the kubectl program.",
     )
     parser.add_argument("--version", action="version", version="%(prog)s " + __version__)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -716,8 +890,9 @@ def build_parser():
 
     run = commands.add_parser("run", help="run one batch and write results.json",
                               description="Run COUNT episodes as one Job and validate them.")
-    run.add_argument("--output", required=True, metavar="DIR",
-                     help="new folder for receipt, diagnostics and results (must not exist)")
+    run.add_argument("--output", metavar="DIR",
+                     help="new folder for receipt, diagnostics and results (must not exist); "
+                          "required unless --dry-run")
     run.add_argument("--count", type=int, default=DEFAULT_COUNT,
                      help="episodes in the batch, 1..%d (default %d)" % (MAX_COUNT, DEFAULT_COUNT))
     run.add_argument("--parallelism", type=int,
@@ -734,15 +909,31 @@ def build_parser():
     run.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_SECONDS, metavar="SECONDS",
                      help="the Job's activeDeadlineSeconds (default %d); the client waits this plus "
                           "%d s" % (DEFAULT_TIMEOUT_SECONDS, CLIENT_GRACE_SECONDS))
+    run.add_argument("--network", choices=("default", "none"), default="default",
+                     help="`none`: a default-deny NetworkPolicy (ingress and egress) in the run's "
+                          "namespace; needs a CNI that enforces NetworkPolicies (default: default)")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print the objects a run would create (JSON for `kubectl create -f -`); "
+                          "touch neither the cluster nor the output folder")
     run.add_argument("--context", metavar="NAME",
                      help="kubectl context (default: kubectl's current context)")
     run.set_defaults(handler=cmd_run, subparser=run)
 
     cleanup = commands.add_parser("cleanup", help="delete what one run created, after checking "
                                                   "ownership against its receipt.json")
-    cleanup.add_argument("--output", required=True, metavar="DIR",
-                         help="the run's output folder (its receipt.json names the context)")
+    cleanup.add_argument("--output", required=True, metavar="DIR", nargs="+",
+                         help="the run's output folder (its receipt.json names the context); "
+                              "several folders are cleaned up in turn")
     cleanup.set_defaults(handler=cmd_cleanup)
+
+    listing = commands.add_parser("list", help="list the runs of this tool on a context, and the local "
+                                               "receipts that name them")
+    listing.add_argument("--search", metavar="DIR", nargs="+",
+                         help="folders holding output folders, searched for receipts (default: .)")
+    listing.add_argument("--context", metavar="NAME",
+                         help="kubectl context (default: kubectl's current context)")
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    listing.set_defaults(handler=cmd_list)
     return parser
 
 
@@ -750,6 +941,8 @@ def parse_args(argv):
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "run":
+        if not args.output and not args.dry_run:
+            args.subparser.error("--output DIR is required (unless --dry-run)")
         if not 1 <= args.count <= MAX_COUNT:
             args.subparser.error("--count must be between 1 and %d (the demo's bound to keep first trials "
                          "small), got %d" % (MAX_COUNT, args.count))

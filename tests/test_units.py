@@ -44,14 +44,14 @@ def test_parse_k8s_time_reads_rfc3339_utc(tool):
 
 
 def test_job_manifest_matches_the_tutorial(tool):
-    job = tool.job_manifest("agc-rl-0123456789ab", 10, 4, "python:3.12-alpine", "cube")
+    job = tool.job_manifest("agc-rl-0123456789ab", "0123456789ab", 10, 4, "python:3.12-alpine", "cube")
     spec = job["spec"]
-    assert (job["apiVersion"], job["kind"], job["metadata"]) == (
-        "batch/v1", "Job", {"name": "rollout", "namespace": "agc-rl-0123456789ab"})
+    assert (job["apiVersion"], job["kind"], job["metadata"]["name"], job["metadata"]["namespace"]) == (
+        "batch/v1", "Job", "rollout", "agc-rl-0123456789ab")
     assert (spec["completions"], spec["parallelism"], spec["backoffLimit"], spec["activeDeadlineSeconds"]) == (
         10, 4, 0, 240)
     pod = spec["template"]["spec"]
-    assert spec["template"]["metadata"]["labels"] == {"app": "rl-batch-demo"}
+    assert spec["template"]["metadata"]["labels"]["app"] == "rl-batch-demo"
     assert pod["runtimeClassName"] == "cube"
     assert pod["restartPolicy"] == "Never"
     assert pod["automountServiceAccountToken"] is False
@@ -72,23 +72,85 @@ def test_job_manifest_matches_the_tutorial(tool):
 
 
 def test_job_manifest_without_runtime_class_has_no_runtimeClassName(tool):
-    job = tool.job_manifest("ns", 1, 1, "python:3.12-alpine", None)
+    job = tool.job_manifest("ns", "r", 1, 1, "python:3.12-alpine", None)
     assert "runtimeClassName" not in job["spec"]["template"]["spec"]
 
 
 def test_job_manifest_deadline_follows_timeout(tool):
-    assert tool.job_manifest("ns", 1, 1, "img", "cube", 30)["spec"]["activeDeadlineSeconds"] == 30
+    assert tool.job_manifest("ns", "r", 1, 1, "img", "cube", 30)["spec"]["activeDeadlineSeconds"] == 30
 
 
 def test_namespace_manifest_carries_the_run_label(tool):
-    assert tool.namespace_manifest("agc-rl-x", "x") == {
-        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "agc-rl-x", "labels": {"agc-demo-run": "x"}}}
+    ns = tool.namespace_manifest("agc-rl-x", "x")
+    assert (ns["apiVersion"], ns["kind"], ns["metadata"]["name"]) == ("v1", "Namespace", "agc-rl-x")
+    assert ns["metadata"]["labels"]["agc-demo-run"] == "x"
+
+
+def test_namespace_manifest_enforces_pod_security_restricted(tool):
+    labels = tool.namespace_manifest("agc-rl-x", "x")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
 def test_configmap_ships_the_episode_program(tool):
-    cm = tool.configmap_manifest("ns")
-    assert cm["metadata"] == {"name": "episode", "namespace": "ns"}
+    cm = tool.configmap_manifest("ns", "x")
+    assert (cm["metadata"]["name"], cm["metadata"]["namespace"]) == ("episode", "ns")
     assert cm["data"] == {"episode.py": tool.EPISODE_PROGRAM}
+
+
+def test_network_policy_denies_all_ingress_and_egress(tool):
+    policy = tool.network_policy_manifest("ns", "x")
+    assert (policy["apiVersion"], policy["kind"]) == ("networking.k8s.io/v1", "NetworkPolicy")
+    assert policy["spec"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+
+
+def test_every_created_object_carries_the_recommended_labels(tool):
+    args = tool.parse_args(["run", "--output", "o", "--network", "none"])
+    for obj in tool.run_manifests(args, "agc-rl-x", "x"):
+        labels = obj["metadata"]["labels"]
+        assert labels["agc-demo-run"] == "x", obj["kind"]
+        assert labels["app.kubernetes.io/name"] == "rl-batch-demo"
+        assert labels["app.kubernetes.io/instance"] == "x"
+        assert labels["app.kubernetes.io/managed-by"] == "rl-batch-demo"
+        assert labels["app.kubernetes.io/version"] == tool.__version__
+        assert labels["app.kubernetes.io/component"]
+    job = tool.run_manifests(args, "agc-rl-x", "x")[-1]
+    assert job["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/instance"] == "x"
+
+
+def test_run_manifests_create_the_namespace_first_and_the_job_last(tool):
+    args = tool.parse_args(["run", "--output", "o", "--network", "none"])
+    kinds = [obj["kind"] for obj in tool.run_manifests(args, "agc-rl-x", "x")]
+    assert kinds == ["Namespace", "ConfigMap", "NetworkPolicy", "Job"]
+    args = tool.parse_args(["run", "--output", "o"])
+    assert [obj["kind"] for obj in tool.run_manifests(args, "agc-rl-x", "x")] == ["Namespace", "ConfigMap", "Job"]
+
+
+# ---------------------------------------------------------------- stopping early
+
+
+def test_blocking_reason_reports_an_admission_refusal(tool):
+    events = [{"reason": "SuccessfulCreate", "message": "Created pod: rollout-a"},
+              {"reason": "FailedCreate", "message": 'Error creating: pods "rollout-b" is forbidden: violates '
+                                                    'PodSecurity "restricted:latest": seccompProfile (...)'}]
+    assert tool.blocking_reason(events, []) == (
+        'the cluster refused to create the episode pods: pods "rollout-b" is forbidden: violates PodSecurity '
+        '"restricted:latest": seccompProfile (...)')
+
+
+def test_blocking_reason_reports_a_container_config_error(tool):
+    pod = {"metadata": {"name": "rollout-a"}, "status": {"containerStatuses": [{"state": {"waiting": {
+        "reason": "CreateContainerConfigError",
+        "message": "container has runAsNonRoot and image will run as root"}}}]}}
+    assert tool.blocking_reason([], [pod]) == ("pod rollout-a cannot start its container "
+                                               "(CreateContainerConfigError: container has runAsNonRoot and "
+                                               "image will run as root)")
+
+
+def test_blocking_reason_ignores_transient_states(tool):
+    pod = {"metadata": {"name": "rollout-a"}, "status": {"containerStatuses": [{"state": {"waiting": {
+        "reason": "ContainerCreating"}}}]}}
+    events = [{"reason": "FailedScheduling", "message": "0/2 nodes are available"}]
+    assert tool.blocking_reason(events, [pod]) is None
 
 
 # ---------------------------------------------------------------- the episode program

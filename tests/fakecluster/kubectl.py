@@ -24,12 +24,15 @@ ALIASES = {
     "runtimeclass": "runtimeclasses", "runtimeclasses": "runtimeclasses",
     "runtimeclass.node.k8s.io": "runtimeclasses",
     "no": "nodes", "node": "nodes", "nodes": "nodes",
+    "netpol": "networkpolicies", "networkpolicy": "networkpolicies", "networkpolicies": "networkpolicies",
 }
 KIND_TO_RESOURCE = {"Namespace": "namespaces", "Pod": "pods", "Job": "jobs", "ConfigMap": "configmaps",
-                    "Event": "events", "RuntimeClass": "runtimeclasses", "Node": "nodes"}
-GROUP = {"jobs": ".batch", "runtimeclasses": ".node.k8s.io"}
+                    "Event": "events", "RuntimeClass": "runtimeclasses", "Node": "nodes",
+                    "NetworkPolicy": "networkpolicies"}
+GROUP = {"jobs": ".batch", "runtimeclasses": ".node.k8s.io", "networkpolicies": ".networking.k8s.io"}
 SINGULAR = {"namespaces": "namespace", "pods": "pod", "jobs": "job", "configmaps": "configmap",
-            "events": "event", "runtimeclasses": "runtimeclass", "nodes": "node"}
+            "events": "event", "runtimeclasses": "runtimeclass", "nodes": "node",
+            "networkpolicies": "networkpolicy"}
 KEY_ORDER = ["apiVersion", "kind", "metadata", "involvedObject", "reason", "message", "source",
              "firstTimestamp", "lastTimestamp", "count", "type", "eventTime", "reportingComponent",
              "reportingInstance", "handler", "overhead", "scheduling", "data", "spec", "status"]
@@ -188,6 +191,8 @@ def row_for(resource, obj):
                 "%s/%s" % (involved["kind"].lower(), involved["name"]), obj["message"]]
     if resource == "configmaps":
         return [meta["name"], len(obj.get("data", {})), age(meta["creationTimestamp"])]
+    if resource == "networkpolicies":
+        return [meta["name"], "<none>", age(meta["creationTimestamp"])]
     raise Failure("fake kubectl: no table for %s" % resource)
 
 
@@ -198,6 +203,7 @@ HEADERS = {
     "pods": ["NAME", "READY", "STATUS", "RESTARTS", "AGE"],
     "events": ["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"],
     "configmaps": ["NAME", "DATA", "AGE"],
+    "networkpolicies": ["NAME", "POD-SELECTOR", "AGE"],
 }
 
 
@@ -261,20 +267,26 @@ def cmd_create(positionals, flags, namespace, timeout, out, stdin_text):
         body = json.loads(stdin_text)
     except ValueError as error:
         raise Failure("error: error parsing STDIN: %s" % error)
-    resource = KIND_TO_RESOURCE.get(body.get("kind"))
-    if resource is None:
-        raise Failure('error: resource mapping not found for name: "%s" namespace: "" from "STDIN": no matches '
-                      'for kind "%s"' % (body.get("metadata", {}).get("name"), body.get("kind")))
-    target_ns = body.get("metadata", {}).get("namespace") or namespace
-    try:
-        created = call({"verb": "create", "resource": resource, "namespace": target_ns, "body": body}, timeout)
-    except ApiFailure as failure:
-        raise Failure('Error from server (%s): error when creating "STDIN": %s'
-                      % (failure.status["reason"], failure.status["message"]))
-    if flags.get("-o") == "json":
-        out.write(dump(ordered(created)))
-    else:
-        out.write("%s%s/%s created\n" % (SINGULAR[resource], GROUP.get(resource, ""), created["metadata"]["name"]))
+    objects = body["items"] if body.get("kind") == "List" else [body]
+    errors = []
+    for item in objects:
+        resource = KIND_TO_RESOURCE.get(item.get("kind"))
+        if resource is None:
+            raise Failure('error: resource mapping not found for name: "%s" namespace: "" from "STDIN": no matches '
+                          'for kind "%s"' % (item.get("metadata", {}).get("name"), item.get("kind")))
+        target_ns = item.get("metadata", {}).get("namespace") or namespace
+        try:
+            created = call({"verb": "create", "resource": resource, "namespace": target_ns, "body": item}, timeout)
+        except ApiFailure as failure:
+            errors.append('Error from server (%s): error when creating "STDIN": %s'
+                          % (failure.status["reason"], failure.status["message"]))
+            continue
+        if flags.get("-o") == "json":
+            out.write(dump(ordered(created)))
+        else:
+            out.write("%s%s/%s created\n" % (SINGULAR[resource], GROUP.get(resource, ""), created["metadata"]["name"]))
+    if errors:
+        raise Failure("\n".join(errors))
 
 
 def cmd_delete(positionals, flags, namespace, timeout, out):
@@ -384,7 +396,7 @@ def main(argv):
     if not context:
         raise Failure("error: current-context is not set")
     timeout = parse_timeout(flags.get("--request-timeout"))
-    namespace = flags.get("-n", "default")
+    namespace = "*" if flags.get("-A") == "true" or flags.get("--all-namespaces") == "true" else flags.get("-n", "default")
     verb, rest = (positionals[0], positionals[1:]) if positionals else (None, [])
     out = sys.stdout
     if verb == "get" and rest:

@@ -48,7 +48,68 @@ RESOURCES = {
     "events": ("v1", "Event", True, ""),
     "jobs": ("batch/v1", "Job", True, ".batch"),
     "runtimeclasses": ("node.k8s.io/v1", "RuntimeClass", False, ".node.k8s.io"),
+    "networkpolicies": ("networking.k8s.io/v1", "NetworkPolicy", True, ".networking.k8s.io"),
 }
+
+PSA_ENFORCE = "pod-security.kubernetes.io/enforce"
+PSA_ENFORCE_VERSION = "pod-security.kubernetes.io/enforce-version"
+
+
+def quoted(names):
+    return ", ".join('"%s"' % name for name in names)
+
+
+def containers_phrase(names):
+    return "%s %s" % ("container" if len(names) == 1 else "containers", quoted(names))
+
+
+def restricted_violations(spec):
+    """Pod Security Standards 'restricted' checks, worded as pod-security-admission words them.
+
+    Subset: privileged, allowPrivilegeEscalation, capabilities, volume types, runAsNonRoot,
+    runAsUser, seccompProfile (staging/src/k8s.io/pod-security-admission/policy/check_*.go).
+    """
+    containers = spec.get("initContainers", []) + spec.get("containers", [])
+    pod_sc = spec.get("securityContext") or {}
+    found = []
+    privileged = [c["name"] for c in containers if (c.get("securityContext") or {}).get("privileged")]
+    if privileged:
+        found.append("privileged (%s must not set securityContext.privileged=true)" % containers_phrase(privileged))
+    escalating = [c["name"] for c in containers
+                  if (c.get("securityContext") or {}).get("allowPrivilegeEscalation") is not False]
+    if escalating:
+        found.append("allowPrivilegeEscalation != false (%s must set securityContext.allowPrivilegeEscalation=false)"
+                     % containers_phrase(escalating))
+    undropped = [c["name"] for c in containers
+                 if "ALL" not in ((c.get("securityContext") or {}).get("capabilities") or {}).get("drop", [])]
+    if undropped:
+        found.append('unrestricted capabilities (%s must set securityContext.capabilities.drop=["ALL"])'
+                     % containers_phrase(undropped))
+    allowed_volumes = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                       "projected", "secret", "image"}
+    bad_volumes = [v["name"] for v in spec.get("volumes", []) if not (set(v) - {"name"}) <= allowed_volumes]
+    if bad_volumes:
+        kinds = sorted({k for v in spec.get("volumes", []) for k in v if k != "name" and k not in allowed_volumes})
+        found.append("restricted volume types (%s %s %s %s)" % (
+            "volume" if len(bad_volumes) == 1 else "volumes", quoted(bad_volumes),
+            "uses" if len(bad_volumes) == 1 else "use", "restricted volume type " + quoted(kinds)))
+    if pod_sc.get("runAsNonRoot") is not True:
+        not_nonroot = [c["name"] for c in containers if (c.get("securityContext") or {}).get("runAsNonRoot") is not True]
+        if not_nonroot:
+            found.append("runAsNonRoot != true (pod or %s must set securityContext.runAsNonRoot=true)"
+                         % containers_phrase(not_nonroot))
+    root_users = [c["name"] for c in containers if (c.get("securityContext") or {}).get("runAsUser") == 0]
+    if pod_sc.get("runAsUser") == 0 or root_users:
+        who = "pod" if pod_sc.get("runAsUser") == 0 else containers_phrase(root_users)
+        found.append("runAsUser=0 (%s must not set runAsUser=0)" % who)
+    pod_seccomp = (pod_sc.get("seccompProfile") or {}).get("type") in ("RuntimeDefault", "Localhost")
+    no_seccomp = [c["name"] for c in containers
+                  if ((c.get("securityContext") or {}).get("seccompProfile") or {}).get("type") not in (
+                      "RuntimeDefault", "Localhost") and not pod_seccomp]
+    if no_seccomp:
+        found.append('seccompProfile (pod or %s must set securityContext.seccompProfile.type to "RuntimeDefault" '
+                     'or "Localhost")' % containers_phrase(no_seccomp))
+    return found
 
 NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # apimachinery's generateName alphabet
 
@@ -192,9 +253,16 @@ class Cluster:
         if resource == "jobs":
             self.default_job(obj)
         elif resource == "pods":
+            self.mutate_pod(obj)
             self.admit_pod(obj)
         self.put(resource, obj)
         return obj
+
+    def mutate_pod(self, pod):
+        """Mutating admission webhooks configured on the cluster (e.g. a sidecar injector)."""
+        sidecar = self.config.get("injectSidecar")
+        if sidecar:
+            pod["spec"]["containers"].append(dict(sidecar))
 
     def create_namespace(self, body):
         meta = self.new_metadata(body.get("metadata", {}), "")
@@ -242,7 +310,7 @@ class Cluster:
                                "create_failures": 0}
 
     def admit_pod(self, pod):
-        """RuntimeClass admission: reject unknown classes, copy overhead and scheduling."""
+        """RuntimeClass admission (reject unknown classes, copy overhead and scheduling), then PodSecurity."""
         spec = pod["spec"]
         rc_name = spec.get("runtimeClassName")
         if rc_name:
@@ -255,6 +323,14 @@ class Cluster:
             selector = rc.get("scheduling", {}).get("nodeSelector")
             if selector:
                 spec["nodeSelector"] = {**spec.get("nodeSelector", {}), **selector}
+        ns_labels = self.get("namespaces", "", pod["metadata"]["namespace"])["metadata"].get("labels", {})
+        level = ns_labels.get(PSA_ENFORCE)
+        if level == "restricted":
+            violations = restricted_violations(spec)
+            if violations:
+                raise ApiError(403, "Forbidden", 'pods "%s" is forbidden: violates PodSecurity "restricted:%s": %s'
+                               % (pod["metadata"]["name"], ns_labels.get(PSA_ENFORCE_VERSION, "latest"),
+                                  ", ".join(violations)))
         spec.setdefault("enableServiceLinks", True)
         spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
         spec.setdefault("priority", 0)
@@ -277,10 +353,14 @@ class Cluster:
 
     def api_list(self, resource, namespace, selector):
         self.check_rbac("list", resource, namespace)
-        wanted = dict(part.split("=", 1) for part in selector.split(",")) if selector else {}
-        found = self.items(resource, namespace if RESOURCES[resource][2] else None)
-        return [obj for obj in found
-                if all(obj["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())]
+        terms = [part.split("=", 1) if "=" in part else [part, None] for part in (selector or "").split(",") if part]
+        scope = None if namespace == "*" or not RESOURCES[resource][2] else namespace
+        found = self.items(resource, scope)
+
+        def matches(obj):
+            labels = obj["metadata"].get("labels", {})
+            return all(key in labels if value is None else labels.get(key) == value for key, value in terms)
+        return [obj for obj in found if matches(obj)]
 
     def api_delete(self, resource, namespace, name, propagation):
         self.check_rbac("delete", resource, namespace)
