@@ -33,6 +33,7 @@ Exit codes
 """
 
 import argparse
+import collections
 import concurrent.futures
 import datetime
 import json
@@ -40,6 +41,7 @@ import math
 import os
 from pathlib import Path
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -80,12 +82,16 @@ EXIT_INTERRUPTED = 130
 # ============================================================================
 # Shipped in the ConfigMap `episode`, run as `python -B /demo/episode.py`. Its start-up
 # is part of what is measured, so it imports only cheap standard modules. It emits JSON
-# lines on stdout: {"event": "ready"|"reward", "at": <unix seconds, node clock>,
-# "episode_id": <pod name>, ...}. RL_WORKSPACE exists only so that a simulated cluster
-# can give each local process its own folder; in a pod it is unset and /workspace (an
-# emptyDir) is used.
+# lines on stdout: {"event": "ready"|"reward", "at": <unix seconds, sandbox clock>,
+# "episode_id": <pod name>, ...}; `ready` also carries `started_at` (the first statement)
+# and `imports_done_at`, so that interpreter start and module import can be told apart.
+# RL_WORKSPACE exists only so that a simulated cluster can give each local process its
+# own folder; in a pod it is unset and /workspace (an emptyDir) is used.
 
-EPISODE_PROGRAM = r'''import json, os, pathlib, subprocess, time
+EPISODE_PROGRAM = r'''import time
+started_at = time.time()  # the process's first statement, before its other imports
+import json, os, pathlib, subprocess
+imports_done_at = time.time()
 p = pathlib.Path(os.environ.get('RL_WORKSPACE', '/workspace'))
 os.chdir(p)
 p.joinpath('shipping.py').write_text('def shipping(total):\n    return 0 if total > 99 else 10\n')
@@ -118,7 +124,7 @@ def test():
     return result.returncode, result.stderr
 
 
-emit('ready')
+emit('ready', started_at=started_at, imports_done_at=imports_done_at)
 before, before_output = test()
 if before == 0:
     raise RuntimeError('baseline must fail the boundary test')
@@ -344,10 +350,42 @@ def read_json(path, what):
 # ============================================================================
 # Collection and validation: pure functions over saved JSON and logs
 # ============================================================================
-# Clocks and precision. Kubernetes timestamps (Job and pod creationTimestamp) come from
-# the API server's clock with whole-second precision (RFC 3339, truncated). Episode
-# events (`at`) come from the node's clock, sub-millisecond. Every metric below mixes
-# the two, so it is good to about one second and needs synchronised clocks.
+# Clocks and precision. Every time below is Unix seconds from one of four clocks:
+#   api-server  metadata.creationTimestamp           whole seconds (truncated)
+#   scheduler   the PodScheduled condition           whole seconds (control plane)
+#   kubelet     PodReadyToStartContainers, container startedAt/finishedAt: the node's
+#               clock, whole seconds
+#   episode     the episode's own time.time() inside the sandbox: sub-microsecond, but
+#               a VM sandbox has its own guest clock
+# A delta between two clocks is good to about one second and needs synchronised clocks.
+
+# The points of an episode's life, in order: name -> (clock, resolution in seconds, source).
+TIME_POINTS = {
+    "pod_created": ("api-server", 1.0, "pod metadata.creationTimestamp"),
+    "scheduled": ("scheduler", 1.0, "PodScheduled=True lastTransitionTime"),
+    "sandbox_ready": ("kubelet", 1.0, "PodReadyToStartContainers=True lastTransitionTime"),
+    "container_started": ("kubelet", 1.0, "containerStatuses[0].state.terminated.startedAt"),
+    "process_start": ("episode", 1e-6, "ready event started_at (first statement)"),
+    "imports_done": ("episode", 1e-6, "ready event imports_done_at"),
+    "ready": ("episode", 1e-6, "ready event at"),
+    "reward": ("episode", 1e-6, "reward event at"),
+    "container_finished": ("kubelet", 1.0, "containerStatuses[0].state.terminated.finishedAt"),
+}
+
+# Per-episode phases: name -> (from point, to point). pod_to_ready is the seed's metric.
+PHASES = {
+    "scheduling": ("pod_created", "scheduled"),
+    "sandbox_start": ("scheduled", "sandbox_ready"),
+    "container_start": ("sandbox_ready", "container_started"),
+    "scheduled_to_container_started": ("scheduled", "container_started"),
+    "interpreter_start": ("container_started", "process_start"),
+    "module_import": ("process_start", "imports_done"),
+    "import_done_to_ready": ("imports_done", "ready"),
+    "ready_to_reward": ("ready", "reward"),
+    "reward_to_container_finished": ("reward", "container_finished"),
+    "pod_to_ready": ("pod_created", "ready"),
+}
+SKEW_TOLERANCE_SECONDS = 1.0  # the API timestamps' resolution
 
 
 def parse_k8s_time(value):
@@ -364,6 +402,86 @@ def percentile(values, q):
     rank = (len(ordered) - 1) * q
     lo, hi = math.floor(rank), math.ceil(rank)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
+
+
+def phase_definition(name):
+    """What a phase measures: its endpoints, clocks, resolution and unit (for results.json)."""
+    start, end = PHASES[name]
+    clocks = [TIME_POINTS[start][0], TIME_POINTS[end][0]]
+    return {"from": start, "to": end, "from_source": TIME_POINTS[start][2], "to_source": TIME_POINTS[end][2],
+            "clocks": clocks if clocks[0] != clocks[1] else clocks[:1], "mixed_clocks": clocks[0] != clocks[1],
+            "resolution_seconds": max(TIME_POINTS[start][1], TIME_POINTS[end][1]), "unit": "seconds"}
+
+
+def batch_stats(values):
+    """P50/P95/P99 (the tutorial's linear interpolation), min, max, mean; None when empty."""
+    if not values:
+        return {"count": 0, "p50": None, "p95": None, "p99": None, "min": None, "max": None, "mean": None}
+    return {"count": len(values), "p50": percentile(values, 0.5), "p95": percentile(values, 0.95),
+            "p99": percentile(values, 0.99), "min": min(values), "max": max(values),
+            "mean": statistics.fmean(values)}
+
+
+def condition_time(pod, kind):
+    """lastTransitionTime of a True condition, or (None, reason)."""
+    for condition in pod.get("status", {}).get("conditions") or []:
+        if condition.get("type") == kind:
+            if condition.get("status") == "True" and condition.get("lastTransitionTime"):
+                return parse_k8s_time(condition["lastTransitionTime"]), None
+            return None, ("%s is %s in the saved pod; the API keeps only its last transition"
+                          % (kind, condition.get("status")))
+    return None, "the cluster does not report the %s condition" % kind
+
+
+def episode_times(pod, ready, reward, observed=None):
+    """Every TIME_POINT of one episode: ({point: unix seconds or None}, {point: why None}).
+
+    `observed` may supply times seen while the pod ran (a watch), e.g. sandbox_ready,
+    which a finished pod no longer shows.
+    """
+    times, missing = {}, {}
+    times["pod_created"] = parse_k8s_time(pod["metadata"]["creationTimestamp"])
+    times["scheduled"], missing["scheduled"] = condition_time(pod, "PodScheduled")
+    times["sandbox_ready"], missing["sandbox_ready"] = condition_time(pod, "PodReadyToStartContainers")
+    if times["sandbox_ready"] is None and (observed or {}).get("sandbox_ready") is not None:
+        times["sandbox_ready"], missing["sandbox_ready"] = observed["sandbox_ready"], None
+    terminated = ((pod.get("status", {}).get("containerStatuses") or [{}])[0].get("state") or {}).get(
+        "terminated") or {}
+    for point, key in (("container_started", "startedAt"), ("container_finished", "finishedAt")):
+        times[point] = parse_k8s_time(terminated[key]) if terminated.get(key) else None
+        missing[point] = None if times[point] is not None else "the container status has no %s" % key
+    for point, event, key in (("process_start", ready, "started_at"), ("imports_done", ready, "imports_done_at"),
+                              ("ready", ready, "at"), ("reward", reward, "at")):
+        value = event.get(key)
+        times[point] = float(value) if isinstance(value, (int, float)) else None
+        missing[point] = None if times[point] is not None else "the %s event has no %s" % (event.get("event"), key)
+    return times, {point: why for point, why in missing.items() if why}
+
+
+def episode_phases(times, missing):
+    """{phase: seconds or None} and {phase: why None} from one episode's times."""
+    phases, notes = {}, {}
+    for name, (start, end) in PHASES.items():
+        if times.get(start) is None or times.get(end) is None:
+            phases[name] = None
+            notes[name] = missing.get(start) or missing.get(end)
+        else:
+            phases[name] = times[end] - times[start]
+    return phases, notes
+
+
+def clock_skew(pod_name, times):
+    """Episode events earlier than an API time they must follow, beyond its resolution."""
+    found = []
+    for api_point in ("pod_created", "container_started"):
+        api_time = times.get(api_point)
+        for point in ("process_start", "ready"):
+            if api_time is not None and times.get(point) is not None:
+                early = api_time - times[point]
+                if early > SKEW_TOLERANCE_SECONDS:
+                    found.append({"pod": pod_name, "event": point, "earlier_than": api_point,
+                                  "by_seconds": early})
+    return found
 
 
 class EpisodeInvalid(Exception):
@@ -394,7 +512,7 @@ def the_event(pod_name, events, kind):
     return found[0]
 
 
-def validate_episode(pod, log, job_created):
+def validate_episode(pod, log, job_created, observed=None):
     """Check one episode (pod + its log) and return its per-episode row."""
     name = pod["metadata"]["name"]
     phase = pod.get("status", {}).get("phase")
@@ -436,23 +554,30 @@ def validate_episode(pod, log, job_created):
     exit_code = status.get("state", {}).get("terminated", {}).get("exitCode")
     if exit_code != 0:
         raise EpisodeInvalid("pod %s: container exit code is %r, expected 0" % (name, exit_code))
+    times, missing = episode_times(pod, ready, reward, observed)
+    phases, notes = episode_phases(times, missing)
     return {
         "pod": name,
         "node": pod["spec"].get("nodeName"),
         "image_id": status.get("imageID"),
         "reward": reward["reward"],
-        # Metric definitions (seconds; API clock whole seconds vs node clock, see above):
+        # The seed's metrics (seconds; api-server clock, whole seconds, vs episode clock):
         "pod_to_ready_seconds": ready_at - pod_created,
         "batch_to_ready_seconds": ready_at - job_created,
         "batch_to_reward_seconds": reward_at - job_created,
+        "phases": phases,
+        "phase_notes": notes,
+        "times": times,
     }
 
 
-def collect(pods, logs, job, count):
+def collect(pods, logs, job, count, observed=None):
     """Validate every episode; return the results (summary + per-episode rows).
 
     Raises EpisodeInvalid listing every failed check: a partial batch is never a result.
+    `observed` maps pod names to times seen while the pods ran (see episode_times).
     """
+    observed = observed or {}
     if len(pods) != count:
         raise EpisodeInvalid("expected %d pods for %d episodes, found %d; inspect pods.json for "
                              "failures or replacements" % (count, count, len(pods)))
@@ -460,15 +585,20 @@ def collect(pods, logs, job, count):
     rows, problems = [], []
     for pod, log in zip(pods, logs):
         try:
-            rows.append(validate_episode(pod, log, job_created))
+            rows.append(validate_episode(pod, log, job_created, observed.get(pod["metadata"]["name"])))
         except EpisodeInvalid as problem:
             problems.append(str(problem))
     if problems:
         raise EpisodeInvalid("\n".join(problems))
     startup = [row["pod_to_ready_seconds"] for row in rows]
-    nodes = {}
-    for row in rows:
-        nodes[row["node"]] = nodes.get(row["node"], 0) + 1
+    nodes = collections.Counter(row["node"] for row in rows)
+    phases = {}
+    for name in PHASES:
+        values = [row["phases"][name] for row in rows if row["phases"][name] is not None]
+        reasons = collections.Counter(row["phase_notes"][name] for row in rows if name in row["phase_notes"])
+        phases[name] = {**phase_definition(name), **batch_stats(values),
+                        "missing": sum(reasons.values()), "missing_reasons": dict(reasons)}
+    skew = [finding for row in rows for finding in clock_skew(row["pod"], row["times"])]
     return {
         "episodes": count,
         "successful_episodes": len(rows),
@@ -480,8 +610,80 @@ def collect(pods, logs, job, count):
         "pod_to_ready_max_seconds": max(startup),
         "nodes": dict(sorted(nodes.items())),
         "image_ids": sorted({str(row["image_id"]) for row in rows}),
+        "phases": phases,
+        "clock_skew": {"tolerance_seconds": SKEW_TOLERANCE_SECONDS, "findings": skew,
+                       "max_seconds": max((f["by_seconds"] for f in skew), default=None)},
         "pods": rows,
     }
+
+
+def node_summary(node):
+    """What a node contributes to a result's meaning: versions, kernel, OS, capacity."""
+    info = node.get("status", {}).get("nodeInfo", {})
+    return {"name": node["metadata"]["name"], "kubelet": info.get("kubeletVersion"),
+            "container_runtime": info.get("containerRuntimeVersion"), "kernel": info.get("kernelVersion"),
+            "os": info.get("osImage"), "architecture": info.get("architecture"),
+            "allocatable": node.get("status", {}).get("allocatable")}
+
+
+def run_metadata(run_info, version, runtime_class, nodes):
+    """Everything needed to reproduce and compare a run; None with a reason where unknown."""
+    def unknown(saved, what):
+        return None if saved is None or "error" not in saved else "%s unknown: %s" % (what, saved["error"])
+    version = version or {}
+    flags = run_info.get("flags", {})
+    return {
+        "tool_version": run_info.get("tool_version"),
+        "started_at": run_info.get("started_at"),
+        "flags": flags,
+        "kubectl_client_version": version.get("clientVersion", {}).get("gitVersion"),
+        "server_version": version.get("serverVersion", {}).get("gitVersion"),
+        "versions_note": unknown(version, "versions"),
+        "runtime_class": None if runtime_class is None else {
+            "name": runtime_class["metadata"]["name"], "handler": runtime_class.get("handler"),
+            "overhead": runtime_class.get("overhead"), "scheduling": runtime_class.get("scheduling")},
+        "nodes": nodes if isinstance(nodes, list) else None,
+        "nodes_note": unknown(nodes if isinstance(nodes, dict) else None, "nodes"),
+        "cache_state": {"state": "uncontrolled",
+                        "detail": "no pre-pull or prewarm; whether the image was cached on each node is not known"},
+    }
+
+
+def read_saved(path):
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def results_from_folder(output):
+    """The whole results.json from the files saved in an output folder, and nothing else.
+
+    Raises EpisodeInvalid when an episode fails validation.
+    """
+    job = read_json(output / "job.json", "the saved Job")
+    pods = read_json(output / "pods.json", "the saved pods")
+    logs = [(output / (pod["metadata"]["name"] + ".log")).read_text()
+            if (output / (pod["metadata"]["name"] + ".log")).exists() else "" for pod in pods]
+    run_info = read_json(output / "run.json", "the run record")
+    flags = run_info["flags"]
+    report = collect(pods, logs, job, flags["count"])
+    report.update(context=run_info["context"], namespace=run_info["namespace"], image=flags["image"],
+                  runtime=flags["runtime"], parallelism=flags["parallelism"], cache_state="uncontrolled",
+                  client_job_complete_seconds=run_info.get("client_job_complete_seconds"))
+    report["run"] = run_metadata(run_info, read_saved(output / "version.json"),
+                                 read_saved(output / "runtimeclass.json"), read_saved(output / "nodes.json"))
+    pod_rows = report.pop("pods")
+    report["pods"] = pod_rows  # per-episode rows last, as in the seed
+    return report
+
+
+def summary_view(report):
+    """What `run` prints: the seed's summary keys and the per-phase medians."""
+    keys = ("episodes", "successful_episodes", "reward_sum", "batch_to_all_ready_seconds",
+            "batch_to_all_rewards_seconds", "pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds",
+            "pod_to_ready_max_seconds", "nodes", "image_ids", "context", "namespace", "image", "runtime",
+            "parallelism", "cache_state", "client_job_complete_seconds")
+    view = {key: report[key] for key in keys}
+    view["phase_p50_seconds"] = {name: phase["p50"] for name, phase in report["phases"].items()}
+    return view
 
 
 def job_outcome(job):
@@ -515,11 +717,173 @@ def describe_failed_pods(pods, logs):
     return phrases
 
 
+def utc_now():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def flags_of(args):
+    """Every flag of the command line, as given or defaulted (for run.json)."""
+    flags = {key: value for key, value in vars(args).items() if key not in ("handler", "subparser")}
+    flags["runtime"] = None if flags.get("no_runtime_class") else flags.get("runtime")
+    return flags
+
+
+def save_optional(path, fetch):
+    """Save what fetch() returns; on a kubectl error save {"error": ...}: metadata must not fail a run."""
+    try:
+        write_json(path, fetch())
+    except KubectlError as error:
+        write_json(path, {"error": last_line(error.stderr) or str(error)})
+
+
 def cleanup_command(output):
     program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "rl-batch-demo.py"
     if program.endswith(".py"):
         program = "python3 " + shlex.quote(sys.argv[0])
     return "%s cleanup --output %s" % (program, shlex.quote(str(output)))
+
+
+# ============================================================================
+# Presentation: the comparison table and the timeline picture (pure functions)
+# ============================================================================
+
+# Report rows: (label, kind, key). kind "phase": P50 / P95 of a phase; "batch": a batch
+# time in seconds (with a ratio against the first column); "count": episodes / rewards.
+REPORT_ROWS = [
+    ("tasks / rewards", "count", None),
+    ("pod created -> scheduled P50 / P95", "phase", "scheduling"),
+    ("scheduled -> sandbox ready (PodReadyToStartContainers) P50 / P95", "phase", "sandbox_start"),
+    ("sandbox ready -> container started P50 / P95", "phase", "container_start"),
+    ("scheduled -> container started P50 / P95", "phase", "scheduled_to_container_started"),
+    ("container started -> first statement P50 / P95", "phase", "interpreter_start"),
+    ("Python module import P50 / P95", "phase", "module_import"),
+    ("import done -> ready P50 / P95", "phase", "import_done_to_ready"),
+    ("batch all ready", "batch", "batch_to_all_ready_seconds"),
+    ("pod created -> ready P50 / P95", "phase", "pod_to_ready"),
+    ("ready -> reward P50 / P95", "phase", "ready_to_reward"),
+    ("batch all rewards", "batch", "batch_to_all_rewards_seconds"),
+    ("reward -> container finished P50 / P95", "phase", "reward_to_container_finished"),
+    ("client sees Job complete", "batch", "client_job_complete_seconds"),
+]
+
+
+def format_seconds(value):
+    if value is None:
+        return "n/a"
+    return "%.1f ms" % (value * 1000) if abs(value) < 1 else "%.2f s" % value
+
+
+def report_table(columns):
+    """columns: [(label, results)] -> {"columns": [...], "rows": [{"measure", "values", "ratios"}]}."""
+    rows = []
+    for label, kind, key in REPORT_ROWS:
+        values, ratios = [], []
+        for _, results in columns:
+            if kind == "count":
+                values.append("%d/%d" % (results["successful_episodes"], results["reward_sum"]))
+                ratios.append(None)
+            elif kind == "phase":
+                phase = results.get("phases", {}).get(key)
+                values.append(None if phase is None or phase["count"] == 0 else
+                              "%s / %s" % (format_seconds(phase["p50"]), format_seconds(phase["p95"])))
+                ratios.append(None)
+            else:
+                value, base = results.get(key), columns[0][1].get(key)
+                values.append(format_seconds(value) if value is not None else None)
+                ratios.append(value / base if value is not None and base else None)
+        if any(value is not None for value in values):
+            rows.append({"measure": label, "values": values, "ratios": ratios})
+    return {"columns": [label for label, _ in columns], "rows": rows}
+
+
+def report_markdown(table):
+    lines = ["| measure | %s |" % " | ".join(table["columns"]),
+             "|---|%s" % ("---|" * len(table["columns"]))]
+    for row in table["rows"]:
+        cells = []
+        for index, (value, ratio) in enumerate(zip(row["values"], row["ratios"])):
+            cell = value or "n/a"
+            if ratio is not None and index > 0:
+                cell += " (%.2fx)" % ratio
+            cells.append(cell)
+        lines.append("| %s | %s |" % (row["measure"], " | ".join(cells)))
+    return "\n".join(lines) + "\n"
+
+
+# Timeline segments, in order: (phase, colour, legend text).
+TIMELINE_SEGMENTS = [
+    ("scheduling", "#bdbdbd", "pod created -> scheduled"),
+    ("sandbox_start", "#8e6bbf", "scheduled -> sandbox ready"),
+    ("container_start", "#4c72b0", "sandbox ready -> container started"),
+    ("scheduled_to_container_started", "#6a8fcf", "scheduled -> container started (sandbox time unknown)"),
+    ("interpreter_start", "#dd8452", "container started -> first statement"),
+    ("module_import", "#c44e52", "Python module import"),
+    ("import_done_to_ready", "#937860", "import done -> ready"),
+    ("ready_to_reward", "#55a868", "ready -> reward (tests, fix, tests)"),
+    ("reward_to_container_finished", "#8c8c8c", "reward -> container finished"),
+]
+
+
+def timeline_svg(runs):
+    """One SVG stacking each run: a row per episode in pod-creation order, a segment per phase,
+    x in seconds since the run's Job creation. runs: [(label, results)]."""
+    from xml.sax.saxutils import escape
+    width, left, right = 1000, 10, 10
+    plot = width - left - right
+    spans = []
+    for _, results in runs:
+        origin = results["pods"][0]["times"]["ready"] - results["pods"][0]["batch_to_ready_seconds"]  # Job created
+        ends = [row["times"][point] for row in results["pods"] for point in TIME_POINTS if row["times"][point]]
+        spans.append((origin, max(ends) - origin))
+    horizon = max(span for _, span in spans) or 1.0
+    step = next(s for s in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
+                if horizon / s <= 12)
+    scale = plot / (math.ceil(horizon / step) * step)
+    parts, y = [], 10
+    for (label, results), (origin, _) in zip(runs, spans):
+        rows = sorted(results["pods"], key=lambda row: (row["times"]["pod_created"], row["pod"]))
+        height = max(2, min(14, 600 // max(1, len(rows))))
+        title = "%s: %d episodes, parallelism %s, runtime %s, image %s, context %s" % (
+            label, results["episodes"], results["parallelism"], results["runtime"], results["image"],
+            results["context"])
+        parts.append('<text x="%d" y="%d" font-size="13" font-weight="bold">%s</text>' % (left, y + 12, escape(title)))
+        y += 22
+        top = y
+        for row in rows:
+            parts.append('<g class="episode" data-pod="%s">' % escape(row["pod"]))
+            times = row["times"]
+            for phase, colour, _ in TIMELINE_SEGMENTS:
+                start, end = PHASES[phase]
+                if phase == "scheduled_to_container_started" and times["sandbox_ready"] is not None:
+                    continue
+                if times.get(start) is None or times.get(end) is None:
+                    continue
+                x0 = left + (times[start] - origin) * scale
+                x1 = left + (times[end] - origin) * scale
+                parts.append('<rect x="%.2f" y="%d" width="%.2f" height="%d" fill="%s"><title>%s %s: %s</title></rect>'
+                             % (x0, y, max(0.0, x1 - x0), max(1, height - 1), colour, escape(row["pod"]), phase,
+                                format_seconds(times[end] - times[start])))
+            parts.append("</g>")
+            y += height
+        ticks = []
+        for index in range(int(math.ceil(horizon / step)) + 1):
+            x = left + index * step * scale
+            ticks.append('<line x1="%.2f" y1="%d" x2="%.2f" y2="%d" stroke="#e0e0e0"/>' % (x, top, x, y))
+            ticks.append('<text x="%.2f" y="%d" font-size="10" text-anchor="middle">%g</text>' % (x, y + 12, index * step))
+        parts.extend(ticks)
+        parts.append('<text x="%d" y="%d" font-size="10">seconds since the Job was created (API times are whole '
+                     'seconds)</text>' % (left, y + 26))
+        y += 40
+    for index, (phase, colour, text) in enumerate(TIMELINE_SEGMENTS):
+        column, line = index % 3, index // 3
+        x, ly = left + column * 330, y + line * 16
+        parts.append('<rect x="%d" y="%d" width="12" height="10" fill="%s"/>' % (x, ly, colour))
+        parts.append('<text x="%d" y="%d" font-size="11">%s</text>' % (x + 16, ly + 9, escape(text)))
+    y += 16 * math.ceil(len(TIMELINE_SEGMENTS) / 3) + 10
+    return ('<?xml version="1.0" encoding="UTF-8"?>\n'
+            '<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" '
+            'font-family="sans-serif">\n<rect width="100%%" height="100%%" fill="white"/>\n%s\n</svg>\n'
+            % (width, y, width, y, "\n".join(parts)))
 
 
 # ============================================================================
@@ -648,9 +1012,13 @@ def cmd_run(args):
 def run_batch(args, cluster, output, receipt):
     namespace = receipt["namespace"]
     runtime = None if args.no_runtime_class else args.runtime
+    run_info = {"tool_version": __version__, "started_at": utc_now(), "context": cluster.context,
+                "namespace": namespace, "flags": flags_of(args)}
+    write_json(output / "run.json", run_info)
+    save_optional(output / "version.json", lambda: json.loads(cluster.kubectl("version", "-o", "json")))
     if runtime is not None:
         try:
-            cluster.kubectl("get", "runtimeclass", runtime)
+            runtime_class = json.loads(cluster.kubectl("get", "runtimeclass", runtime, "-o", "json"))
         except KubectlError as error:
             if not error.not_found:
                 raise
@@ -658,6 +1026,7 @@ def run_batch(args, cluster, output, receipt):
                             "--context %s get runtimeclass`, then pass --runtime NAME (or "
                             "--no-runtime-class for the cluster's default runtime)"
                             % (runtime, cluster.context, cluster.context)) from None
+        write_json(output / "runtimeclass.json", runtime_class)
 
     namespace_obj, *supporting, job = run_manifests(args, namespace, receipt["run_id"])
     created = cluster.create(namespace_obj)
@@ -677,7 +1046,8 @@ def run_batch(args, cluster, output, receipt):
     live, outcome, blocked = wait_for_job(cluster, namespace, started, wait_seconds)
     # client_job_complete_seconds: client monotonic clock, from just before the Job's
     # create request to the poll that saw the Complete condition (includes polling).
-    observed = time.monotonic() - started
+    run_info["client_job_complete_seconds"] = time.monotonic() - started
+    write_json(output / "run.json", run_info)
     pods, logs = save_diagnostics(cluster, namespace, output, live)
     where = "diagnostics saved in %s (job.json, pods.json, events.txt, pod logs)" % output
     if blocked:
@@ -695,19 +1065,23 @@ def run_batch(args, cluster, output, receipt):
                 message += "; and %d more failed pods" % (len(details) - 3)
         error_type = BatchTimeout if failed.get("reason") == "DeadlineExceeded" else BatchFailed
         raise error_type("%s; %s" % (message, where))
+    used_nodes = sorted({pod["spec"].get("nodeName") for pod in pods if pod["spec"].get("nodeName")})
+    save_optional(output / "nodes.json", lambda: [
+        node_summary(json.loads(cluster.kubectl("get", "node", name, "-o", "json"))) for name in used_nodes])
     try:
-        report = collect(pods, logs, live, args.count)
+        report = results_from_folder(output)
     except EpisodeInvalid as problem:
         problems = str(problem).splitlines()
         (output / "validation-errors.txt").write_text(str(problem) + "\n")
         more = " (and %d more in validation-errors.txt)" % (len(problems) - 1) if len(problems) > 1 else ""
         raise BatchFailed("validation failed, no results.json written: %s%s; %s"
                           % (problems[0], more, where)) from None
-    report.update(context=cluster.context, namespace=namespace, image=args.image, runtime=runtime,
-                  parallelism=args.parallelism, cache_state="uncontrolled",
-                  client_job_complete_seconds=observed)
     write_json(output / "results.json", report)
-    print(json.dumps({key: value for key, value in report.items() if key != "pods"}, indent=2))
+    (output / "timeline.svg").write_text(timeline_svg([(output.name, report)]))
+    print(json.dumps(summary_view(report), indent=2))
+    for finding in report["clock_skew"]["findings"]:
+        print("warning: clock skew: pod %s: %s is %.3f s earlier than %s" % (
+            finding["pod"], finding["event"], finding["by_seconds"], finding["earlier_than"]), file=sys.stderr)
     return EXIT_OK
 
 
@@ -792,6 +1166,24 @@ def cleanup_one(output):
     wait_until_gone(cluster, "Namespace %s (inspect its finalizers)" % namespace,
                     ("namespace", namespace), CLEANUP_WAIT_SECONDS)
     print("Deleted test namespace:", namespace)
+    return EXIT_OK
+
+
+def cmd_report(args):
+    labels = args.label or [Path(folder).name or str(folder) for folder in args.folders]
+    if len(labels) != len(args.folders):
+        raise DemoError("give one --label per folder (%d folders, %d labels)" % (len(args.folders), len(labels)))
+    columns = []
+    for label, folder in zip(labels, args.folders):
+        path = Path(folder) / "results.json"
+        if not path.exists():
+            raise DemoError("%s has no results.json (the run failed, was interrupted, or is not an output "
+                            "folder)" % folder)
+        columns.append((label, read_json(path, "the results")))
+    table = report_table(columns)
+    print(json.dumps(table, indent=2) if args.json else report_markdown(table), end="" if not args.json else "\n")
+    if args.timeline:
+        Path(args.timeline).write_text(timeline_svg(columns))
     return EXIT_OK
 
 
@@ -925,6 +1317,16 @@ def build_parser():
                          help="the run's output folder (its receipt.json names the context); "
                               "several folders are cleaned up in turn")
     cleanup.set_defaults(handler=cmd_cleanup)
+
+    report = commands.add_parser("report", help="compare saved runs side by side (no cluster needed)",
+                                 description="Print the tutorial's comparison table for saved output "
+                                             "folders, one column each, with ratios against the first.")
+    report.add_argument("folders", nargs="+", metavar="DIR", help="output folders with results.json")
+    report.add_argument("--label", action="append", metavar="TEXT",
+                        help="column label, once per folder in order (default: the folder names)")
+    report.add_argument("--json", action="store_true", help="print JSON instead of a Markdown table")
+    report.add_argument("--timeline", metavar="FILE.svg", help="also write one timeline stacking every run")
+    report.set_defaults(handler=cmd_report)
 
     listing = commands.add_parser("list", help="list the runs of this tool on a context, and the local "
                                                "receipts that name them")

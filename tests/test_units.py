@@ -26,11 +26,29 @@ def good_pod(name="rollout-abcde", created="2026-11-29T10:00:01Z", node="kind-wo
     }
 
 
-def good_log(name="rollout-abcde", ready_at=T0 + 3.5, reward_at=T0 + 5.0, **reward_fields):
+def good_log(name="rollout-abcde", ready_at=T0 + 3.5, reward_at=T0 + 5.0, started_at=None, imports_done_at=None,
+             **reward_fields):
     reward = dict(event="reward", at=reward_at, episode_id=name, reward=1, baseline_exit=1, tests_exit=0,
                   tests_output="...\nOK\n")
     reward.update(reward_fields)
-    return json.dumps(dict(event="ready", at=ready_at, episode_id=name)) + "\n" + json.dumps(reward) + "\n"
+    ready = dict(event="ready", at=ready_at, episode_id=name)
+    if started_at is not None:
+        ready.update(started_at=started_at, imports_done_at=imports_done_at)
+    return json.dumps(ready) + "\n" + json.dumps(reward) + "\n"
+
+
+def phased_pod(name="rollout-abcde"):
+    """A finished pod with the conditions and container times a real kubelet reports."""
+    pod = good_pod(name)
+    pod["status"]["conditions"] = [
+        {"type": "PodReadyToStartContainers", "status": "False", "lastTransitionTime": "2026-11-29T10:00:07Z"},
+        {"type": "Initialized", "status": "True", "lastTransitionTime": "2026-11-29T10:00:02Z"},
+        {"type": "Ready", "status": "False", "lastTransitionTime": "2026-11-29T10:00:06Z"},
+        {"type": "ContainersReady", "status": "False", "lastTransitionTime": "2026-11-29T10:00:06Z"},
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-11-29T10:00:02Z"}]
+    pod["status"]["containerStatuses"][0]["state"]["terminated"].update(
+        startedAt="2026-11-29T10:00:03Z", finishedAt="2026-11-29T10:00:06Z")
+    return pod
 
 
 JOB = {"metadata": {"creationTimestamp": JOB_CREATED}}
@@ -243,10 +261,11 @@ def test_collect_computes_the_tutorial_metrics(tool):
     assert result["pod_to_ready_max_seconds"] == 2.5
     assert result["nodes"] == {"n1": 1, "n2": 1}
     assert result["image_ids"] == ["docker.io/library/python@sha256:" + "a" * 64]
-    assert result["pods"][0] == {"pod": "rollout-aaaaa", "node": "n1",
-                                 "image_id": "docker.io/library/python@sha256:" + "a" * 64, "reward": 1,
-                                 "pod_to_ready_seconds": 2.5, "batch_to_ready_seconds": 3.5,
-                                 "batch_to_reward_seconds": 5.0}
+    row = result["pods"][0]
+    assert {key: row[key] for key in ("pod", "node", "image_id", "reward", "pod_to_ready_seconds",
+                                      "batch_to_ready_seconds", "batch_to_reward_seconds")} == {
+        "pod": "rollout-aaaaa", "node": "n1", "image_id": "docker.io/library/python@sha256:" + "a" * 64,
+        "reward": 1, "pod_to_ready_seconds": 2.5, "batch_to_ready_seconds": 3.5, "batch_to_reward_seconds": 5.0}
 
 
 def invalid(tool, pod=None, log=None, count=1):
@@ -357,3 +376,87 @@ def test_job_outcome_reads_terminal_conditions(tool):
     assert tool.job_outcome(failed) == "Failed"
     assert tool.job_outcome({"status": {"conditions": [{"type": "SuccessCriteriaMet", "status": "True"}]}}) is None
     assert tool.job_outcome({"status": {}}) is None
+
+
+# ---------------------------------------------------------------- phases, precision, clock skew
+
+
+def phased_result(tool, observed=None, **log_times):
+    times = dict(ready_at=T0 + 3.5, reward_at=T0 + 5.0, started_at=T0 + 3.2, imports_done_at=T0 + 3.45)
+    times.update(log_times)
+    return tool.collect([phased_pod()], [good_log(**times)], JOB, 1, observed)
+
+
+def test_phases_follow_the_episode_from_creation_to_finish(tool):
+    phases = phased_result(tool)["pods"][0]["phases"]
+    assert phases["scheduling"] == 1.0
+    assert phases["scheduled_to_container_started"] == 1.0
+    assert phases["interpreter_start"] == pytest.approx(0.2)
+    assert phases["module_import"] == pytest.approx(0.25)
+    assert phases["import_done_to_ready"] == pytest.approx(0.05)
+    assert phases["ready_to_reward"] == pytest.approx(1.5)
+    assert phases["reward_to_container_finished"] == pytest.approx(1.0)
+    assert phases["pod_to_ready"] == pytest.approx(2.5)
+
+
+def test_a_torn_down_sandbox_condition_gives_null_with_a_reason(tool):
+    row = phased_result(tool)["pods"][0]
+    assert row["phases"]["sandbox_start"] is None and row["phases"]["container_start"] is None
+    assert row["phase_notes"]["sandbox_start"] == (
+        "PodReadyToStartContainers is False in the saved pod; the API keeps only its last transition")
+
+
+def test_an_observed_sandbox_ready_time_fills_the_sandbox_phases(tool):
+    row = phased_result(tool, observed={"rollout-abcde": {"sandbox_ready": T0 + 2.0}})["pods"][0]
+    assert row["phases"]["sandbox_start"] == 0.0
+    assert row["phases"]["container_start"] == 1.0
+    assert "sandbox_start" not in row["phase_notes"]
+
+
+def test_old_episode_logs_without_start_times_give_null_phases(tool):
+    result = tool.collect([phased_pod()], [good_log()], JOB, 1)
+    assert result["pods"][0]["phases"]["module_import"] is None
+    assert result["phases"]["module_import"]["missing_reasons"] == {"the ready event has no started_at": 1}
+
+
+def test_each_phase_states_its_clocks_resolution_and_unit(tool):
+    phases = phased_result(tool)["phases"]
+    assert phases["module_import"]["clocks"] == ["episode"]
+    assert phases["module_import"]["mixed_clocks"] is False
+    assert phases["module_import"]["resolution_seconds"] == 1e-6
+    assert phases["interpreter_start"]["clocks"] == ["kubelet", "episode"]
+    assert phases["interpreter_start"]["mixed_clocks"] is True
+    assert phases["interpreter_start"]["resolution_seconds"] == 1.0
+    assert phases["scheduling"]["clocks"] == ["api-server", "scheduler"]
+    assert all(phase["unit"] == "seconds" for phase in phases.values())
+
+
+def test_phase_statistics_cover_the_batch(tool):
+    pods = [phased_pod("rollout-%s" % c * 1) for c in "ab"]
+    logs = [good_log("rollout-a", started_at=T0 + 3.2, imports_done_at=T0 + 3.4),
+            good_log("rollout-b", started_at=T0 + 3.2, imports_done_at=T0 + 3.6)]
+    stats = tool.collect(pods, logs, JOB, 2)["phases"]["module_import"]
+    assert stats["count"] == 2 and stats["missing"] == 0
+    assert stats["min"] == pytest.approx(0.2) and stats["max"] == pytest.approx(0.4)
+    assert stats["mean"] == pytest.approx(0.3) and stats["p50"] == pytest.approx(0.3)
+    assert stats["p99"] == pytest.approx(0.398)
+
+
+def test_pod_to_ready_phase_equals_the_seed_metric(tool):
+    result = phased_result(tool)
+    assert result["phases"]["pod_to_ready"]["p50"] == result["pod_to_ready_p50_seconds"]
+
+
+def test_clock_skew_is_reported_with_its_size(tool):
+    # process start 1.5 s before the pod existed: the sandbox clock is behind.
+    skew = phased_result(tool, started_at=T0 - 0.5, imports_done_at=T0 + 3.0)["clock_skew"]
+    assert skew["findings"] == [{"pod": "rollout-abcde", "event": "process_start", "earlier_than": "pod_created",
+                                 "by_seconds": 1.5},
+                                {"pod": "rollout-abcde", "event": "process_start",
+                                 "earlier_than": "container_started", "by_seconds": 3.5}]
+    assert skew["max_seconds"] == 3.5
+
+
+def test_skew_within_the_api_resolution_is_not_reported(tool):
+    skew = phased_result(tool, started_at=T0 + 2.5)["clock_skew"]
+    assert skew["findings"] == [] and skew["max_seconds"] is None

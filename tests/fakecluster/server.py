@@ -219,13 +219,17 @@ class Cluster:
 
     # ---------------------------------------------------------------- API verbs
 
-    def check_rbac(self, verb, resource, namespace):
+    def check_rbac(self, verb, resource, namespace, name=None):
+        """Denials worded as the API server words them (apiserver responsewriters.forbiddenMessage
+        wrapped in errors.NewForbidden: `<resource>[.<group>] ["<name>"] is forbidden: ...`)."""
         for rule in self.config.get("forbid", []):
             if rule.get("verb") == verb and rule.get("resource") == resource:
                 group = RESOURCES[resource][3].lstrip(".")
-                scope = ('in the namespace "%s"' % namespace) if namespace else "at the cluster scope"
-                raise ApiError(403, "Forbidden", '%s is forbidden: User "kind-user" cannot %s resource '
-                               '"%s" in API group "%s" %s' % (resource, verb, resource, group, scope))
+                scope = ('in the namespace "%s"' % namespace) if namespace and RESOURCES[resource][2] \
+                    else "at the cluster scope"
+                qualified = resource + RESOURCES[resource][3] + (' "%s"' % name if name else "")
+                raise ApiError(403, "Forbidden", '%s is forbidden: User "kind-user" cannot %s resource "%s" in '
+                               'API group "%s" %s' % (qualified, verb, resource, group, scope))
 
     def api_create(self, resource, namespace, body):
         if resource not in RESOURCES:
@@ -345,7 +349,7 @@ class Cluster:
         pod["status"] = {"phase": "Pending", "qosClass": "Burstable"}
 
     def api_get(self, resource, namespace, name):
-        self.check_rbac("get", resource, namespace)
+        self.check_rbac("get", resource, namespace, name)
         obj = self.get(resource, namespace if RESOURCES[resource][2] else "", name)
         if obj is None:
             raise not_found(resource, name)
@@ -363,7 +367,7 @@ class Cluster:
         return [obj for obj in found if matches(obj)]
 
     def api_delete(self, resource, namespace, name, propagation):
-        self.check_rbac("delete", resource, namespace)
+        self.check_rbac("delete", resource, namespace, name)
         obj = self.api_get(resource, namespace, name)
         if obj["metadata"].get("deletionTimestamp"):
             return obj
