@@ -791,8 +791,10 @@ def report_table(columns):
                 value, base = results.get(key), columns[0][1].get(key)
                 values.append(format_seconds(value) if value is not None else None)
                 ratios.append(value / base if value is not None and base else None)
+        coarse = (kind == "phase" and phase_definition(key)["resolution_seconds"] >= 1) or key in (
+            "batch_to_all_ready_seconds", "batch_to_all_rewards_seconds")
         if any(value is not None for value in values):
-            rows.append({"measure": label, "values": values, "ratios": ratios})
+            rows.append({"measure": label, "values": values, "ratios": ratios, "whole_second_resolution": coarse})
     return {"columns": [label for label, _ in columns], "rows": rows}
 
 
@@ -806,7 +808,11 @@ def report_markdown(table):
             if ratio is not None and index > 0:
                 cell += " (%.2fx)" % ratio
             cells.append(cell)
-        lines.append("| %s | %s |" % (row["measure"], " | ".join(cells)))
+        marker = " *" if row["whole_second_resolution"] else ""
+        lines.append("| %s%s | %s |" % (row["measure"], marker, " | ".join(cells)))
+    lines.append("")
+    lines.append("\\* uses Kubernetes timestamps (whole seconds, another clock than the episode's): read to "
+                 "about one second; small or negative values are within that resolution.")
     return "\n".join(lines) + "\n"
 
 

@@ -91,12 +91,13 @@ def test_report_prints_the_side_by_side_table_with_ratios(two_runs, run_tool):
     assert result.code == 0, result
     lines = result.stdout.splitlines()
     assert lines[0] == "| measure | 10 parallel | sequential |"
-    rows = {line.split(" | ")[0].lstrip("| "): line for line in lines[2:]}
+    rows = {line.split(" | ")[0].lstrip("| ").rstrip(" *"): line for line in lines[2:] if line.startswith("|")}
     assert rows["tasks / rewards"] == "| tasks / rewards | 10/10 | 10/10 |"
     for measure in ("batch all ready", "batch all rewards", "client sees Job complete"):
         assert "x) |" in rows[measure], measure
     assert "Python module import P50 / P95" in rows and "import done -> ready P50 / P95" in rows
     assert "pod created -> ready P50 / P95" in rows
+    assert lines[-1].startswith("\\* uses Kubernetes timestamps (whole seconds")
 
 
 def test_report_json_matches_the_saved_results(two_runs, run_tool):
