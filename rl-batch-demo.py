@@ -40,10 +40,12 @@ import json
 import math
 import os
 from pathlib import Path
+import queue
 import shlex
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -55,6 +57,7 @@ __version__ = "0.1.0"
 
 DEFAULT_COUNT = 10
 MAX_COUNT = 20  # the tutorial's bound to keep first trials small; not a capacity limit
+MAX_LARGE_COUNT = 10000  # with --allow-large
 DEFAULT_IMAGE = "python:3.12-alpine"
 DEFAULT_RUNTIME = "cube"
 
@@ -65,11 +68,16 @@ JOB_NAME = "rollout"
 CONFIGMAP_NAME = "episode"
 CONTAINER_NAME = "episode"
 
-DEFAULT_TIMEOUT_SECONDS = 240  # the Job's activeDeadlineSeconds: the Job controller fails it after this
+DEFAULT_TIMEOUT_SECONDS = 240  # the seed's activeDeadlineSeconds: the Job controller fails the Job after it
 CLIENT_GRACE_SECONDS = 30  # the client waits the Job's deadline plus this (240 + 30 = the seed's 270)
 POLL_INTERVAL_SECONDS = 1.0
 STALL_CHECK_SECONDS = 3.0  # no progress this long: look for a reason the pods cannot start
-LOG_FETCH_WORKERS = 4
+LOG_FETCH_WORKERS = 4  # the seed's concurrency, the floor for small batches
+MAX_LOG_FETCH_WORKERS = 16  # each is a kubectl process of its own
+WATCH_WAIT_SECONDS = 0.2  # the wait loop's tick while the watch is quiet
+FALLBACK_POLL_SECONDS = 5.0  # a poll now and then, in case a watch died
+EPISODE_REQUESTS = {"cpu": "100m", "memory": "64Mi"}
+EPISODE_LIMITS = {"cpu": "500m", "memory": "128Mi"}
 CLEANUP_WAIT_SECONDS = 120  # for the Job (and its pods), then again for the namespace
 KUBECTL_REQUEST_TIMEOUT = "30s"  # passed to kubectl: one API request
 KUBECTL_PROCESS_TIMEOUT_SECONDS = 60  # one kubectl process, all its requests
@@ -85,8 +93,11 @@ EXIT_INTERRUPTED = 130
 # lines on stdout: {"event": "ready"|"reward", "at": <unix seconds, sandbox clock>,
 # "episode_id": <pod name>, ...}; `ready` also carries `started_at` (the first statement)
 # and `imports_done_at`, so that interpreter start and module import can be told apart.
-# RL_WORKSPACE exists only so that a simulated cluster can give each local process its
-# own folder; in a pod it is unset and /workspace (an emptyDir) is used.
+# At the end it also writes its events to the termination message, which the kubelet
+# returns in the pod's status, so that one `get pods` carries every episode's result.
+# RL_WORKSPACE and RL_TERMINATION_LOG exist only so that a simulated cluster can give each
+# local process its own files; in a pod they are unset and /workspace (an emptyDir) and
+# /dev/termination-log are used.
 
 EPISODE_PROGRAM = r'''import time
 started_at = time.time()  # the process's first statement, before its other imports
@@ -115,8 +126,12 @@ if __name__ == '__main__':
 """)
 
 
+events = []
+
+
 def emit(event, **data):
-    print(json.dumps(dict(event=event, at=time.time(), episode_id=os.environ['EPISODE_ID'], **data)), flush=True)
+    events.append(json.dumps(dict(event=event, at=time.time(), episode_id=os.environ['EPISODE_ID'], **data)))
+    print(events[-1], flush=True)
 
 
 def test():
@@ -132,6 +147,10 @@ if before == 0:
 p.joinpath('shipping.py').write_text(p.joinpath('shipping.py').read_text().replace('total > 99', 'total >= 99'))
 after, after_output = test()
 emit('reward', reward=int(after == 0), baseline_exit=before, tests_exit=after, tests_output=after_output)
+try:  # the kubelet returns this file in the pod status: one `get pods` collects every result
+    pathlib.Path(os.environ.get('RL_TERMINATION_LOG', '/dev/termination-log')).write_text('\n'.join(events) + '\n')
+except OSError:
+    pass  # the client falls back to the log
 if after != 0:
     raise RuntimeError('patched code failed its tests')
 '''
@@ -183,6 +202,14 @@ def last_line(text):
 # ============================================================================
 
 
+def default_deadline(count, parallelism):
+    """The Job's activeDeadlineSeconds unless --timeout: the seed's 240 s for one wave of at
+    most 20 episodes, plus 30 s per further wave (episodes queue behind each other), plus
+    1 s per 10 episodes beyond 20 (creating, scheduling and collecting more pods)."""
+    waves = -(-count // parallelism)
+    return DEFAULT_TIMEOUT_SECONDS + 30 * (waves - 1) + max(0, count - MAX_COUNT) // 10
+
+
 def object_labels(run_id, component):
     """Labels on every object the tool creates: the seed's run label plus the recommended
     app.kubernetes.io set, so `list` and other tools can find a run and its owner."""
@@ -228,8 +255,7 @@ def job_manifest(namespace, run_id, count, parallelism, image, runtime,
         "securityContext": {"allowPrivilegeEscalation": False,
                             "capabilities": {"drop": ["ALL"]},
                             "seccompProfile": {"type": "RuntimeDefault"}},
-        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"},
-                      "limits": {"cpu": "500m", "memory": "128Mi"}},
+        "resources": {"requests": dict(EPISODE_REQUESTS), "limits": dict(EPISODE_LIMITS)},
         "volumeMounts": [{"name": "script", "mountPath": "/demo", "readOnly": True},
                          {"name": "workspace", "mountPath": "/workspace"}],
     }
@@ -303,6 +329,18 @@ def current_context():
     return context
 
 
+# kubectl stderr that means "try again": the API server or the network, not the request.
+TRANSIENT_MARKERS = ("(InternalError)", "(ServiceUnavailable)", "(Timeout)", "(TooManyRequests)",
+                     "connection to the server", "Unable to connect to the server", "i/o timeout",
+                     "TLS handshake timeout", "connection reset", "unexpected EOF", "http2:",
+                     "etcdserver: request timed out", "did not finish within")
+RETRY_DELAYS_SECONDS = (0.5, 1, 2, 4, 8)  # then give up: about 15 s of trying
+
+
+def is_transient(error):
+    return isinstance(error, KubectlError) and any(marker in error.stderr for marker in TRANSIENT_MARKERS)
+
+
 class Cluster:
     """kubectl bound to one context: every call carries --context and a request timeout."""
 
@@ -314,16 +352,119 @@ class Cluster:
                 *parts]
         return run_kubectl(argv, json.dumps(data) if data is not None else None)
 
-    def create(self, obj):
-        return json.loads(self.kubectl("create", "-f", "-", "-o", "json", data=obj))
+    def read(self, *parts):
+        """A read-only kubectl call, retried with backoff while the failure is transient."""
+        for delay in RETRY_DELAYS_SECONDS + (None,):
+            try:
+                return self.kubectl(*parts)
+            except KubectlError as error:
+                if delay is None or not is_transient(error):
+                    raise
+                note("kubectl %s: %s; retrying in %s s" % (" ".join(parts[:3]), last_line(error.stderr), delay))
+                time.sleep(delay)
+
+    def create_owned(self, obj, run_id):
+        """Create obj; after a transient failure or AlreadyExists, look before trying again.
+
+        A create is never blindly repeated: the object may exist already (the API server
+        committed it before the connection failed). It is adopted only if it carries this
+        run's label, and otherwise reported, not touched.
+        """
+        meta = obj["metadata"]
+        where = ("-n", meta["namespace"]) if meta.get("namespace") else ()
+        kind = obj["kind"].lower()
+        for delay in RETRY_DELAYS_SECONDS + (None,):
+            try:
+                return json.loads(self.kubectl("create", "-f", "-", "-o", "json", data=obj))
+            except KubectlError as error:
+                if not (is_transient(error) or "(AlreadyExists)" in error.stderr):
+                    raise
+                existing = self.get_json(*where, kind, meta["name"])
+                if existing is not None:
+                    owner = existing["metadata"].get("labels", {}).get(RUN_LABEL)
+                    if owner == run_id:
+                        return existing
+                    raise DemoError("%s %s already exists and is not this run's (label %s is %r, expected "
+                                    "%r); refusing to use it" % (kind, meta["name"], RUN_LABEL, owner, run_id))
+                if delay is None:
+                    raise
+                note("kubectl create %s %s: %s; retrying in %s s" % (kind, meta["name"], last_line(error.stderr),
+                                                                     delay))
+                time.sleep(delay)
 
     def get_json(self, *parts):
         """The object as a dict, or None when it does not exist."""
-        raw = self.kubectl("get", *parts, "--ignore-not-found", "-o", "json")
+        raw = self.read("get", *parts, "--ignore-not-found", "-o", "json")
         return json.loads(raw) if raw.strip() else None
 
     def exists(self, *parts):
-        return bool(self.kubectl("get", *parts, "--ignore-not-found", "-o", "name").strip())
+        return bool(self.read("get", *parts, "--ignore-not-found", "-o", "name").strip())
+
+
+class Watch:
+    """`kubectl get ... --watch -o json` in the background: a queue of object states.
+
+    The stream is a sequence of JSON objects. If kubectl exits (a server-side watch
+    timeout, a network blip), it is started again; callers also poll now and then, so a
+    dead watch costs latency, never correctness.
+    """
+
+    def __init__(self, cluster, *parts):
+        self.argv = [kubectl_program(), "--context", cluster.context, "--request-timeout=0", "get", *parts,
+                     "--watch", "-o", "json"]
+        self.states = queue.Queue()
+        self.stopped = threading.Event()
+        self.process = None
+        self.thread = threading.Thread(target=self.follow, daemon=True)
+        self.thread.start()
+
+    def follow(self):
+        while not self.stopped.is_set():
+            try:
+                self.process = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                                stdin=subprocess.DEVNULL, text=True)
+            except OSError:
+                return
+            # kubectl indents each object, so an object ends at a line that is exactly "}".
+            lines = []
+            for line in self.process.stdout:
+                lines.append(line)
+                if line.rstrip("\n") == "}":
+                    try:
+                        self.states.put(json.loads("".join(lines)))
+                    except ValueError:
+                        continue
+                    lines = []
+            self.process.wait()
+            self.stopped.wait(1.0)
+
+    def drain(self, timeout=0.0):
+        """Every state received so far, waiting up to `timeout` for the first one."""
+        states = []
+        try:
+            states.append(self.states.get(timeout=timeout) if timeout else self.states.get_nowait())
+            while True:
+                states.append(self.states.get_nowait())
+        except queue.Empty:
+            pass
+        return states
+
+    def stop(self):
+        self.stopped.set()
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+QUIET = False  # --quiet: no progress or notes on stderr (errors and warnings still print)
+
+
+def note(message):
+    if not QUIET:
+        print(message, file=sys.stderr, flush=True)
 
 
 # ============================================================================
@@ -512,13 +653,33 @@ def the_event(pod_name, events, kind):
     return found[0]
 
 
+def termination_message(pod):
+    statuses = pod.get("status", {}).get("containerStatuses") or [{}]
+    return ((statuses[0].get("state") or {}).get("terminated") or {}).get("message") or ""
+
+
+def episode_events(pod, log):
+    """The episode's events and where they came from: the termination message when it holds
+    JSON events (one `get pods` returned it), else the log (a message may be missing or
+    cut at the kubelet's 4096 bytes)."""
+    message = termination_message(pod)
+    if message.strip():
+        try:
+            events = [json.loads(line) for line in message.splitlines() if line.strip()]
+            if all(isinstance(event, dict) and "event" in event for event in events):
+                return events, "termination-message"
+        except ValueError:
+            pass
+    return parse_events(pod["metadata"]["name"], log), "log"
+
+
 def validate_episode(pod, log, job_created, observed=None):
-    """Check one episode (pod + its log) and return its per-episode row."""
+    """Check one episode (pod + its events) and return its per-episode row."""
     name = pod["metadata"]["name"]
     phase = pod.get("status", {}).get("phase")
     if phase != "Succeeded":
         raise EpisodeInvalid("pod %s: phase is %s, expected Succeeded" % (name, phase))
-    events = parse_events(name, log)
+    events, source = episode_events(pod, log)
     ready = the_event(name, events, "ready")
     reward = the_event(name, events, "reward")
     for kind, event in (("ready", ready), ("reward", reward)):
@@ -568,6 +729,7 @@ def validate_episode(pod, log, job_created, observed=None):
         "phases": phases,
         "phase_notes": notes,
         "times": times,
+        "events_source": source,
     }
 
 
@@ -644,6 +806,7 @@ def run_metadata(run_info, version, runtime_class, nodes):
             "overhead": runtime_class.get("overhead"), "scheduling": runtime_class.get("scheduling")},
         "nodes": nodes if isinstance(nodes, list) else None,
         "nodes_note": unknown(nodes if isinstance(nodes, dict) else None, "nodes"),
+        "preflight": run_info.get("preflight"),
         "cache_state": {"state": "uncontrolled",
                         "detail": "no pre-pull or prewarm; whether the image was cached on each node is not known"},
     }
@@ -656,32 +819,87 @@ def read_saved(path):
 def results_from_folder(output):
     """The whole results.json from the files saved in an output folder, and nothing else.
 
-    Raises EpisodeInvalid when an episode fails validation.
+    A folder of several rounds pools its round-N/ folders. Raises EpisodeInvalid when an
+    episode fails validation.
     """
+    run_info = read_json(output / "run.json", "the run record")
+    if run_info.get("rounds", 1) > 1:
+        return pool_rounds([results_from_folder(output / ("round-%d" % number))
+                            for number in range(1, run_info["rounds"] + 1)], run_info)
     job = read_json(output / "job.json", "the saved Job")
     pods = read_json(output / "pods.json", "the saved pods")
     logs = [(output / (pod["metadata"]["name"] + ".log")).read_text()
             if (output / (pod["metadata"]["name"] + ".log")).exists() else "" for pod in pods]
-    run_info = read_json(output / "run.json", "the run record")
     flags = run_info["flags"]
-    report = collect(pods, logs, job, flags["count"])
+    observed = read_saved(output / "observed.json") or {}
+    report = collect(pods, logs, job, run_info.get("expected_episodes", flags["count"]), observed)
     report.update(context=run_info["context"], namespace=run_info["namespace"], image=flags["image"],
                   runtime=flags["runtime"], parallelism=flags["parallelism"], cache_state="uncontrolled",
                   client_job_complete_seconds=run_info.get("client_job_complete_seconds"))
     report["run"] = run_metadata(run_info, read_saved(output / "version.json"),
                                  read_saved(output / "runtimeclass.json"), read_saved(output / "nodes.json"))
-    pod_rows = report.pop("pods")
-    report["pods"] = pod_rows  # per-episode rows last, as in the seed
+    if "round" in run_info:
+        report["round"] = run_info["round"]
+    if (output.parent / "prewarm" / "prewarm.json").exists() or (output / "prewarm" / "prewarm.json").exists():
+        where = output / "prewarm" if (output / "prewarm").exists() else output.parent / "prewarm"
+        prewarm = read_json(where / "prewarm.json", "the prewarm record")
+        report["cache_state"] = "prewarmed"
+        report["run"]["cache_state"] = {
+            "state": "prewarmed", "nodes": prewarm["nodes"],
+            "detail": "one warm-up episode ran on each of these nodes before the measured rounds (kept in "
+                      "prewarm/, excluded from every figure); nodes not listed were not prewarmed"}
+    report["pods"] = report.pop("pods")  # per-episode rows last, as in the seed
     return report
 
 
+BATCH_KEYS = ("batch_to_all_ready_seconds", "batch_to_all_rewards_seconds", "client_job_complete_seconds")
+
+
+def pool_rounds(rounds, run_info):
+    """Several rounds as one result: batch times per round (in `rounds`), per-episode
+    percentiles and phases pooled over every round's episodes (the tutorial's third column)."""
+    rows = [dict(row, round=result["round"]) for result in rounds for row in result["pods"]]
+    startup = [row["pod_to_ready_seconds"] for row in rows]
+    phases = {}
+    for name in PHASES:
+        values = [row["phases"][name] for row in rows if row["phases"][name] is not None]
+        reasons = collections.Counter(row["phase_notes"][name] for row in rows if name in row["phase_notes"])
+        phases[name] = {**phase_definition(name), **batch_stats(values),
+                        "missing": sum(reasons.values()), "missing_reasons": dict(reasons)}
+    nodes = collections.Counter()
+    for result in rounds:
+        nodes.update(result["nodes"])
+    first = rounds[0]
+    skew = [finding for result in rounds for finding in result["clock_skew"]["findings"]]
+    return {
+        "episodes": sum(result["episodes"] for result in rounds),
+        "successful_episodes": sum(result["successful_episodes"] for result in rounds),
+        "reward_sum": sum(result["reward_sum"] for result in rounds),
+        "rounds": [dict({key: result[key] for key in BATCH_KEYS}, round=result["round"],
+                        episodes=result["episodes"], folder="round-%d" % result["round"]) for result in rounds],
+        "pod_to_ready_p50_seconds": percentile(startup, 0.5),
+        "pod_to_ready_p95_seconds": percentile(startup, 0.95),
+        "pod_to_ready_max_seconds": max(startup),
+        "nodes": dict(sorted(nodes.items())),
+        "image_ids": sorted({image for result in rounds for image in result["image_ids"]}),
+        "phases": phases,
+        "clock_skew": {"tolerance_seconds": SKEW_TOLERANCE_SECONDS, "findings": skew,
+                       "max_seconds": max((f["by_seconds"] for f in skew), default=None)},
+        "context": first["context"], "namespace": first["namespace"], "image": first["image"],
+        "runtime": first["runtime"], "parallelism": first["parallelism"], "cache_state": first["cache_state"],
+        "run": dict(first["run"], rounds=run_info["rounds"]),
+        "pods": rows,
+    }
+
+
 def summary_view(report):
-    """What `run` prints: the seed's summary keys and the per-phase medians."""
-    keys = ("episodes", "successful_episodes", "reward_sum", "batch_to_all_ready_seconds",
+    """What `run` prints: the seed's summary keys (batch times per round when there are
+    rounds) and the per-phase medians."""
+    keys = ("episodes", "successful_episodes", "reward_sum", "rounds", "batch_to_all_ready_seconds",
             "batch_to_all_rewards_seconds", "pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds",
             "pod_to_ready_max_seconds", "nodes", "image_ids", "context", "namespace", "image", "runtime",
             "parallelism", "cache_state", "client_job_complete_seconds")
-    view = {key: report[key] for key in keys}
+    view = {key: report[key] for key in keys if key in report}
     view["phase_p50_seconds"] = {name: phase["p50"] for name, phase in report["phases"].items()}
     return view
 
@@ -917,68 +1135,198 @@ def blocking_reason(events, pods):
     return None
 
 
-def wait_for_job(cluster, namespace, started, wait_seconds):
-    """Poll the Job about once a second until Complete/Failed or the client deadline.
+class JobProgress:
+    """Waits for one Job by watching it and its pods; polls as a fallback.
 
-    While the Job makes no progress for STALL_CHECK_SECONDS, also look for a reason the
-    pods can never start, so such a run stops early with that reason.
-    Returns (job, 'Complete'|'Failed'|None, blocking reason or None).
+    Also records what only a live pod shows: the time its sandbox became ready
+    (PodReadyToStartContainers=True), which a finished pod no longer reports.
     """
-    deadline = started + wait_seconds
-    show_progress = sys.stderr.isatty()
-    progress, progress_at = None, time.monotonic()
-    while True:
-        live = json.loads(cluster.kubectl("-n", namespace, "get", "job", JOB_NAME, "-o", "json"))
-        outcome = job_outcome(live)
-        status = live.get("status", {})
-        counts = tuple(status.get(key, 0) for key in ("active", "ready", "succeeded", "failed"))
-        if show_progress:
-            sys.stderr.write("\rwaiting: active %d, ready %d, succeeded %d, failed %d, %.0f s   "
-                             % (counts + (time.monotonic() - started,)))
-            sys.stderr.flush()
-        blocked = None
-        if counts != progress:
-            progress, progress_at = counts, time.monotonic()
-        elif not outcome and time.monotonic() - progress_at >= STALL_CHECK_SECONDS:
-            events = json.loads(cluster.kubectl("-n", namespace, "get", "events", "-o", "json"))["items"]
-            pods = []
-            if counts[0]:
-                pods = json.loads(cluster.kubectl("-n", namespace, "get", "pods", "-l", "job-name=" + JOB_NAME,
-                                                  "-o", "json"))["items"]
-            blocked = blocking_reason(events, pods)
-            progress_at = time.monotonic()
-        if outcome or blocked or time.monotonic() > deadline:
+
+    def __init__(self, cluster, namespace, job_name):
+        """Start before the Job is created, so that no pod state is missed."""
+        self.cluster, self.namespace, self.job_name = cluster, namespace, job_name
+        self.pod_watch = Watch(cluster, "-n", namespace, "pods", "-l", "job-name=" + job_name)
+        self.job_watch = None
+        self.pods = {}  # name -> latest state seen
+        self.observed = {}  # name -> {"sandbox_ready": unix seconds}
+
+    def absorb_pods(self):
+        for pod in self.pod_watch.drain():
+            name = pod["metadata"]["name"]
+            self.pods[name] = pod
+            when, _ = condition_time(pod, "PodReadyToStartContainers")
+            if when is not None and "sandbox_ready" not in self.observed.get(name, {}):
+                self.observed.setdefault(name, {})["sandbox_ready"] = when
+
+    def wait(self, started, wait_seconds, show_progress):
+        """Until Complete/Failed, a reason the pods can never start, or the client deadline.
+        Returns (job, 'Complete'|'Failed'|None, blocking reason or None)."""
+        deadline = started + wait_seconds
+        self.job_watch = Watch(self.cluster, "-n", self.namespace, "job", self.job_name)
+        live = json.loads(self.cluster.read("-n", self.namespace, "get", "job", self.job_name, "-o", "json"))
+        progress, progress_at, polled_at = None, time.monotonic(), time.monotonic()
+        while True:
+            states = self.job_watch.drain(timeout=WATCH_WAIT_SECONDS)
+            if states:
+                live = states[-1]
+            elif time.monotonic() - polled_at >= FALLBACK_POLL_SECONDS:
+                live = json.loads(self.cluster.read("-n", self.namespace, "get", "job", self.job_name, "-o", "json"))
+                polled_at = time.monotonic()
+            self.absorb_pods()
+            outcome = job_outcome(live)
+            status = live.get("status", {})
+            counts = tuple(status.get(key, 0) for key in ("active", "ready", "succeeded", "failed"))
             if show_progress:
-                sys.stderr.write("\n")
-            return live, outcome, blocked
-        time.sleep(POLL_INTERVAL_SECONDS)
+                sys.stderr.write("\r%s: active %d, ready %d, succeeded %d, failed %d, %.0f s   "
+                                 % ((self.job_name,) + counts + (time.monotonic() - started,)))
+                sys.stderr.flush()
+            blocked = None
+            if counts != progress:
+                progress, progress_at = counts, time.monotonic()
+            elif not outcome and time.monotonic() - progress_at >= STALL_CHECK_SECONDS:
+                events = json.loads(self.cluster.read("-n", self.namespace, "get", "events", "-o", "json"))["items"]
+                mine = [e for e in events if e.get("involvedObject", {}).get("name") == self.job_name]
+                blocked = blocking_reason(mine, list(self.pods.values()))
+                progress_at = time.monotonic()
+            if outcome or blocked or time.monotonic() > deadline:
+                if show_progress:
+                    sys.stderr.write("\n")
+                return live, outcome, blocked
+
+    def stop(self):
+        if self.job_watch is not None:
+            self.job_watch.stop()
+        self.pod_watch.stop()
 
 
-def save_diagnostics(cluster, namespace, output, job):
-    """Save job.json, pods.json, events.txt and one <pod>.log per pod; return (pods, logs)."""
-    pods = json.loads(cluster.kubectl("-n", namespace, "get", "pods", "-l", "job-name=" + JOB_NAME,
-                                      "-o", "json"))["items"]
-    write_json(output / "job.json", job)
-    write_json(output / "pods.json", pods)
-    (output / "events.txt").write_text(
-        cluster.kubectl("-n", namespace, "get", "events", "--sort-by=.metadata.creationTimestamp"))
+def log_workers(count):
+    """Concurrent `kubectl logs` processes: enough for large batches, few for small ones
+    (each kubectl is a process of its own, tens of MB)."""
+    return max(LOG_FETCH_WORKERS, min(MAX_LOG_FETCH_WORKERS, count // 16))
 
-    def fetch_log(pod):
+
+def fetch_logs(cluster, namespace, folder, pods):
+    """Save <pod>.log for each pod, concurrently; return {pod name: log text}."""
+    def fetch(pod):
         name = pod["metadata"]["name"]
         try:
-            log = cluster.kubectl("-n", namespace, "logs", name, "-c", CONTAINER_NAME)
+            log = cluster.read("-n", namespace, "logs", name, "-c", CONTAINER_NAME)
         except KubectlError as error:
             print("warning: no log for pod %s: %s" % (name, last_line(error.stderr)), file=sys.stderr)
             log = ""
-        (output / (name + ".log")).write_text(log)
-        return log
+        (folder / (name + ".log")).write_text(log)
+        return name, log
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=LOG_FETCH_WORKERS) as pool:
-        logs = list(pool.map(fetch_log, pods))
-    return pods, logs
+    if not pods:
+        return {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=log_workers(len(pods))) as pool:
+        return dict(pool.map(fetch, pods))
+
+
+def save_events(cluster, namespace, folder):
+    (folder / "events.txt").write_text(
+        cluster.read("-n", namespace, "get", "events", "--sort-by=.metadata.creationTimestamp"))
+
+
+def save_state(cluster, namespace, job_name, folder, job=None):
+    """job.json and pods.json as the API server has them now; returns (job, pods)."""
+    if job is None:
+        job = json.loads(cluster.read("-n", namespace, "get", "job", job_name, "-o", "json"))
+    pods = json.loads(cluster.read("-n", namespace, "get", "pods", "-l", "job-name=" + job_name,
+                                   "-o", "json"))["items"]
+    write_json(folder / "job.json", job)
+    write_json(folder / "pods.json", pods)
+    return job, pods
+
+
+def save_what_is_known(cluster, namespace, job_name, folder):
+    """After Ctrl-C: keep the Job, its pods, events and logs, as far as they can be had."""
+    print("Interrupted: saving what is known in %s (Ctrl-C again to stop at once)..." % folder, file=sys.stderr)
+    try:
+        _, pods = save_state(cluster, namespace, job_name, folder)
+        save_events(cluster, namespace, folder)
+        fetch_logs(cluster, namespace, folder, pods)
+    except DemoError as error:
+        print("warning: could not save everything: %s" % error, file=sys.stderr)
+
+
+def submit_job(cluster, job, folder, receipt, output):
+    """Create one Job (recording its UID in the receipt at once); return the client's start time."""
+    write_json(folder / "job-submitted.json", job)
+    started = time.monotonic()
+    created = cluster.create_owned(job, receipt["run_id"])
+    receipt.setdefault("jobs", {})[job["metadata"]["name"]] = created["metadata"]["uid"]
+    if job["metadata"]["name"] == JOB_NAME:
+        receipt["job_uid"] = created["metadata"]["uid"]  # the seed's key
+    write_json(output / "receipt.json", receipt)
+    return started
+
+
+def finish_job(args, cluster, namespace, job_name, folder, started, run_info, nodes, progress):
+    """Wait for one submitted Job, save its diagnostics, validate it, write its results.
+
+    Order matters at scale: results.json is written from one `get pods` (each episode's
+    events travel in its termination message) before the per-episode logs are archived.
+    """
+    try:
+        wait_seconds = args.timeout + CLIENT_GRACE_SECONDS
+        live, outcome, blocked = progress.wait(started, wait_seconds, show_progress=sys.stderr.isatty() and not QUIET)
+        # client_job_complete_seconds: client monotonic clock, from just before the Job's
+        # create request to the moment the client saw the Complete condition.
+        run_info["client_job_complete_seconds"] = time.monotonic() - started
+        run_info["outcome_observed_at"] = time.time()
+        progress.absorb_pods()
+    except KeyboardInterrupt:
+        progress.stop()
+        save_what_is_known(cluster, namespace, job_name, folder)
+        raise
+    finally:
+        progress.stop()
+    write_json(folder / "run.json", run_info)
+    write_json(folder / "observed.json", progress.observed)
+    _, pods = save_state(cluster, namespace, job_name, folder, live)
+    save_node_summaries(nodes, pods, folder)
+    where = "diagnostics saved in %s (job.json, pods.json, events.txt, pod logs)" % folder
+    if blocked or outcome != "Complete":
+        save_events(cluster, namespace, folder)
+        logs = fetch_logs(cluster, namespace, folder, pods)
+        if blocked:
+            raise DemoError("%s; stopped early instead of waiting for the deadline; %s" % (blocked, where))
+        if outcome is None:
+            raise BatchTimeout("Job %s did not finish within the client's %d s wait; %s"
+                               % (job_name, wait_seconds, where))
+        failed = job_condition(live, "Failed")
+        message = "Job %s failed (%s: %s)" % (job_name, failed.get("reason"), failed.get("message"))
+        details = describe_failed_pods(pods, [logs.get(pod["metadata"]["name"], "") for pod in pods])
+        if details:
+            message += "; " + "; ".join(details[:3])
+            if len(details) > 3:
+                message += "; and %d more failed pods" % (len(details) - 3)
+        error_type = BatchTimeout if failed.get("reason") == "DeadlineExceeded" else BatchFailed
+        raise error_type("%s; %s" % (message, where))
+    # Episodes whose termination message does not hold their events are validated from logs.
+    fetch_logs(cluster, namespace, folder, [pod for pod in pods if episode_events(pod, "")[1] == "log"])
+    try:
+        report = results_from_folder(folder)
+    except EpisodeInvalid as problem:
+        save_events(cluster, namespace, folder)
+        fetch_logs(cluster, namespace, folder, pods)
+        problems = str(problem).splitlines()
+        (folder / "validation-errors.txt").write_text(str(problem) + "\n")
+        more = " (and %d more in validation-errors.txt)" % (len(problems) - 1) if len(problems) > 1 else ""
+        raise BatchFailed("validation failed, no results.json written: %s%s; %s"
+                          % (problems[0], more, where)) from None
+    write_json(folder / "results.json", report)
+    (folder / "timeline.svg").write_text(timeline_svg([(folder.name, report)]))
+    # Archive for people: every episode's log and the events (results are already safe).
+    fetch_logs(cluster, namespace, folder, [pod for pod in pods if not (folder / (pod["metadata"]["name"] + ".log")).exists()])
+    save_events(cluster, namespace, folder)
+    return report
 
 
 def cmd_run(args):
+    global QUIET
+    QUIET = args.quiet
     if args.dry_run:
         # Exactly what a run would create, as one List `kubectl create -f -` accepts;
         # neither the cluster nor the output folder is touched.
@@ -1006,7 +1354,7 @@ def cmd_run(args):
     # this line leaves something `cleanup` can finish.
     write_json(output / "receipt.json", receipt)
     try:
-        return run_batch(args, cluster, output, receipt)
+        return run_experiment(args, cluster, output, receipt)
     except DemoError as error:
         error.args = ("%s. Clean up with: %s" % (str(error).rstrip("."), cleanup_command(output)),)
         raise
@@ -1015,16 +1363,74 @@ def cmd_run(args):
         raise
 
 
-def run_batch(args, cluster, output, receipt):
-    namespace = receipt["namespace"]
+def usable_nodes(nodes, runtime_class):
+    """Nodes the episode pods can land on: schedulable, Ready, no taint they do not tolerate,
+    and matching the RuntimeClass's nodeSelector."""
+    selector = ((runtime_class or {}).get("scheduling") or {}).get("nodeSelector") or {}
+    usable = []
+    for node in nodes:
+        labels = node["metadata"].get("labels", {})
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in node.get("status", {}).get("conditions", []))
+        tainted = any(t.get("effect") in ("NoSchedule", "NoExecute") for t in node.get("spec", {}).get("taints", []))
+        if ready and not tainted and not node.get("spec", {}).get("unschedulable") and all(
+                labels.get(key) == value for key, value in selector.items()):
+            usable.append(node)
+    return usable
+
+
+def parse_quantity(value):
+    """Kubernetes quantity -> float ('100m' -> 0.1 CPU, '64Mi' -> bytes)."""
+    value = str(value)
+    for suffix, factor in (("Ki", 2 ** 10), ("Mi", 2 ** 20), ("Gi", 2 ** 30), ("Ti", 2 ** 40), ("m", 1e-3),
+                           ("k", 1e3), ("M", 1e6), ("G", 1e9), ("T", 1e12)):
+        if value.endswith(suffix):
+            return float(value[: -len(suffix)]) * factor
+    return float(value)
+
+
+def mebibytes(value):
+    text = "%.0fMi" % (value / 2 ** 20)
+    return text + (" (%.1fGiB)" % (value / 2 ** 30) if value >= 2 ** 30 else "")
+
+
+def preflight(parallelism, runtime_class, nodes):
+    """Can `parallelism` episode pods (requests plus Pod overhead) run at once on the usable
+    nodes' allocatable capacity? Returns (pods that fit at once, the arithmetic as text)."""
+    overhead = (runtime_class or {}).get("overhead", {}).get("podFixed", {})
+    cpu = parse_quantity(EPISODE_REQUESTS["cpu"]) + parse_quantity(overhead.get("cpu", 0))
+    memory = parse_quantity(EPISODE_REQUESTS["memory"]) + parse_quantity(overhead.get("memory", 0))
+    usable = usable_nodes(nodes, runtime_class)
+    fit = 0
+    for node in usable:
+        allocatable = node["status"].get("allocatable", {})
+        fit += int(min(parse_quantity(allocatable.get("cpu", 0)) // cpu if cpu else 10 ** 9,
+                       parse_quantity(allocatable.get("memory", 0)) // memory if memory else 10 ** 9,
+                       parse_quantity(allocatable.get("pods", 110))))
+    lines = ["each episode pod requests %s CPU + %s memory" % (EPISODE_REQUESTS["cpu"], EPISODE_REQUESTS["memory"])]
+    if overhead:
+        lines.append("plus the RuntimeClass's Pod overhead %s CPU + %s memory (overhead alone: %s x %d = %s)" % (
+            overhead.get("cpu", "0"), overhead.get("memory", "0"), overhead.get("memory", "0"), parallelism,
+            mebibytes(parse_quantity(overhead.get("memory", 0)) * parallelism)))
+    lines.append("%d at once need %.0fm CPU and %s memory" % (parallelism, cpu * parallelism * 1000,
+                                                              mebibytes(memory * parallelism)))
+    lines.append("%d usable node(s) of %d fit %d such pods at once (allocatable capacity, not counting other "
+                 "pods' requests)" % (len(usable), len(nodes), fit))
+    return fit, "; ".join(lines)
+
+
+def run_experiment(args, cluster, output, receipt):
+    """Everything after the receipt: metadata, preflight, objects, prewarm, the measured rounds."""
+    namespace, run_id = receipt["namespace"], receipt["run_id"]
     runtime = None if args.no_runtime_class else args.runtime
     run_info = {"tool_version": __version__, "started_at": utc_now(), "context": cluster.context,
-                "namespace": namespace, "flags": flags_of(args)}
+                "namespace": namespace, "flags": flags_of(args), "expected_episodes": args.count}
     write_json(output / "run.json", run_info)
-    save_optional(output / "version.json", lambda: json.loads(cluster.kubectl("version", "-o", "json")))
+    save_optional(output / "version.json", lambda: json.loads(cluster.read("version", "-o", "json")))
+    runtime_class = None
     if runtime is not None:
         try:
-            runtime_class = json.loads(cluster.kubectl("get", "runtimeclass", runtime, "-o", "json"))
+            runtime_class = json.loads(cluster.read("get", "runtimeclass", runtime, "-o", "json"))
         except KubectlError as error:
             if not error.not_found:
                 raise
@@ -1033,62 +1439,111 @@ def run_batch(args, cluster, output, receipt):
                             "--no-runtime-class for the cluster's default runtime)"
                             % (runtime, cluster.context, cluster.context)) from None
         write_json(output / "runtimeclass.json", runtime_class)
+    try:
+        nodes = json.loads(cluster.read("get", "nodes", "-o", "json"))["items"]
+    except KubectlError as error:
+        nodes = None
+        write_json(output / "nodes.json", {"error": last_line(error.stderr) or str(error)})
+        if args.prewarm:
+            raise DemoError("--prewarm needs to list the nodes, and kubectl could not: %s"
+                            % last_line(error.stderr)) from None
+        note("preflight skipped: cannot list nodes (%s)" % last_line(error.stderr))
+    if nodes is not None:
+        fit, arithmetic = preflight(args.parallelism, runtime_class, nodes)
+        if fit == 0 and not args.force:
+            raise DemoError("preflight: no usable node can run even one episode pod: %s; fix the capacity or "
+                            "the RuntimeClass scheduling, or pass --force to submit anyway" % arithmetic)
+        if fit < args.parallelism:
+            print("warning: preflight: only %d of %d episode pods fit at once, so the batch will queue and "
+                  "batch_to_all_ready_seconds will include queueing: %s" % (fit, args.parallelism, arithmetic),
+                  file=sys.stderr)
+        run_info["preflight"] = {"pods_that_fit_at_once": fit, "parallelism": args.parallelism,
+                                 "arithmetic": arithmetic}
+        write_json(output / "run.json", run_info)
 
-    namespace_obj, *supporting, job = run_manifests(args, namespace, receipt["run_id"])
-    created = cluster.create(namespace_obj)
+    namespace_obj, *supporting, job = run_manifests(args, namespace, run_id)
+    created = cluster.create_owned(namespace_obj, run_id)
     receipt["uid"] = created["metadata"]["uid"]
     write_json(output / "receipt.json", receipt)
     print("Test namespace:", namespace, flush=True)
     for obj in supporting:
-        cluster.create(obj)
+        cluster.create_owned(obj, run_id)
 
-    write_json(output / "job-submitted.json", job)
-    started = time.monotonic()
-    created_job = cluster.create(job)
-    receipt["job_uid"] = created_job["metadata"]["uid"]
-    write_json(output / "receipt.json", receipt)
+    def prepare(folder, expected, extra):
+        folder.mkdir(exist_ok=True)
+        for name in ("version.json", "runtimeclass.json"):
+            if (output / name).exists() and folder != output:
+                (folder / name).write_text((output / name).read_text())
+        info = dict(run_info, expected_episodes=expected, **extra)
+        write_json(folder / "run.json", info)
+        return info
 
-    wait_seconds = args.timeout + CLIENT_GRACE_SECONDS
-    live, outcome, blocked = wait_for_job(cluster, namespace, started, wait_seconds)
-    # client_job_complete_seconds: client monotonic clock, from just before the Job's
-    # create request to the poll that saw the Complete condition (includes polling).
-    run_info["client_job_complete_seconds"] = time.monotonic() - started
-    write_json(output / "run.json", run_info)
-    pods, logs = save_diagnostics(cluster, namespace, output, live)
-    where = "diagnostics saved in %s (job.json, pods.json, events.txt, pod logs)" % output
-    if blocked:
-        raise DemoError("%s; stopped early instead of waiting for the deadline; %s" % (blocked, where))
-    if outcome is None:
-        raise BatchTimeout("Job %s did not finish within the client's %d s wait; %s"
-                           % (JOB_NAME, wait_seconds, where))
-    if outcome == "Failed":
-        failed = job_condition(live, "Failed")
-        message = "Job %s failed (%s: %s)" % (JOB_NAME, failed.get("reason"), failed.get("message"))
-        details = describe_failed_pods(pods, logs)
-        if details:
-            message += "; " + "; ".join(details[:3])
-            if len(details) > 3:
-                message += "; and %d more failed pods" % (len(details) - 3)
-        error_type = BatchTimeout if failed.get("reason") == "DeadlineExceeded" else BatchFailed
-        raise error_type("%s; %s" % (message, where))
-    used_nodes = sorted({pod["spec"].get("nodeName") for pod in pods if pod["spec"].get("nodeName")})
-    save_optional(output / "nodes.json", lambda: [
-        node_summary(json.loads(cluster.kubectl("get", "node", name, "-o", "json"))) for name in used_nodes])
-    try:
+    if args.prewarm:
+        run_prewarm(args, cluster, output, receipt, nodes, usable_nodes(nodes, runtime_class), prepare)
+    rounds = []
+    for number in range(1, args.rounds + 1):
+        folder = output if args.rounds == 1 else output / ("round-%d" % number)
+        info = prepare(folder, args.count, {"round": number} if args.rounds > 1 else {})
+        job = dict(job, metadata=dict(job["metadata"], name=JOB_NAME if args.rounds == 1 else "%s-%d" % (
+            JOB_NAME, number)))
+        progress = JobProgress(cluster, namespace, job["metadata"]["name"])
+        started = submit_job(cluster, job, folder, receipt, output)
+        if args.rounds > 1:
+            note("round %d of %d: Job %s" % (number, args.rounds, job["metadata"]["name"]))
+        rounds.append(finish_job(args, cluster, namespace, job["metadata"]["name"], folder, started, info, nodes,
+                                 progress))
+    report = rounds[0]
+    if args.rounds > 1:
+        run_info["rounds"] = args.rounds
+        write_json(output / "run.json", run_info)
         report = results_from_folder(output)
-    except EpisodeInvalid as problem:
-        problems = str(problem).splitlines()
-        (output / "validation-errors.txt").write_text(str(problem) + "\n")
-        more = " (and %d more in validation-errors.txt)" % (len(problems) - 1) if len(problems) > 1 else ""
-        raise BatchFailed("validation failed, no results.json written: %s%s; %s"
-                          % (problems[0], more, where)) from None
-    write_json(output / "results.json", report)
-    (output / "timeline.svg").write_text(timeline_svg([(output.name, report)]))
+        write_json(output / "results.json", report)
+        (output / "timeline.svg").write_text(timeline_svg([("round %d" % r["round"], r) for r in rounds]))
     print(json.dumps(summary_view(report), indent=2))
     for finding in report["clock_skew"]["findings"]:
         print("warning: clock skew: pod %s: %s is %.3f s earlier than %s" % (
             finding["pod"], finding["event"], finding["by_seconds"], finding["earlier_than"]), file=sys.stderr)
     return EXIT_OK
+
+
+def save_node_summaries(nodes, pods, folder):
+    """nodes.json: the nodes this folder's episodes ran on, from the list read at the start
+    (or the reason it could not be read)."""
+    if nodes is None:
+        parent = folder if (folder / "nodes.json").exists() else folder.parent
+        if (parent / "nodes.json").exists() and parent != folder:
+            (folder / "nodes.json").write_text((parent / "nodes.json").read_text())
+        return
+    used = {pod["spec"].get("nodeName") for pod in pods}
+    write_json(folder / "nodes.json", [node_summary(node) for node in nodes if node["metadata"]["name"] in used])
+
+
+def run_prewarm(args, cluster, output, receipt, all_nodes, nodes, prepare):
+    """One warm-up episode pinned to each usable node, before the measured rounds; validated
+    like any episode, kept in prewarm/, and excluded from every figure."""
+    if not nodes:
+        raise DemoError("--prewarm: no usable node for the episode pods (schedulable, Ready, untainted, matching "
+                        "the RuntimeClass)")
+    runtime = None if args.no_runtime_class else args.runtime
+    base = output / "prewarm"
+    base.mkdir()
+    pending = []
+    for index, node in enumerate(nodes, 1):
+        name = node["metadata"]["name"]
+        job = job_manifest(receipt["namespace"], receipt["run_id"], 1, 1, args.image, runtime, args.timeout)
+        job["metadata"]["name"] = "prewarm-%d" % index
+        job["metadata"]["labels"]["app.kubernetes.io/component"] = "prewarm"
+        job["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": name}
+        folder = base / name
+        info = prepare(folder, 1, {"prewarm_node": name})
+        progress = JobProgress(cluster, receipt["namespace"], job["metadata"]["name"])
+        started = submit_job(cluster, job, folder, receipt, output)
+        pending.append((job["metadata"]["name"], folder, started, info, progress))
+    note("prewarm: one episode on each of %d node(s)" % len(pending))
+    for job_name, folder, started, info, progress in pending:
+        finish_job(args, cluster, receipt["namespace"], job_name, folder, started, info, all_nodes, progress)
+    write_json(base / "prewarm.json", {"nodes": [node["metadata"]["name"] for node in nodes],
+                                       "jobs": [pending_job[0] for pending_job in pending]})
 
 
 def ownership_mismatches(kind, live, expected):
@@ -1102,6 +1557,20 @@ def ownership_mismatches(kind, live, expected):
         if have != want:
             problems.append("%s %s must equal %s: current value is %s" % (kind, key, want, have))
     return problems
+
+
+def delete_retrying(cluster, *parts):
+    """A delete, retried while the failure is transient; NotFound after a retry means done."""
+    for attempt, delay in enumerate(RETRY_DELAYS_SECONDS + (None,)):
+        try:
+            return cluster.kubectl(*parts)
+        except KubectlError as error:
+            if attempt and error.not_found:
+                return ""
+            if delay is None or not is_transient(error):
+                raise
+            note("kubectl %s: %s; retrying in %s s" % (" ".join(parts[:4]), last_line(error.stderr), delay))
+            time.sleep(delay)
 
 
 def wait_until_gone(cluster, what, parts, timeout):
@@ -1131,6 +1600,7 @@ def cmd_cleanup(args):
 
 
 def cleanup_one(output):
+    """Delete one run's Jobs and namespace, after proving each is the one the receipt names."""
     receipt = read_json(output / "receipt.json", "the receipt")
     try:
         cluster, namespace, run_id = Cluster(receipt["context"]), receipt["namespace"], receipt["run_id"]
@@ -1151,24 +1621,31 @@ def cleanup_one(output):
     if problems:
         raise DemoError("ownership check failed, refusing cleanup: " + "; ".join(problems))
 
-    live_job = cluster.get_json("-n", namespace, "job", JOB_NAME)
-    if live_job is not None:
-        expected_uid = receipt.get("job_uid")
-        if expected_uid is None and (output / "job.json").exists():
-            expected_uid = read_json(output / "job.json", "the saved Job").get("metadata", {}).get("uid")
-        if expected_uid is None:
-            raise DemoError("Job %s exists in %s but neither receipt.json nor job.json records its "
-                            "uid; refusing cleanup" % (JOB_NAME, namespace))
-        problems = ownership_mismatches("job " + JOB_NAME, live_job, {"uid": expected_uid})
-        if problems:
-            raise DemoError("ownership check failed, refusing cleanup: " + "; ".join(problems))
-        cluster.kubectl("-n", namespace, "delete", "job", JOB_NAME, "--cascade=foreground",
-                        "--wait=false")
-        print("Deleting Job %s and its pods..." % JOB_NAME, file=sys.stderr, flush=True)
-        wait_until_gone(cluster, "Job %s or its pods" % JOB_NAME, ("-n", namespace, "job", JOB_NAME),
+    # Every Job in the namespace must be one the receipt (or the saved job.json) names.
+    recorded = dict(receipt.get("jobs") or {})
+    if receipt.get("job_uid"):
+        recorded.setdefault(JOB_NAME, receipt["job_uid"])
+    if JOB_NAME not in recorded and (output / "job.json").exists():
+        recorded[JOB_NAME] = read_json(output / "job.json", "the saved Job").get("metadata", {}).get("uid")
+    live_jobs = json.loads(cluster.read("-n", namespace, "get", "jobs", "-o", "json"))["items"]
+    problems = []
+    for live_job in live_jobs:
+        name = live_job["metadata"]["name"]
+        if not recorded.get(name):
+            raise DemoError("Job %s exists in %s but neither receipt.json nor job.json records its uid; "
+                            "refusing cleanup" % (name, namespace))
+        problems += ownership_mismatches("job " + name, live_job, {"uid": recorded[name]})
+    if problems:
+        raise DemoError("ownership check failed, refusing cleanup: " + "; ".join(problems))
+    for live_job in live_jobs:
+        name = live_job["metadata"]["name"]
+        delete_retrying(cluster, "-n", namespace, "delete", "job", name, "--cascade=foreground", "--wait=false")
+        note("Deleting Job %s and its pods..." % name)
+    if live_jobs:
+        wait_until_gone(cluster, "Jobs or their pods in %s" % namespace, ("-n", namespace, "jobs"),
                         CLEANUP_WAIT_SECONDS)
-    cluster.kubectl("delete", "namespace", namespace, "--wait=false")
-    print("Deleting namespace %s..." % namespace, file=sys.stderr, flush=True)
+    delete_retrying(cluster, "delete", "namespace", namespace, "--wait=false")
+    note("Deleting namespace %s..." % namespace)
     wait_until_gone(cluster, "Namespace %s (inspect its finalizers)" % namespace,
                     ("namespace", namespace), CLEANUP_WAIT_SECONDS)
     print("Deleted test namespace:", namespace)
@@ -1292,9 +1769,18 @@ def build_parser():
                      help="new folder for receipt, diagnostics and results (must not exist); "
                           "required unless --dry-run")
     run.add_argument("--count", type=int, default=DEFAULT_COUNT,
-                     help="episodes in the batch, 1..%d (default %d)" % (MAX_COUNT, DEFAULT_COUNT))
+                     help="episodes in the batch, 1..%d, or up to %d with --allow-large (default %d)"
+                          % (MAX_COUNT, MAX_LARGE_COUNT, DEFAULT_COUNT))
+    run.add_argument("--allow-large", action="store_true",
+                     help="lift the demo's bound of %d episodes to %d" % (MAX_COUNT, MAX_LARGE_COUNT))
     run.add_argument("--parallelism", type=int,
                      help="episodes running at once, 1..COUNT (default: COUNT)")
+    run.add_argument("--rounds", type=int, default=1, metavar="R",
+                     help="run the batch R times in sequence, each in round-N/; percentiles pool the "
+                          "rounds (default 1)")
+    run.add_argument("--prewarm", action="store_true",
+                     help="first run one warm-up episode pinned to each usable node (kept in prewarm/, "
+                          "excluded from the figures)")
     run.add_argument("--image", default=DEFAULT_IMAGE,
                      help="image with `python` (3.9+) runnable as UID/GID 1000 (default %s)"
                           % DEFAULT_IMAGE)
@@ -1304,15 +1790,20 @@ def build_parser():
     runtime.add_argument("--no-runtime-class", action="store_true",
                          help="set no RuntimeClass: pods use the nodes' default runtime (e.g. "
                               "runc on a kind cluster); results.json records runtime null")
-    run.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_SECONDS, metavar="SECONDS",
-                     help="the Job's activeDeadlineSeconds (default %d); the client waits this plus "
-                          "%d s" % (DEFAULT_TIMEOUT_SECONDS, CLIENT_GRACE_SECONDS))
+    run.add_argument("--timeout", type=int, metavar="SECONDS",
+                     help="the Job's activeDeadlineSeconds; the client waits this plus %d s (default: "
+                          "240, plus 30 per further wave of PARALLELISM episodes, plus 1 per 10 "
+                          "episodes beyond 20)" % CLIENT_GRACE_SECONDS)
     run.add_argument("--network", choices=("default", "none"), default="default",
                      help="`none`: a default-deny NetworkPolicy (ingress and egress) in the run's "
                           "namespace; needs a CNI that enforces NetworkPolicies (default: default)")
     run.add_argument("--dry-run", action="store_true",
                      help="print the objects a run would create (JSON for `kubectl create -f -`); "
                           "touch neither the cluster nor the output folder")
+    run.add_argument("--force", action="store_true",
+                     help="submit even when the preflight finds no node that can run an episode pod")
+    run.add_argument("--quiet", action="store_true",
+                     help="no progress or notes on stderr (errors and warnings still print)")
     run.add_argument("--context", metavar="NAME",
                      help="kubectl context (default: kubectl's current context)")
     run.set_defaults(handler=cmd_run, subparser=run)
@@ -1351,16 +1842,22 @@ def parse_args(argv):
     if args.command == "run":
         if not args.output and not args.dry_run:
             args.subparser.error("--output DIR is required (unless --dry-run)")
-        if not 1 <= args.count <= MAX_COUNT:
-            args.subparser.error("--count must be between 1 and %d (the demo's bound to keep first trials "
-                         "small), got %d" % (MAX_COUNT, args.count))
-        if args.timeout < 1:
+        bound = MAX_LARGE_COUNT if args.allow_large else MAX_COUNT
+        if not 1 <= args.count <= bound:
+            args.subparser.error("--count must be between 1 and %d%s, got %d" % (
+                bound, "" if args.allow_large else " (the demo's bound to keep first trials small; "
+                "--allow-large lifts it to %d)" % MAX_LARGE_COUNT, args.count))
+        if args.rounds < 1:
+            args.subparser.error("--rounds must be at least 1, got %d" % args.rounds)
+        if args.timeout is not None and args.timeout < 1:
             args.subparser.error("--timeout must be at least 1 second, got %d" % args.timeout)
         if args.parallelism is None:
             args.parallelism = args.count
         if not 1 <= args.parallelism <= args.count:
             args.subparser.error("--parallelism must be between 1 and --count (%d), got %d"
-                         % (args.count, args.parallelism))
+                                 % (args.count, args.parallelism))
+        if args.timeout is None:
+            args.timeout = default_deadline(args.count, args.parallelism)
     return args
 
 

@@ -59,7 +59,8 @@ def test_run_records_ownership_in_the_receipt(cluster, run_tool, tmp_path):
     namespace = cluster.get_json("namespace", receipt["namespace"])
     job = cluster.get_json("-n", receipt["namespace"], "job", "rollout")
     assert receipt == {"context": "kind-rl", "namespace": "agc-rl-" + receipt["run_id"], "run_id": receipt["run_id"],
-                       "uid": namespace["metadata"]["uid"], "job_uid": job["metadata"]["uid"]}
+                       "uid": namespace["metadata"]["uid"], "job_uid": job["metadata"]["uid"],
+                       "jobs": {"rollout": job["metadata"]["uid"]}}
     assert namespace["metadata"]["labels"]["agc-demo-run"] == receipt["run_id"]
 
 
@@ -301,8 +302,9 @@ def test_restarted_container_fails_validation(make_cluster, run_tool, tmp_path):
 
 
 def test_missing_ready_event_fails_validation(make_cluster, run_tool, tmp_path):
-    # The node's log rotation dropped the first line, so `kubectl logs` lacks the ready event.
-    cluster = make_cluster({"nodes": [{"name": "kind-worker", "logDropFirstLines": 1}]})
+    # The node's runtime returns no termination message, so the log is read; its rotation dropped
+    # the first line, so the log lacks the ready event.
+    cluster = make_cluster({"nodes": [{"name": "kind-worker", "logDropFirstLines": 1, "dropTerminationMessages": True}]})
     result = run_tool("run", "--count", "1", "--output", "out", cluster=cluster)
     assert result.code == 4, result
     assert "expected exactly one ready event, found 0" in result.stderr

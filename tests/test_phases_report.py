@@ -46,14 +46,15 @@ def test_results_carry_every_phase_with_quantiles_clocks_and_precision(two_runs)
     assert results["phases"]["module_import"]["count"] == 10
     assert results["phases"]["module_import"]["p50"] > 0
     assert results["phases"]["pod_to_ready"]["p50"] == results["pod_to_ready_p50_seconds"]
-    # A finished pod's PodReadyToStartContainers is False: the sandbox phases are null, with the reason.
-    assert results["phases"]["sandbox_start"]["missing"] == 10
-    assert list(results["phases"]["sandbox_start"]["missing_reasons"]) == [
-        "PodReadyToStartContainers is False in the saved pod; the API keeps only its last transition"]
+    # A finished pod's PodReadyToStartContainers is False; the pod watch saw it True while it ran.
+    assert results["phases"]["sandbox_start"]["count"] == 10
+    observed = read(two_runs[0] / "observed.json")
+    assert sorted(observed) == sorted(row["pod"] for row in results["pods"])
     row = results["pods"][0]
     assert set(row["times"]) == {"pod_created", "scheduled", "sandbox_ready", "container_started", "process_start",
                                  "imports_done", "ready", "reward", "container_finished"}
-    assert row["phases"]["sandbox_start"] is None and "sandbox_start" in row["phase_notes"]
+    assert row["times"]["sandbox_ready"] == observed[row["pod"]]["sandbox_ready"]
+    assert row["events_source"] == "termination-message"
     assert results["clock_skew"] == {"tolerance_seconds": 1.0, "findings": [], "max_seconds": None}
 
 
@@ -73,12 +74,12 @@ def test_results_carry_the_run_metadata(two_runs):
 
 
 def test_metadata_that_cannot_be_read_is_null_with_a_reason(make_cluster, run_tool, tmp_path):
-    cluster = make_cluster({"forbid": [{"verb": "get", "resource": "nodes"}]})
+    cluster = make_cluster({"forbid": [{"verb": "list", "resource": "nodes"}]})
     assert run_tool("run", "--count", "1", "--output", "out", cluster=cluster).code == 0
     run = read(tmp_path / "out" / "results.json")["run"]
     assert run["nodes"] is None
-    assert run["nodes_note"].startswith('nodes unknown: Error from server (Forbidden): nodes "kind-worker')
-    assert run["nodes_note"].endswith('cannot get resource "nodes" in API group "" at the cluster scope')
+    assert run["nodes_note"] == ('nodes unknown: Error from server (Forbidden): nodes is forbidden: User "kind-user" '
+                                 'cannot list resource "nodes" in API group "" at the cluster scope')
 
 
 def test_recomputing_a_folder_gives_exactly_its_results(two_runs, tool):

@@ -224,10 +224,37 @@ def resource_name(token):
     return ALIASES[token]
 
 
+def watch_stream(resource, name, flags, namespace, out, since, timeout):
+    """`get -w -o json`: print each changed object as it changes, until the request timeout."""
+    ends = time.time() + timeout if flags.get("--request-timeout") not in (None, "0") else None
+    while ends is None or time.time() < ends:
+        answer = call({"verb": "watch", "resource": resource, "namespace": namespace, "name": name,
+                       "selector": flags.get("-l"), "since": since}, 60)
+        for obj in answer["items"]:
+            out.write(dump(ordered(obj)))
+            since = max(int(since), int(obj["metadata"]["resourceVersion"]))
+        out.flush()
+
+
 def cmd_get(positionals, flags, namespace, timeout, out):
     resource = resource_name(positionals[0])
     name = positionals[1] if len(positionals) > 1 else None
     output = flags.get("-o")
+    watching = flags.get("-w") == "true" or flags.get("--watch") == "true"
+    if watching and output != "json":
+        raise Failure("fake kubectl: only `get -w -o json` is supported")
+    if watching:
+        listed = call({"verb": "list", "resource": resource, "namespace": namespace,
+                       "selector": flags.get("-l")}, timeout)
+        objs = [o for o in listed["items"] if not name or o["metadata"]["name"] == name]
+        if name and not objs:
+            raise ApiFailure({"reason": "NotFound", "message": '%s%s "%s" not found'
+                              % (resource, GROUP.get(resource, ""), name)})
+        for obj in objs:
+            out.write(dump(ordered(obj)))
+        out.flush()
+        watch_stream(resource, name, flags, namespace, out, listed["resourceVersion"], timeout)
+        return
     if name:
         try:
             objs = [call({"verb": "get", "resource": resource, "namespace": namespace, "name": name}, timeout)]
@@ -371,7 +398,7 @@ def cmd_version(flags, timeout, out):
 
 def parse_timeout(value):
     if not value or value == "0":
-        return 60.0
+        return 3600.0
     units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
     for unit in ("ms", "s", "m", "h"):
         if value.endswith(unit):
@@ -380,6 +407,8 @@ def parse_timeout(value):
 
 
 def main(argv):
+    # A fixed delay per kubectl invocation models API latency and kubectl's own start-up (benchmarks).
+    time.sleep(float(os.environ.get("FAKE_K8S_DELAY", "0") or 0))
     positionals, flags = parse(argv)
     config = kubeconfig()
     record = state_dir() / "calls.jsonl"

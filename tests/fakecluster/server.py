@@ -149,12 +149,16 @@ class Cluster:
         self.dir = Path(state_dir)
         self.config = config
         self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)  # notified on every write, for watches
+        self.faults = [dict(f) for f in config.get("transientFailures", [])]
         self.objects = {}  # (resource, namespace or "", name) -> object
         self.resource_version = 1000
         self.processes = {}  # pod uid -> runtime record
         self.job_books = {}  # job uid -> {"succeeded": set(), "failed": set(), ...}
+        self.history = []  # (resourceVersion, resource, state) of every write and removal, for watches
         self.stop = threading.Event()
-        self.seed_objects()
+        with self.lock:
+            self.seed_objects()
 
     # ---------------------------------------------------------------- storage
 
@@ -165,6 +169,7 @@ class Cluster:
     def put(self, resource, obj):
         obj["metadata"]["resourceVersion"] = self.next_rv()
         self.objects[(resource, obj["metadata"].get("namespace", ""), obj["metadata"]["name"])] = obj
+        self.remember(resource, obj)
 
     def get(self, resource, namespace, name):
         return self.objects.get((resource, namespace or "", name))
@@ -176,6 +181,15 @@ class Cluster:
 
     def remove(self, resource, obj):
         self.objects.pop((resource, obj["metadata"].get("namespace", ""), obj["metadata"]["name"]), None)
+        obj["metadata"]["resourceVersion"] = self.next_rv()
+        self.remember(resource, obj)
+
+    def remember(self, resource, obj):
+        """Every state an object passes through, as a watch delivers them (not only the latest)."""
+        self.history.append((int(obj["metadata"]["resourceVersion"]), resource, json.loads(json.dumps(obj))))
+        if len(self.history) > 200000:
+            del self.history[:50000]
+        self.changed.notify_all()
 
     def new_metadata(self, metadata, namespace):
         meta = dict(metadata)
@@ -193,8 +207,10 @@ class Cluster:
                 "kubernetes.io/hostname": node["name"], "kubernetes.io/os": "linux",
                 **node.get("labels", {})}}, "")
             allocatable = {"cpu": node.get("cpu", "8"), "memory": node.get("memory", "16Gi"), "pods": "110"}
-            obj = {"apiVersion": "v1", "kind": "Node", "metadata": meta,
-                   "spec": {"unschedulable": True} if node.get("unschedulable") else {},
+            spec = {"unschedulable": True} if node.get("unschedulable") else {}
+            if node.get("taints"):
+                spec["taints"] = node["taints"]
+            obj = {"apiVersion": "v1", "kind": "Node", "metadata": meta, "spec": spec,
                    "status": {"allocatable": allocatable, "capacity": dict(allocatable),
                               "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                               "message": "kubelet is posting ready status",
@@ -593,23 +609,54 @@ class Cluster:
                 created += 1
             batch *= 2
 
-    def node_fits(self, node, pod):
+    def pod_requests(self, pod):
+        """Container requests plus Pod overhead: what the scheduler reserves for a pod."""
+        cpu = memory = 0.0
+        for container in pod["spec"].get("containers", []):
+            requests = container.get("resources", {}).get("requests", {})
+            cpu += parse_quantity(requests.get("cpu", 0))
+            memory += parse_quantity(requests.get("memory", 0))
+        overhead = pod["spec"].get("overhead", {})
+        return cpu + parse_quantity(overhead.get("cpu", 0)), memory + parse_quantity(overhead.get("memory", 0))
+
+    def node_fits(self, node, pod, reserved):
+        """None when the pod fits the node, else the scheduler's reason for this node."""
         if node.get("spec", {}).get("unschedulable"):
-            return False
+            return "node(s) were unschedulable"
+        for taint in node.get("spec", {}).get("taints", []):
+            if taint.get("effect") in ("NoSchedule", "NoExecute"):
+                return "node(s) had untolerated taint {%s: %s}" % (taint["key"], taint.get("value", ""))
         labels = node["metadata"].get("labels", {})
         if any(labels.get(k) != v for k, v in pod["spec"].get("nodeSelector", {}).items()):
-            return False
-        return True
+            return "node(s) didn't match Pod's node affinity/selector"
+        cpu, memory = self.pod_requests(pod)
+        used_cpu, used_memory = reserved.get(node["metadata"]["name"], (0.0, 0.0))
+        allocatable = node["status"]["allocatable"]
+        if used_cpu + cpu > parse_quantity(allocatable["cpu"]) + 1e-9:
+            return "Insufficient cpu"
+        if used_memory + memory > parse_quantity(allocatable["memory"]):
+            return "Insufficient memory"
+        return None
 
     def scheduler(self):
         nodes = self.items("nodes")
+        reserved = {}
+        for other in self.items("pods"):
+            if other["spec"].get("nodeName") and other["status"].get("phase") in ("Pending", "Running"):
+                cpu, memory = self.pod_requests(other)
+                used = reserved.get(other["spec"]["nodeName"], (0.0, 0.0))
+                reserved[other["spec"]["nodeName"]] = (used[0] + cpu, used[1] + memory)
         for pod in self.items("pods"):
             if pod["spec"].get("nodeName") or pod["metadata"].get("deletionTimestamp"):
                 continue
-            candidates = [n for n in nodes if self.node_fits(n, pod)]
+            reasons = {n["metadata"]["name"]: self.node_fits(n, pod, reserved) for n in nodes}
+            candidates = [n for n in nodes if reasons[n["metadata"]["name"]] is None]
             if not candidates:
-                message = "0/%d nodes are available: %d node(s) didn't match Pod's node affinity/selector." % (
-                    len(nodes), len(nodes))
+                counts = {}
+                for reason in reasons.values():
+                    counts[reason] = counts.get(reason, 0) + 1
+                message = "0/%d nodes are available: %s." % (len(nodes), ", ".join(
+                    "%d %s" % (n, reason) for reason, n in sorted(counts.items())))
                 if not any(c["type"] == "PodScheduled" for c in pod["status"].get("conditions", [])):
                     pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False",
                                                     "lastProbeTime": None,
@@ -624,6 +671,9 @@ class Cluster:
                     load[other["spec"]["nodeName"]] += 1
             node = min(candidates, key=lambda n: (load[n["metadata"]["name"]], n["metadata"]["name"]))
             name = node["metadata"]["name"]
+            cpu, memory = self.pod_requests(pod)
+            used = reserved.get(name, (0.0, 0.0))
+            reserved[name] = (used[0] + cpu, used[1] + memory)
             pod["spec"]["nodeName"] = name
             pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastProbeTime": None,
                                             "lastTransitionTime": now_rfc3339()}]
@@ -671,6 +721,8 @@ class Cluster:
                 self.start_pod(pod, node)
             elif record.get("process") is not None and record["process"].poll() is not None:
                 self.container_exited(pod, record)
+            elif record.get("synthetic_end") is not None and time.time() >= record["synthetic_end"]:
+                self.finish_synthetic_episode(pod, record)
 
     def image_info(self, image):
         return self.config["images"].get(image)
@@ -710,6 +762,22 @@ class Cluster:
             self.processes[uid] = {"process": None, "log_path": None}
             return
         pod_dir = self.dir / "pods" / uid
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        log_path = pod_dir / "container.log"
+        termination_path = pod_dir / "termination-log"
+        # The same image has the same digest on every node (a real pull resolves one manifest).
+        digest = info.get("digest") or "sha256:" + hashlib.sha256(image.encode()).hexdigest()
+        container_id = "containerd://" + secrets.token_hex(32)
+        synthetic = self.config.get("syntheticEpisodes")
+        if synthetic:
+            # Benchmark mode, clearly labelled: no process runs; the episode's events are made up.
+            self.processes[uid] = {"process": None, "log_path": log_path, "termination_path": termination_path,
+                                   "container_id": container_id, "synthetic_start": time.time(),
+                                   "synthetic_end": time.time() + synthetic.get("seconds", 0.5),
+                                   "restart_once": False, "restarts": 0}
+            log_path.write_text("")
+            self.mark_running(pod, node, container, image, digest, container_id)
+            return
         volumes = {}
         for volume in pod["spec"].get("volumes", []):
             path = pod_dir / "volumes" / volume["name"]
@@ -749,17 +817,19 @@ class Cluster:
             argv.append(arg)
         if argv and argv[0] == "python":
             argv[0] = str(bin_dir / "python")
-        log_path = pod_dir / "container.log"
         workdir = mounts.get("/workspace", pod_dir)
-        # The same image has the same digest on every node (a real pull resolves one manifest).
-        digest = info.get("digest") or "sha256:" + hashlib.sha256(image.encode()).hexdigest()
-        container_id = "containerd://" + secrets.token_hex(32)
+        # The kubelet mounts a writable file at terminationMessagePath and reads it after exit.
+        env["RL_TERMINATION_LOG"] = str(termination_path)
         restart_fault = self.node_config(node).get("restartContainersOnce", False)
         process = self.spawn(argv, env, workdir, log_path, truncate=True)
         self.processes[uid] = {"process": process, "log_path": log_path, "argv": argv, "env": env,
                                "workdir": workdir, "container_id": container_id,
+                               "termination_path": termination_path,
                                "restart_once": restart_fault, "restarts": 0,
                                "log_drop_first_lines": self.node_config(node).get("logDropFirstLines", 0)}
+        self.mark_running(pod, node, container, image, digest, container_id)
+
+    def mark_running(self, pod, node, container, image, digest, container_id):
         started = now_rfc3339()
         repo = self.normalized_image(image).rsplit(":", 1)[0]
         pod["status"]["containerStatuses"] = [{
@@ -777,18 +847,39 @@ class Cluster:
         self.record_event(pod, "Normal", "Created", "Created container: " + container["name"], "kubelet", node)
         self.record_event(pod, "Normal", "Started", "Started container " + container["name"], "kubelet", node)
 
+    def finish_synthetic_episode(self, pod, record):
+        """Benchmark mode: write the events a real episode would have written, then exit 0."""
+        name, start, end = pod["metadata"]["name"], record["synthetic_start"], record["synthetic_end"]
+        ready = {"event": "ready", "at": start + 0.02, "episode_id": name, "started_at": start + 0.005,
+                 "imports_done_at": start + 0.015, "synthetic": True}
+        reward = {"event": "reward", "at": end - 0.01, "episode_id": name, "reward": 1, "baseline_exit": 1,
+                  "tests_exit": 0, "tests_output": "synthetic episode: no tests ran\n", "synthetic": True}
+        text = json.dumps(ready) + "\n" + json.dumps(reward) + "\n"
+        record["log_path"].write_text(text)
+        record["termination_path"].write_text(text)
+        record["synthetic_end"] = None
+        self.container_exited(pod, record, code=0)
+
     def spawn(self, argv, env, workdir, log_path, truncate):
         with open(log_path, "w" if truncate else "a") as log:
             return subprocess.Popen(argv, env=env, cwd=str(workdir), stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
 
-    def container_exited(self, pod, record):
-        code = record["process"].returncode
+    def container_exited(self, pod, record, code=None):
+        code = record["process"].returncode if code is None else code
         status = pod["status"]["containerStatuses"][0]
         started = status["state"].get("running", {}).get("startedAt", now_rfc3339())
         terminated = {"containerID": record["container_id"], "exitCode": code if code >= 0 else 128 - code,
                       "finishedAt": now_rfc3339(), "reason": "Completed" if code == 0 else "Error",
                       "startedAt": started}
+        termination = record.get("termination_path")
+        if self.node_config(pod["spec"]["nodeName"]).get("dropTerminationMessages"):
+            termination = None  # fault: a runtime that does not return termination messages
+        if termination is not None and termination.exists():
+            # The kubelet keeps at most 4096 bytes of a container's termination message.
+            message = termination.read_bytes()[-4096:].decode("utf-8", "replace")
+            if message:
+                terminated["message"] = message
         node = pod["spec"]["nodeName"]
         if record["restart_once"] and record["restarts"] == 0:
             # Fault: the node lost the pod sandbox and the kubelet started the container again.
@@ -830,6 +921,8 @@ class Cluster:
             return  # still shutting down
         if process is not None:
             self.container_exited(pod, record)
+        elif (record or {}).get("synthetic_end") is not None:
+            self.container_exited(pod, record, code=143)
         if pod["status"].get("phase") in ("Pending", "Running"):
             pod["status"]["phase"] = "Failed"
         # The Job controller counts a pod that ends while being deleted; drop it once counted.
@@ -890,16 +983,68 @@ class Cluster:
 # -------------------------------------------------------------------- RPC server
 
 
+def inject_fault(cluster, request):
+    """Transient failures configured in cluster.json (`transientFailures`), consumed in order."""
+    for fault in cluster.faults:
+        if fault.get("times", 0) > 0 and fault.get("verb") == request["verb"] and \
+                fault.get("resource") in (None, request.get("resource")):
+            fault["times"] -= 1
+            return fault.get("kind", "internal")
+    return None
+
+
+def watch(cluster, request):
+    """Objects changed (or deleted) after resourceVersion `since`, waiting up to 20 s for one."""
+    resource, namespace = request["resource"], request.get("namespace")
+    since = int(request.get("since") or 0)
+
+    terms = [part.split("=", 1) for part in (request.get("selector") or "").split(",") if part]
+
+    def matching():
+        found = []
+        for rv, res, obj in reversed(cluster.history):
+            if rv <= since:
+                break
+            meta = obj["metadata"]
+            if res != resource or (RESOURCES[resource][2] and meta.get("namespace") != namespace):
+                continue
+            if request.get("name") and meta["name"] != request["name"]:
+                continue
+            if any(meta.get("labels", {}).get(key) != value for key, value in terms):
+                continue
+            found.append(obj)
+        return found[::-1]
+
+    deadline = time.time() + 20
+    with cluster.lock:
+        items = matching()
+        while not items and time.time() < deadline and not cluster.stop.is_set():
+            cluster.changed.wait(timeout=deadline - time.time())
+            items = matching()
+        return {"items": items, "resourceVersion": str(cluster.resource_version)}
+
+
 def dispatch(cluster, request):
     verb = request["verb"]
     resource, namespace, name = request.get("resource"), request.get("namespace"), request.get("name")
+    if verb == "watch":
+        return watch(cluster, request)
     with cluster.lock:
+        fault = inject_fault(cluster, request)
+        if fault == "internal":
+            raise ApiError(500, "InternalError", 'an error on the server ("") has prevented the request from '
+                           'succeeding')
         if verb == "create":
-            return cluster.api_create(resource, namespace, request["body"])
+            created = cluster.api_create(resource, namespace, request["body"])
+            if fault == "timeout-after-commit":
+                raise ApiError(504, "Timeout", "the server was unable to return a response in the time allotted, "
+                               "but may still be processing the request (post %s%s)" % (resource, RESOURCES[resource][3]))
+            return created
         if verb == "get":
             return cluster.api_get(resource, namespace, name)
         if verb == "list":
-            return {"items": cluster.api_list(resource, namespace, request.get("selector"))}
+            return {"items": cluster.api_list(resource, namespace, request.get("selector")),
+                    "resourceVersion": str(cluster.resource_version)}
         if verb == "delete":
             return cluster.api_delete(resource, namespace, name, request.get("propagation", "Background"))
         if verb == "label":
