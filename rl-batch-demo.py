@@ -1006,14 +1006,21 @@ def report_table(columns):
                               "%s / %s" % (format_seconds(phase["p50"]), format_seconds(phase["p95"])))
                 ratios.append(None)
             else:
-                value, base = results.get(key), columns[0][1].get(key)
-                values.append(format_seconds(value) if value is not None else None)
-                ratios.append(value / base if value is not None and base else None)
+                per_round, base_rounds = batch_values(results, key), batch_values(columns[0][1], key)
+                values.append(" / ".join(format_seconds(v) for v in per_round) if per_round else None)
+                ratios.append(statistics.fmean(per_round) / statistics.fmean(base_rounds)
+                              if per_round and base_rounds and statistics.fmean(base_rounds) else None)
         coarse = (kind == "phase" and phase_definition(key)["resolution_seconds"] >= 1) or key in (
             "batch_to_all_ready_seconds", "batch_to_all_rewards_seconds")
         if any(value is not None for value in values):
             rows.append({"measure": label, "values": values, "ratios": ratios, "whole_second_resolution": coarse})
     return {"columns": [label for label, _ in columns], "rows": rows}
+
+
+def batch_values(results, key):
+    """A batch time for each round (one value for a single-round run); None values dropped."""
+    values = [r.get(key) for r in results["rounds"]] if "rounds" in results else [results.get(key)]
+    return [value for value in values if value is not None]
 
 
 def report_markdown(table):
@@ -1030,7 +1037,8 @@ def report_markdown(table):
         lines.append("| %s%s | %s |" % (row["measure"], marker, " | ".join(cells)))
     lines.append("")
     lines.append("\\* uses Kubernetes timestamps (whole seconds, another clock than the episode's): read to "
-                 "about one second; small or negative values are within that resolution.")
+                 "about one second; small or negative values are within that resolution. Batch times of "
+                 "several rounds are listed per round; their ratio compares the means.")
     return "\n".join(lines) + "\n"
 
 
