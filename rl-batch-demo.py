@@ -409,9 +409,12 @@ class Watch:
     dead watch costs latency, never correctness.
     """
 
+    running = []  # every Watch not yet stopped, so that no kubectl is left behind on exit
+
     def __init__(self, cluster, *parts):
         self.argv = [kubectl_program(), "--context", cluster.context, "--request-timeout=0", "get", *parts,
                      "--watch", "-o", "json"]
+        Watch.running.append(self)
         self.states = queue.Queue()
         self.stopped = threading.Event()
         self.process = None
@@ -449,8 +452,15 @@ class Watch:
             pass
         return states
 
+    @classmethod
+    def stop_all(cls):
+        for watch in list(cls.running):
+            watch.stop()
+
     def stop(self):
         self.stopped.set()
+        if self in Watch.running:
+            Watch.running.remove(self)
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -1369,6 +1379,8 @@ def cmd_run(args):
     except KeyboardInterrupt:
         print("Interrupted. Clean up with: %s" % cleanup_command(output), file=sys.stderr)
         raise
+    finally:
+        Watch.stop_all()
 
 
 def usable_nodes(nodes, runtime_class):

@@ -58,11 +58,22 @@ class Result:
 def run_tool(tmp_path):
     """Run the real script as a user would, against a cluster's kubectl (or none)."""
 
-    def run(*args, cluster=None, env=None, timeout=300):
+    def run(*args, cluster=None, env=None, timeout=300, python=sys.executable):
         environment = cluster.env() if cluster else dict(__import__("os").environ)
         environment.update(env or {})
-        done = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=str(tmp_path), env=environment,
+        done = subprocess.run([python, str(SCRIPT), *args], cwd=str(tmp_path), env=environment,
                               text=True, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
         return Result(done)
 
     return run
+
+
+def find_python(version):
+    """A working pythonX.Y: on PATH, or in a pyenv tree (whose shims refuse inactive versions)."""
+    import shutil
+    candidates = [shutil.which("python" + version)]
+    candidates += sorted(str(p) for p in Path.home().glob(".pyenv/versions/%s.*/bin/python%s" % (version, version)))
+    for candidate in filter(None, candidates):
+        if subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0:
+            return candidate
+    pytest.skip("python%s is not installed here" % version)

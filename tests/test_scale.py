@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import find_python
+
 
 def read(path):
     return json.loads(Path(path).read_text())
@@ -160,3 +162,31 @@ def test_preflight_counts_requests_and_overhead_per_node(tool):
     fit, text = tool.preflight(10, kata, [node, dict(node, spec={"unschedulable": True})])
     assert fit == 2  # 2Gi / 832Mi; the cordoned node does not count
     assert "1 usable node(s) of 2 fit 2 such pods at once" in text
+
+
+def watch_processes(cluster):
+    """kubectl watch processes of this cluster still alive (from /proc)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"--watch" in argv and ("FAKE_K8S_DIR=%s" % cluster.state).encode() in environ:
+            found.append(proc.name)
+    return found
+
+
+def test_no_watch_is_left_running_after_a_run(cluster, run_tool):
+    assert run_tool("run", "--count", "2", "--output", "ok", cluster=cluster).code == 0
+    assert run_tool("run", "--count", "2", "--image", "no-such/image:1", "--timeout", "2", "--output", "failed",
+                    cluster=cluster).code == 3
+    assert watch_processes(cluster) == []
+
+
+def test_a_batch_runs_with_the_tool_on_python_3_9(cluster, run_tool, tmp_path):
+    result = run_tool("run", "--count", "3", "--output", "out", cluster=cluster, python=find_python("3.9"))
+    assert result.code == 0, result
+    assert read(tmp_path / "out" / "results.json")["reward_sum"] == 3
+    assert run_tool("cleanup", "--output", "out", cluster=cluster, python=find_python("3.9")).code == 0

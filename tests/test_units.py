@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from conftest import find_python
+
 JOB_CREATED = "2026-11-29T10:00:00Z"
 T0 = 1795946400.0  # 2026-11-29T10:00:00Z as Unix seconds
 
@@ -179,16 +181,6 @@ def test_episode_program_imports_only_cheap_standard_modules(tool):
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     assert imported == {"json", "os", "pathlib", "subprocess", "time"}
     assert not any(isinstance(node, ast.ImportFrom) for node in ast.walk(tree))
-
-
-def find_python(version):
-    """A working pythonX.Y: on PATH, or in a pyenv tree (whose shims refuse inactive versions)."""
-    candidates = [shutil.which("python" + version)]
-    candidates += sorted(str(p) for p in Path.home().glob(".pyenv/versions/%s.*/bin/python%s" % (version, version)))
-    for candidate in filter(None, candidates):
-        if subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0:
-            return candidate
-    pytest.skip("python%s is not installed here" % version)
 
 
 def run_episode(python, tmp_path, tool):

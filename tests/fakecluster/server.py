@@ -156,6 +156,7 @@ class Cluster:
         self.processes = {}  # pod uid -> runtime record
         self.job_books = {}  # job uid -> {"succeeded": set(), "failed": set(), ...}
         self.history = []  # (resourceVersion, resource, state) of every write and removal, for watches
+        self.event_index = {}  # (namespace, object uid, reason, message) -> event, to aggregate repeats
         self.stop = threading.Event()
         with self.lock:
             self.seed_objects()
@@ -206,7 +207,8 @@ class Cluster:
             meta = self.new_metadata({"name": node["name"], "labels": {
                 "kubernetes.io/hostname": node["name"], "kubernetes.io/os": "linux",
                 **node.get("labels", {})}}, "")
-            allocatable = {"cpu": node.get("cpu", "8"), "memory": node.get("memory", "16Gi"), "pods": "110"}
+            allocatable = {"cpu": node.get("cpu", "8"), "memory": node.get("memory", "16Gi"),
+                           "pods": str(node.get("pods", 110))}
             spec = {"unschedulable": True} if node.get("unschedulable") else {}
             if node.get("taints"):
                 spec["taints"] = node["taints"]
@@ -445,13 +447,13 @@ class Cluster:
         if obj["kind"] == "Pod" and component == "kubelet" and reason not in ("SandboxChanged",):
             involved["fieldPath"] = "spec.containers{%s}" % obj["spec"]["containers"][0]["name"]
         stamp = now_rfc3339()
-        for event in self.items("events", namespace):
-            if (event["involvedObject"]["uid"] == involved["uid"] and event["reason"] == reason
-                    and event["message"] == message):
-                event["count"] += 1
-                event["lastTimestamp"] = stamp
-                self.put("events", event)
-                return
+        key = (namespace, involved["uid"], reason, message)
+        existing = self.event_index.get(key)
+        if existing is not None and self.get("events", namespace, existing["metadata"]["name"]) is existing:
+            existing["count"] += 1
+            existing["lastTimestamp"] = stamp
+            self.put("events", existing)
+            return
         source = {"component": component}
         if host:
             source["host"] = host
@@ -463,9 +465,15 @@ class Cluster:
                  "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1, "type": type_,
                  "eventTime": None, "reportingComponent": component, "reportingInstance": host or "",
                  "apiVersion": "v1", "kind": "Event"}
+        self.event_index[key] = event
         self.put("events", event)
 
     # ---------------------------------------------------------------- controllers
+
+    def mark(self, record):
+        """Precise wall-clock moments (benchmarks read them; the API's own times are whole seconds)."""
+        with open(self.dir / "marks.jsonl", "a") as marks:
+            marks.write(json.dumps(record) + "\n")
 
     def reconcile(self):
         with self.lock:
@@ -543,6 +551,8 @@ class Cluster:
                 if not active and not terminating:
                     self.add_condition(job, "Complete", "CompletionsReached",
                                        "Reached expected number of succeeded pods")
+                    self.mark({"job": job["metadata"]["name"], "namespace": job["metadata"]["namespace"],
+                               "complete_at": time.time()})
                     job["status"]["completionTime"] = now_rfc3339()
                     self.record_event(job, "Normal", "Completed", "Job completed")
                     changed = True
@@ -630,8 +640,10 @@ class Cluster:
         if any(labels.get(k) != v for k, v in pod["spec"].get("nodeSelector", {}).items()):
             return "node(s) didn't match Pod's node affinity/selector"
         cpu, memory = self.pod_requests(pod)
-        used_cpu, used_memory = reserved.get(node["metadata"]["name"], (0.0, 0.0))
+        used_cpu, used_memory, used_pods = reserved.get(node["metadata"]["name"], (0.0, 0.0, 0))
         allocatable = node["status"]["allocatable"]
+        if used_pods + 1 > int(allocatable.get("pods", 110)):
+            return "Too many pods"
         if used_cpu + cpu > parse_quantity(allocatable["cpu"]) + 1e-9:
             return "Insufficient cpu"
         if used_memory + memory > parse_quantity(allocatable["memory"]):
@@ -640,13 +652,14 @@ class Cluster:
 
     def scheduler(self):
         nodes = self.items("nodes")
-        reserved = {}
-        for other in self.items("pods"):
+        reserved = {}  # node -> (cpu, memory, pods) held by its non-terminal pods
+        pods = self.items("pods")
+        for other in pods:
             if other["spec"].get("nodeName") and other["status"].get("phase") in ("Pending", "Running"):
                 cpu, memory = self.pod_requests(other)
-                used = reserved.get(other["spec"]["nodeName"], (0.0, 0.0))
-                reserved[other["spec"]["nodeName"]] = (used[0] + cpu, used[1] + memory)
-        for pod in self.items("pods"):
+                used = reserved.get(other["spec"]["nodeName"], (0.0, 0.0, 0))
+                reserved[other["spec"]["nodeName"]] = (used[0] + cpu, used[1] + memory, used[2] + 1)
+        for pod in pods:
             if pod["spec"].get("nodeName") or pod["metadata"].get("deletionTimestamp"):
                 continue
             reasons = {n["metadata"]["name"]: self.node_fits(n, pod, reserved) for n in nodes}
@@ -665,15 +678,12 @@ class Cluster:
                     self.put("pods", pod)
                     self.record_event(pod, "Warning", "FailedScheduling", message, "default-scheduler")
                 continue
-            load = {n["metadata"]["name"]: 0 for n in candidates}
-            for other in self.items("pods"):
-                if other["spec"].get("nodeName") in load and other["status"].get("phase") in ("Pending", "Running"):
-                    load[other["spec"]["nodeName"]] += 1
-            node = min(candidates, key=lambda n: (load[n["metadata"]["name"]], n["metadata"]["name"]))
+            node = min(candidates, key=lambda n: (reserved.get(n["metadata"]["name"], (0, 0, 0))[2],
+                                                  n["metadata"]["name"]))
             name = node["metadata"]["name"]
             cpu, memory = self.pod_requests(pod)
-            used = reserved.get(name, (0.0, 0.0))
-            reserved[name] = (used[0] + cpu, used[1] + memory)
+            used = reserved.get(name, (0.0, 0.0, 0))
+            reserved[name] = (used[0] + cpu, used[1] + memory, used[2] + 1)
             pod["spec"]["nodeName"] = name
             pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastProbeTime": None,
                                             "lastTransitionTime": now_rfc3339()}]
