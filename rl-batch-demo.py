@@ -36,15 +36,20 @@ import argparse
 import collections
 import concurrent.futures
 import datetime
+import hashlib
 import json
 import math
 import os
 from pathlib import Path
+import platform
 import queue
 import shlex
+import signal
+import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -83,6 +88,11 @@ KUBECTL_REQUEST_TIMEOUT = "30s"  # passed to kubectl: one API request
 KUBECTL_PROCESS_TIMEOUT_SECONDS = 60  # one kubectl process, all its requests
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_TIMEOUT, EXIT_BATCH_FAILED = 0, 1, 2, 3, 4
+EXIT_INFRA_FAILURES = 5  # custom episodes: results written, but some episodes are infrastructure failures
+CONFIGMAP_MAX_BYTES = 1048576  # the API server's limit on a ConfigMap's data
+TASKS_CONFIGMAP = "tasks"
+LOCAL_KIND = "LocalEpisode"  # the local backend's stand-in for a pod in pods.json
+INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 EXIT_INTERRUPTED = 130
 
 # ============================================================================
@@ -228,11 +238,27 @@ def namespace_manifest(namespace, run_id):
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": labels}}
 
 
-def configmap_manifest(namespace, run_id):
+def configmap_manifest(namespace, run_id, program=EPISODE_PROGRAM):
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": CONFIGMAP_NAME, "namespace": namespace,
                          "labels": object_labels(run_id, "episode-program")},
-            "data": {"episode.py": EPISODE_PROGRAM}}
+            "data": {"episode.py": program}}
+
+
+def tasks_configmap_manifest(namespace, run_id, tasks):
+    """Episode i reads /tasks/task-<i>.json (its TASK_FILE)."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": TASKS_CONFIGMAP, "namespace": namespace, "labels": object_labels(run_id, "tasks")},
+            "data": tasks_data(tasks)}
+
+
+def tasks_data(tasks):
+    return {"task-%d.json" % index: json.dumps(task) for index, task in enumerate(tasks)}
+
+
+def configmap_bytes(data):
+    """What the API server counts against its 1 MiB limit: every key and value."""
+    return sum(len(key.encode()) + len(value.encode()) for key, value in data.items())
 
 
 def network_policy_manifest(namespace, run_id):
@@ -244,8 +270,13 @@ def network_policy_manifest(namespace, run_id):
 
 
 def job_manifest(namespace, run_id, count, parallelism, image, runtime,
-                 deadline=DEFAULT_TIMEOUT_SECONDS):
-    """The batch: `count` episodes, `parallelism` at a time; runtime None = cluster default."""
+                 deadline=DEFAULT_TIMEOUT_SECONDS, indexed=False, retries=0, tasks=False):
+    """The batch: `count` episodes, `parallelism` at a time; runtime None = cluster default.
+
+    `indexed` (custom episodes): Indexed completion mode, `retries` failed attempts allowed
+    per index (backoffLimitPerIndex) so one failure never fails the others, and evictions
+    (DisruptionTarget) retried without counting. `tasks`: episode i gets task i.
+    """
     container = {
         "name": CONTAINER_NAME,
         "image": image,
@@ -268,27 +299,38 @@ def job_manifest(namespace, run_id, count, parallelism, image, runtime,
         "volumes": [{"name": "script", "configMap": {"name": CONFIGMAP_NAME}},
                     {"name": "workspace", "emptyDir": {}}],
     }
+    if tasks:
+        container["env"] += [
+            {"name": "TASK_INDEX", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['%s']" % INDEX_KEY}}},
+            {"name": "TASK_FILE", "value": "/tasks/task-$(TASK_INDEX).json"}]
+        container["volumeMounts"].append({"name": "tasks", "mountPath": "/tasks", "readOnly": True})
+        pod_spec["volumes"].append({"name": "tasks", "configMap": {"name": TASKS_CONFIGMAP}})
     if runtime is not None:
         pod_spec = {"runtimeClassName": runtime, **pod_spec}
-    return {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": JOB_NAME, "namespace": namespace, "labels": object_labels(run_id, "batch")},
-        "spec": {"completions": count, "parallelism": parallelism, "backoffLimit": 0,
-                 "activeDeadlineSeconds": deadline,
-                 "template": {"metadata": {"labels": {"app": "rl-batch-demo",
-                                                      **object_labels(run_id, "episode")}},
-                              "spec": pod_spec}},
-    }
+    spec = {"completions": count, "parallelism": parallelism, "backoffLimit": 0,
+            "activeDeadlineSeconds": deadline}
+    if indexed:
+        del spec["backoffLimit"]  # with backoffLimitPerIndex it defaults to "no global limit"
+        spec.update(completionMode="Indexed", backoffLimitPerIndex=retries, podFailurePolicy={"rules": [
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]})
+    spec["template"] = {"metadata": {"labels": {"app": "rl-batch-demo", **object_labels(run_id, "episode")}},
+                        "spec": pod_spec}
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": JOB_NAME, "namespace": namespace, "labels": object_labels(run_id, "batch")},
+            "spec": spec}
 
 
 def run_manifests(args, namespace, run_id):
     """Every object of one run, in creation order (the namespace first, the Job last)."""
-    objects = [namespace_manifest(namespace, run_id), configmap_manifest(namespace, run_id)]
+    objects = [namespace_manifest(namespace, run_id), configmap_manifest(namespace, run_id, args.program)]
+    if args.tasks_list is not None:
+        objects.append(tasks_configmap_manifest(namespace, run_id, args.tasks_list))
     if args.network == "none":
         objects.append(network_policy_manifest(namespace, run_id))
     runtime = None if args.no_runtime_class else args.runtime
     objects.append(job_manifest(namespace, run_id, args.count, args.parallelism, args.image, runtime,
-                                args.timeout))
+                                args.timeout, indexed=bool(args.episode), retries=args.retries,
+                                tasks=args.tasks_list is not None))
     return objects
 
 
@@ -594,6 +636,9 @@ def episode_times(pod, ready, reward, observed=None):
     times["pod_created"] = parse_k8s_time(pod["metadata"]["creationTimestamp"])
     times["scheduled"], missing["scheduled"] = condition_time(pod, "PodScheduled")
     times["sandbox_ready"], missing["sandbox_ready"] = condition_time(pod, "PodReadyToStartContainers")
+    if pod.get("kind") == LOCAL_KIND:
+        for point in ("scheduled", "sandbox_ready"):
+            missing[point] = "local backend: no scheduler and no sandbox"
     if times["sandbox_ready"] is None and (observed or {}).get("sandbox_ready") is not None:
         times["sandbox_ready"], missing["sandbox_ready"] = observed["sandbox_ready"], None
     terminated = ((pod.get("status", {}).get("containerStatuses") or [{}])[0].get("state") or {}).get(
@@ -725,10 +770,18 @@ def validate_episode(pod, log, job_created, observed=None):
     exit_code = status.get("state", {}).get("terminated", {}).get("exitCode")
     if exit_code != 0:
         raise EpisodeInvalid("pod %s: container exit code is %r, expected 0" % (name, exit_code))
+    return episode_row(pod, ready, reward, job_created, observed, source)
+
+
+def episode_row(pod, ready, reward, job_created, observed, source):
+    """One episode's per-episode row: the seed's metrics, its times and phases."""
+    status = (pod["status"].get("containerStatuses") or [{}])[0]
+    ready_at, reward_at = float(ready["at"]), float(reward["at"])
+    pod_created = parse_k8s_time(pod["metadata"]["creationTimestamp"])
     times, missing = episode_times(pod, ready, reward, observed)
     phases, notes = episode_phases(times, missing)
     return {
-        "pod": name,
+        "pod": pod["metadata"]["name"],
         "node": pod["spec"].get("nodeName"),
         "image_id": status.get("imageID"),
         "reward": reward["reward"],
@@ -740,6 +793,143 @@ def validate_episode(pod, log, job_created, observed=None):
         "phase_notes": notes,
         "times": times,
         "events_source": source,
+    }
+
+
+def pod_index(pod):
+    index = pod["metadata"].get("annotations", {}).get(INDEX_KEY)
+    return int(index) if index is not None and str(index).isdigit() else None
+
+
+def attempt_failure(pod, log):
+    """Why a finished custom-episode attempt is not a sample, or None when it is one."""
+    status = pod.get("status", {})
+    phase = status.get("phase")
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    if status.get("reason") == "Evicted" or conditions.get("DisruptionTarget", {}).get("status") == "True":
+        return "evicted: %s" % (status.get("message") or conditions.get("DisruptionTarget", {}).get("message")
+                                or "disrupted").strip()
+    container = (status.get("containerStatuses") or [{}])[0]
+    state = container.get("state") or {}
+    if phase != "Succeeded":
+        if "terminated" in state:
+            detail = last_line(log)
+            return "crashed: exit code %s%s" % (state["terminated"].get("exitCode"),
+                                               " (%s)" % detail if detail else "")
+        waiting = (state.get("waiting") or {}).get("reason")
+        return "did not finish: pod phase %s%s" % (phase, ", container %s" % waiting if waiting else "")
+    return None
+
+
+def sample_events(pod, log):
+    """A custom episode's (ready, reward, source) or raises EpisodeInvalid naming the malformation.
+
+    Lines that are not JSON objects are the episode's own output and are ignored; a line that
+    starts like an object but does not parse, or an event without the protocol's fields, is
+    malformed.
+    """
+    name = pod["metadata"]["name"]
+    message = termination_message(pod)
+    events, source = None, "log"
+    if message.strip():
+        try:
+            events = [json.loads(line) for line in message.splitlines() if line.strip()]
+            source = "termination-message"
+        except ValueError:
+            events = None
+    if events is None:
+        events = []
+        for number, line in enumerate(log.splitlines(), 1):
+            if line.lstrip().startswith("{"):
+                try:
+                    events.append(json.loads(line))
+                except ValueError:
+                    raise EpisodeInvalid("malformed events: log line %d is not valid JSON" % number) from None
+    events = [event for event in events if isinstance(event, dict) and "event" in event]
+    found = {kind: [e for e in events if e.get("event") == kind] for kind in ("ready", "reward")}
+    if not found["ready"]:
+        raise EpisodeInvalid("never ready: no ready event")
+    if not found["reward"]:
+        raise EpisodeInvalid("no reward: the episode was ready but emitted no reward event")
+    for kind in ("ready", "reward"):
+        if len(found[kind]) != 1:
+            raise EpisodeInvalid("malformed events: %d %s events" % (len(found[kind]), kind))
+        event = found[kind][0]
+        if event.get("episode_id") != name:
+            raise EpisodeInvalid("malformed events: %s episode_id %r is not the pod name" % (kind, event.get("episode_id")))
+        if isinstance(event.get("at"), bool) or not isinstance(event.get("at"), (int, float)):
+            raise EpisodeInvalid("malformed events: %s has no numeric 'at'" % kind)
+    reward = found["reward"][0].get("reward")
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward != reward or abs(reward) == float("inf"):
+        raise EpisodeInvalid("malformed reward: %r is not a finite number" % (reward,))
+    return found["ready"][0], found["reward"][0], source
+
+
+def collect_samples(pods, logs, job, count, observed=None):
+    """Custom episodes: every index is a sample (ready and a numeric reward, whatever its value)
+    or an infrastructure failure (never ready, crashed, evicted, malformed), never both.
+
+    Retried indexes have several pods; the first attempt that is a sample counts.
+    """
+    observed = observed or {}
+    job_created = parse_k8s_time(job["metadata"]["creationTimestamp"])
+    attempts = collections.defaultdict(list)
+    for position, (pod, log) in enumerate(zip(pods, logs)):
+        index = pod_index(pod)
+        attempts[position if index is None else index].append((pod, log))
+    samples, failures = [], []
+    for index in range(count):
+        tried = sorted(attempts.get(index, []), key=lambda item: (item[0]["metadata"]["creationTimestamp"],
+                                                                   item[0]["metadata"]["name"]))
+        reasons, sample = [], None
+        for pod, log in tried:
+            reason = attempt_failure(pod, log)
+            if reason is None:
+                try:
+                    ready, reward, source = sample_events(pod, log)
+                except EpisodeInvalid as problem:
+                    reason = str(problem)
+                else:
+                    sample = episode_row(pod, ready, reward, job_created, observed.get(pod["metadata"]["name"]),
+                                         source)
+                    sample["index"] = index
+                    sample["reward_fields"] = {k: v for k, v in reward.items()
+                                               if k not in ("event", "at", "episode_id", "reward")}
+                    break
+            reasons.append({"pod": pod["metadata"]["name"], "reason": reason})
+        if sample is not None:
+            sample["failed_attempts"] = reasons
+            samples.append(sample)
+        else:
+            failures.append({"index": index, "reason": reasons[-1]["reason"] if reasons else
+                             "no pod ran for this episode (see events.txt)", "attempts": reasons})
+    rewards = [row["reward"] for row in samples]
+    startup = [row["pod_to_ready_seconds"] for row in samples]
+    phases = {}
+    for name in PHASES:
+        values = [row["phases"][name] for row in samples if row["phases"][name] is not None]
+        reasons = collections.Counter(row["phase_notes"][name] for row in samples if name in row["phase_notes"])
+        phases[name] = {**phase_definition(name), **batch_stats(values),
+                        "missing": sum(reasons.values()), "missing_reasons": dict(reasons)}
+    skew = [finding for row in samples for finding in clock_skew(row["pod"], row["times"])]
+    return {
+        "episodes": count,
+        "successful_episodes": len(samples),
+        "reward_sum": sum(rewards),
+        "rewards": {"count": len(rewards), "sum": sum(rewards), "mean": statistics.fmean(rewards) if rewards else None,
+                    "min": min(rewards, default=None), "max": max(rewards, default=None)},
+        "infrastructure_failures": failures,
+        "batch_to_all_ready_seconds": max((row["batch_to_ready_seconds"] for row in samples), default=None),
+        "batch_to_all_rewards_seconds": max((row["batch_to_reward_seconds"] for row in samples), default=None),
+        "pod_to_ready_p50_seconds": percentile(startup, 0.5) if startup else None,
+        "pod_to_ready_p95_seconds": percentile(startup, 0.95) if startup else None,
+        "pod_to_ready_max_seconds": max(startup, default=None),
+        "nodes": dict(sorted(collections.Counter(row["node"] for row in samples).items())),
+        "image_ids": sorted({str(row["image_id"]) for row in samples}),
+        "phases": phases,
+        "clock_skew": {"tolerance_seconds": SKEW_TOLERANCE_SECONDS, "findings": skew,
+                       "max_seconds": max((f["by_seconds"] for f in skew), default=None)},
+        "pods": samples,
     }
 
 
@@ -842,10 +1032,21 @@ def results_from_folder(output):
             if (output / (pod["metadata"]["name"] + ".log")).exists() else "" for pod in pods]
     flags = run_info["flags"]
     observed = read_saved(output / "observed.json") or {}
-    report = collect(pods, logs, job, run_info.get("expected_episodes", flags["count"]), observed)
-    report.update(context=run_info["context"], namespace=run_info["namespace"], image=flags["image"],
-                  runtime=flags["runtime"], parallelism=flags["parallelism"], cache_state="uncontrolled",
-                  client_job_complete_seconds=run_info.get("client_job_complete_seconds"))
+    validate = collect_samples if run_info.get("custom_episode") else collect
+    report = validate(pods, logs, job, run_info.get("expected_episodes", flags["count"]), observed)
+    local = run_info.get("backend") == "local"
+    report.update(context=run_info["context"], namespace=run_info["namespace"],
+                  image="local-python" if local else flags["image"],
+                  runtime="local-process" if local else flags["runtime"], parallelism=flags["parallelism"],
+                  cache_state="uncontrolled", client_job_complete_seconds=run_info.get("client_job_complete_seconds"))
+    if run_info.get("custom_episode"):
+        report["episode_program"] = {"file": flags.get("episode"), "sha256": run_info.get("episode_sha256"),
+                                     "tasks": flags.get("tasks")}
+    if local:
+        # Every time of a local run comes from this machine's clock, to the microsecond.
+        report["backend"] = "local"
+        for phase in report["phases"].values():
+            phase.update(clocks=["local"], mixed_clocks=False, resolution_seconds=1e-6)
     report["run"] = run_metadata(run_info, read_saved(output / "version.json"),
                                  read_saved(output / "runtimeclass.json"), read_saved(output / "nodes.json"))
     if "round" in run_info:
@@ -881,15 +1082,24 @@ def pool_rounds(rounds, run_info):
         nodes.update(result["nodes"])
     first = rounds[0]
     skew = [finding for result in rounds for finding in result["clock_skew"]["findings"]]
-    return {
+    extra = {}
+    if "infrastructure_failures" in first:
+        rewards = [row["reward"] for row in rows]
+        extra = {"rewards": {"count": len(rewards), "sum": sum(rewards),
+                             "mean": statistics.fmean(rewards) if rewards else None,
+                             "min": min(rewards, default=None), "max": max(rewards, default=None)},
+                 "infrastructure_failures": [dict(failure, round=result["round"]) for result in rounds
+                                             for failure in result["infrastructure_failures"]],
+                 "episode_program": first.get("episode_program")}
+    return {**extra,
         "episodes": sum(result["episodes"] for result in rounds),
         "successful_episodes": sum(result["successful_episodes"] for result in rounds),
         "reward_sum": sum(result["reward_sum"] for result in rounds),
         "rounds": [dict({key: result[key] for key in BATCH_KEYS}, round=result["round"],
                         episodes=result["episodes"], folder="round-%d" % result["round"]) for result in rounds],
-        "pod_to_ready_p50_seconds": percentile(startup, 0.5),
-        "pod_to_ready_p95_seconds": percentile(startup, 0.95),
-        "pod_to_ready_max_seconds": max(startup),
+        "pod_to_ready_p50_seconds": percentile(startup, 0.5) if startup else None,
+        "pod_to_ready_p95_seconds": percentile(startup, 0.95) if startup else None,
+        "pod_to_ready_max_seconds": max(startup, default=None),
         "nodes": dict(sorted(nodes.items())),
         "image_ids": sorted({image for result in rounds for image in result["image_ids"]}),
         "phases": phases,
@@ -905,12 +1115,14 @@ def pool_rounds(rounds, run_info):
 def summary_view(report):
     """What `run` prints: the seed's summary keys (batch times per round when there are
     rounds) and the per-phase medians."""
-    keys = ("episodes", "successful_episodes", "reward_sum", "rounds", "batch_to_all_ready_seconds",
+    keys = ("episodes", "successful_episodes", "reward_sum", "rewards", "rounds", "batch_to_all_ready_seconds",
             "batch_to_all_rewards_seconds", "pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds",
             "pod_to_ready_max_seconds", "nodes", "image_ids", "context", "namespace", "image", "runtime",
             "parallelism", "cache_state", "client_job_complete_seconds")
     view = {key: report[key] for key in keys if key in report}
     view["phase_p50_seconds"] = {name: phase["p50"] for name, phase in report["phases"].items()}
+    if "infrastructure_failures" in report:
+        view["infrastructure_failures"] = len(report["infrastructure_failures"])
     return view
 
 
@@ -1305,7 +1517,8 @@ def finish_job(args, cluster, namespace, job_name, folder, started, run_info, no
     _, pods = save_state(cluster, namespace, job_name, folder, live)
     save_node_summaries(nodes, pods, folder)
     where = "diagnostics saved in %s (job.json, pods.json, events.txt, pod logs)" % folder
-    if blocked or outcome != "Complete":
+    custom = run_info.get("custom_episode")
+    if blocked or outcome is None or (outcome != "Complete" and not custom):
         save_events(cluster, namespace, folder)
         logs = fetch_logs(cluster, namespace, folder, pods)
         if blocked:
@@ -1322,23 +1535,36 @@ def finish_job(args, cluster, namespace, job_name, folder, started, run_info, no
                 message += "; and %d more failed pods" % (len(details) - 3)
         error_type = BatchTimeout if failed.get("reason") == "DeadlineExceeded" else BatchFailed
         raise error_type("%s; %s" % (message, where))
-    # Episodes whose termination message does not hold their events are validated from logs.
-    fetch_logs(cluster, namespace, folder, [pod for pod in pods if episode_events(pod, "")[1] == "log"])
+    # Episodes whose termination message does not hold their events are validated from logs,
+    # and a failed attempt's log says why it failed.
+    fetch_logs(cluster, namespace, folder, [pod for pod in pods if episode_events(pod, "")[1] == "log"
+                                            or pod.get("status", {}).get("phase") != "Succeeded"])
+    def save_everything():
+        save_events(cluster, namespace, folder)
+        fetch_logs(cluster, namespace, folder, pods)
+
+    report = write_results(folder, where, before_failing=save_everything)
+    # Archive for people: every episode's log and the events (results are already safe).
+    fetch_logs(cluster, namespace, folder, [pod for pod in pods if not (folder / (pod["metadata"]["name"] + ".log")).exists()])
+    save_events(cluster, namespace, folder)
+    return report
+
+
+def write_results(folder, where, before_failing=lambda: None):
+    """Validate the saved folder and write results.json and timeline.svg; on a failed check
+    save the rest (before_failing), list every problem in validation-errors.txt and raise."""
     try:
         report = results_from_folder(folder)
     except EpisodeInvalid as problem:
-        save_events(cluster, namespace, folder)
-        fetch_logs(cluster, namespace, folder, pods)
+        before_failing()
         problems = str(problem).splitlines()
         (folder / "validation-errors.txt").write_text(str(problem) + "\n")
         more = " (and %d more in validation-errors.txt)" % (len(problems) - 1) if len(problems) > 1 else ""
         raise BatchFailed("validation failed, no results.json written: %s%s; %s"
                           % (problems[0], more, where)) from None
     write_json(folder / "results.json", report)
-    (folder / "timeline.svg").write_text(timeline_svg([(folder.name, report)]))
-    # Archive for people: every episode's log and the events (results are already safe).
-    fetch_logs(cluster, namespace, folder, [pod for pod in pods if not (folder / (pod["metadata"]["name"] + ".log")).exists()])
-    save_events(cluster, namespace, folder)
+    if report["pods"]:
+        (folder / "timeline.svg").write_text(timeline_svg([(folder.name, report)]))
     return report
 
 
@@ -1356,6 +1582,8 @@ def cmd_run(args):
     if output.exists():
         raise DemoError("output folder %s already exists; choose a new --output so that no "
                         "experiment record is overwritten" % output)
+    if args.backend == "local":
+        return run_local(args, output)
     context = args.context or current_context()
     cluster = Cluster(context)
     try:
@@ -1443,8 +1671,7 @@ def run_experiment(args, cluster, output, receipt):
     """Everything after the receipt: metadata, preflight, objects, prewarm, the measured rounds."""
     namespace, run_id = receipt["namespace"], receipt["run_id"]
     runtime = None if args.no_runtime_class else args.runtime
-    run_info = {"tool_version": __version__, "started_at": utc_now(), "context": cluster.context,
-                "namespace": namespace, "flags": flags_of(args), "expected_episodes": args.count}
+    run_info = new_run_info(args, cluster.context, namespace)
     write_json(output / "run.json", run_info)
     save_optional(output / "version.json", lambda: json.loads(cluster.read("version", "-o", "json")))
     runtime_class = None
@@ -1519,10 +1746,31 @@ def run_experiment(args, cluster, output, receipt):
         report = results_from_folder(output)
         write_json(output / "results.json", report)
         (output / "timeline.svg").write_text(timeline_svg([("round %d" % r["round"], r) for r in rounds]))
+    return conclude(report)
+
+
+def new_run_info(args, context, namespace, backend="kubernetes"):
+    info = {"tool_version": __version__, "started_at": utc_now(), "backend": backend, "context": context,
+            "namespace": namespace, "flags": flags_of(args), "expected_episodes": args.count,
+            "custom_episode": bool(args.episode)}
+    if args.episode:
+        info["episode_sha256"] = hashlib.sha256(args.program.encode()).hexdigest()
+    return info
+
+
+def conclude(report):
+    """Print the summary and warnings; the exit code says whether any episode is an
+    infrastructure failure (custom episodes only: their results are written regardless)."""
     print(json.dumps(summary_view(report), indent=2))
     for finding in report["clock_skew"]["findings"]:
         print("warning: clock skew: pod %s: %s is %.3f s earlier than %s" % (
             finding["pod"], finding["event"], finding["by_seconds"], finding["earlier_than"]), file=sys.stderr)
+    failures = report.get("infrastructure_failures") or []
+    if failures:
+        print("warning: %d of %d episodes are infrastructure failures, not samples (listed in results.json); "
+              "first: episode %d: %s" % (len(failures), report["episodes"], failures[0]["index"],
+                                         failures[0]["reason"]), file=sys.stderr)
+        return EXIT_INFRA_FAILURES
     return EXIT_OK
 
 
@@ -1564,6 +1812,115 @@ def run_prewarm(args, cluster, output, receipt, all_nodes, nodes, prepare):
         finish_job(args, cluster, receipt["namespace"], job_name, folder, started, info, all_nodes, progress)
     write_json(base / "prewarm.json", {"nodes": [node["metadata"]["name"] for node in nodes],
                                        "jobs": [pending_job[0] for pending_job in pending]})
+
+
+def iso_micro(unix_seconds):
+    return datetime.datetime.fromtimestamp(unix_seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def local_record(name, index, created, finished, code, message, timed_out):
+    """A local episode in the shape of a pod (kind LocalEpisode), so one validator serves both."""
+    terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                  "startedAt": iso_micro(created), "finishedAt": iso_micro(finished)}
+    if message:
+        terminated["message"] = message
+    status = {"phase": "Succeeded" if code == 0 else "Failed",
+              "containerStatuses": [{"name": CONTAINER_NAME, "restartCount": 0, "state": {"terminated": terminated},
+                                     "imageID": "local:%s (Python %s)" % (sys.executable, platform.python_version())}]}
+    if timed_out:
+        status["reason"], status["message"] = "DeadlineExceeded", "killed at the run's --timeout"
+    return {"apiVersion": "rl-batch-demo/local", "kind": LOCAL_KIND,
+            "metadata": {"name": name, "creationTimestamp": iso_micro(created), "annotations": {INDEX_KEY: str(index)}},
+            "spec": {"nodeName": "local:" + socket.gethostname()}, "status": status}
+
+
+def run_local(args, output):
+    """--backend local: the same episodes as local processes (the parallelism honoured), the
+    same output folder and results.json shape; no cluster, no kubectl."""
+    output.mkdir(parents=True)
+    write_json(output / "receipt.json", {"backend": "local", "namespace": None,
+                                         "note": "a local run: there is nothing on a cluster to clean up"})
+    run_info = new_run_info(args, None, None, backend="local")
+    write_json(output / "run.json", run_info)
+    rounds = []
+    for number in range(1, args.rounds + 1):
+        folder = output if args.rounds == 1 else output / ("round-%d" % number)
+        folder.mkdir(exist_ok=True)
+        info = dict(run_info, **({"round": number} if args.rounds > 1 else {}))
+        rounds.append(run_local_batch(args, folder, info))
+    report = rounds[0]
+    if args.rounds > 1:
+        run_info["rounds"] = args.rounds
+        write_json(output / "run.json", run_info)
+        report = results_from_folder(output)
+        write_json(output / "results.json", report)
+    return conclude(report)
+
+
+def run_local_batch(args, folder, run_info):
+    with tempfile.TemporaryDirectory(prefix="rl-batch-demo-") as scratch:
+        scratch = Path(scratch)
+        (scratch / "bin").mkdir()
+        (scratch / "bin" / "python").symlink_to(sys.executable)  # the episode runs `python` for its tests
+        program = scratch / "episode.py"
+        program.write_text(args.program)
+        for name, text in tasks_data(args.tasks_list or []).items():
+            (scratch / name).write_text(text)
+        job_created = time.time()
+        deadline = job_created + args.timeout
+        records, lock = [], threading.Lock()
+
+        def run_index(index):
+            for attempt in range(args.retries + 1):
+                name = "local-%d" % index if not attempt else "local-%d-retry-%d" % (index, attempt)
+                workspace = scratch / name
+                workspace.mkdir()
+                termination = scratch / (name + ".termination")
+                env = dict(os.environ, PATH="%s%s%s" % (scratch / "bin", os.pathsep, os.environ.get("PATH", "")),
+                           EPISODE_ID=name, RL_WORKSPACE=str(workspace), RL_TERMINATION_LOG=str(termination),
+                           JOB_COMPLETION_INDEX=str(index))
+                if args.tasks_list is not None:
+                    env.update(TASK_INDEX=str(index), TASK_FILE=str(scratch / ("task-%d.json" % index)))
+                created, timed_out = time.time(), False
+                with open(folder / (name + ".log"), "w") as log:
+                    process = subprocess.Popen([sys.executable, "-B", str(program)], cwd=str(workspace), env=env,
+                                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                               start_new_session=True)
+                    try:
+                        code = process.wait(timeout=max(0.0, deadline - time.time()))
+                    except subprocess.TimeoutExpired:
+                        os.killpg(process.pid, signal.SIGKILL)
+                        code, timed_out = process.wait() or 137, True
+                message = termination.read_text()[-4096:] if termination.exists() else ""
+                with lock:
+                    records.append(local_record(name, index, created, time.time(), 137 if timed_out else code,
+                                                message, timed_out))
+                if code == 0 or timed_out or not args.episode:
+                    return
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.parallelism) as pool:
+            list(pool.map(run_index, range(args.count)))
+    records.sort(key=lambda record: (record["metadata"]["creationTimestamp"], record["metadata"]["name"]))
+    failed = [r for r in records if r["status"]["phase"] != "Succeeded"]
+    timed_out = any(r["status"].get("reason") == "DeadlineExceeded" for r in records)
+    condition = {"type": "Complete", "status": "True", "reason": "CompletionsReached"}
+    if failed and not args.episode:
+        condition = {"type": "Failed", "status": "True", "reason": "DeadlineExceeded" if timed_out else "EpisodeFailed",
+                     "message": "an episode was killed at --timeout" if timed_out else "an episode failed"}
+    job = {"apiVersion": "rl-batch-demo/local", "kind": "LocalBatch",
+           "metadata": {"name": "local", "creationTimestamp": iso_micro(job_created)},
+           "spec": {"completions": args.count, "parallelism": args.parallelism}, "status": {"conditions": [condition]}}
+    run_info["client_job_complete_seconds"] = time.time() - job_created
+    write_json(folder / "run.json", run_info)
+    write_json(folder / "job.json", job)
+    write_json(folder / "pods.json", records)
+    where = "diagnostics saved in %s (job.json, pods.json, episode logs)" % folder
+    if condition["type"] == "Failed":
+        logs = [(folder / (r["metadata"]["name"] + ".log")).read_text() for r in records]
+        details = describe_failed_pods(records, logs)
+        error_type = BatchTimeout if timed_out else BatchFailed
+        raise error_type("local batch failed: %s; %s" % ("; ".join(details[:3]), where))
+    return write_results(folder, where)
 
 
 def ownership_mismatches(kind, live, expected):
@@ -1622,6 +1979,9 @@ def cmd_cleanup(args):
 def cleanup_one(output):
     """Delete one run's Jobs and namespace, after proving each is the one the receipt names."""
     receipt = read_json(output / "receipt.json", "the receipt")
+    if receipt.get("backend") == "local":
+        print("Nothing to clean up: %s is a local run (no cluster objects)" % output)
+        return EXIT_OK
     try:
         cluster, namespace, run_id = Cluster(receipt["context"]), receipt["namespace"], receipt["run_id"]
     except (KeyError, TypeError):
@@ -1788,9 +2148,22 @@ def build_parser():
     run.add_argument("--output", metavar="DIR",
                      help="new folder for receipt, diagnostics and results (must not exist); "
                           "required unless --dry-run")
-    run.add_argument("--count", type=int, default=DEFAULT_COUNT,
-                     help="episodes in the batch, 1..%d, or up to %d with --allow-large (default %d)"
-                          % (MAX_COUNT, MAX_LARGE_COUNT, DEFAULT_COUNT))
+    run.add_argument("--episode", metavar="FILE.py",
+                     help="run this episode program instead of the built-in shipping task (see the "
+                          "README's episode protocol); episodes are then samples or infrastructure "
+                          "failures, never errors")
+    run.add_argument("--tasks", metavar="FILE.jsonl",
+                     help="with --episode: one JSON task per line; episode i reads task i from "
+                          "$TASK_FILE (COUNT defaults to the number of tasks)")
+    run.add_argument("--retries", type=int, default=0, metavar="N",
+                     help="with --episode: retry an episode that failed for infrastructure reasons up to "
+                          "N times, per episode (default 0)")
+    run.add_argument("--backend", choices=("kubernetes", "local"), default="kubernetes",
+                     help="`local`: run the episodes as local processes (no cluster, no kubectl), each in "
+                          "its own temporary workspace (default: kubernetes)")
+    run.add_argument("--count", type=int,
+                     help="episodes in the batch, 1..%d, or up to %d with --allow-large (default %d, or "
+                          "the number of --tasks)" % (MAX_COUNT, MAX_LARGE_COUNT, DEFAULT_COUNT))
     run.add_argument("--allow-large", action="store_true",
                      help="lift the demo's bound of %d episodes to %d" % (MAX_COUNT, MAX_LARGE_COUNT))
     run.add_argument("--parallelism", type=int,
@@ -1856,12 +2229,63 @@ def build_parser():
     return parser
 
 
+def load_episode_inputs(args):
+    """Read --episode and --tasks, and check them, before anything touches the cluster or disk."""
+    fail = args.subparser.error
+    if args.tasks and not args.episode:
+        fail("--tasks needs --episode: the built-in task takes no input")
+    if args.retries and not args.episode:
+        fail("--retries needs --episode: the built-in task keeps the seed's rule that any failure is an error")
+    if args.retries < 0:
+        fail("--retries must be 0 or more, got %d" % args.retries)
+    args.program, args.tasks_list = EPISODE_PROGRAM, None
+    if args.episode:
+        try:
+            args.program = Path(args.episode).read_text()
+        except (OSError, UnicodeDecodeError) as error:
+            fail("cannot read --episode %s: %s" % (args.episode, getattr(error, "strerror", None) or error))
+        size = configmap_bytes({"episode.py": args.program})
+        if size > CONFIGMAP_MAX_BYTES:
+            fail("--episode %s is %d bytes; a ConfigMap holds at most %d: ship a smaller program (or put it in "
+                 "the image)" % (args.episode, size, CONFIGMAP_MAX_BYTES))
+    if args.tasks:
+        try:
+            lines = Path(args.tasks).read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as error:
+            fail("cannot read --tasks %s: %s" % (args.tasks, getattr(error, "strerror", None) or error))
+        args.tasks_list = []
+        for number, line in enumerate(lines, 1):
+            if line.strip():
+                try:
+                    args.tasks_list.append(json.loads(line))
+                except ValueError as error:
+                    fail("--tasks %s line %d is not JSON: %s" % (args.tasks, number, error))
+        if not args.tasks_list:
+            fail("--tasks %s holds no task" % args.tasks)
+        size = configmap_bytes(tasks_data(args.tasks_list))
+        if size > CONFIGMAP_MAX_BYTES:
+            fail("--tasks %s makes a ConfigMap of %d bytes, over Kubernetes' limit of %d (1 MiB): split the tasks "
+                 "over several runs, or shrink them" % (args.tasks, size, CONFIGMAP_MAX_BYTES))
+        if args.count is not None and args.count != len(args.tasks_list):
+            fail("--count %d differs from the %d tasks in %s; leave --count out to run every task"
+                 % (args.count, len(args.tasks_list), args.tasks))
+        args.count = len(args.tasks_list)
+    if args.count is None:
+        args.count = DEFAULT_COUNT
+
+
 def parse_args(argv):
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "run":
         if not args.output and not args.dry_run:
             args.subparser.error("--output DIR is required (unless --dry-run)")
+        load_episode_inputs(args)
+        if args.backend == "local":
+            for flag, used in (("--dry-run", args.dry_run), ("--prewarm", args.prewarm),
+                               ("--network none", args.network == "none"), ("--context", args.context)):
+                if used:
+                    args.subparser.error("%s is for the kubernetes backend, not --backend local" % flag)
         bound = MAX_LARGE_COUNT if args.allow_large else MAX_COUNT
         if not 1 <= args.count <= bound:
             args.subparser.error("--count must be between 1 and %d%s, got %d" % (

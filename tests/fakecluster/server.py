@@ -15,6 +15,7 @@ import json
 import os
 from pathlib import Path
 import random
+import re
 import secrets
 import shutil
 import signal
@@ -53,6 +54,17 @@ RESOURCES = {
 
 PSA_ENFORCE = "pod-security.kubernetes.io/enforce"
 PSA_ENFORCE_VERSION = "pod-security.kubernetes.io/enforce-version"
+
+
+def compress_indexes(indexes):
+    """{0, 1, 2, 4} -> "0-2,4", the Job status's interval notation."""
+    ranges, ordered = [], sorted(indexes)
+    for index in ordered:
+        if ranges and index == ranges[-1][1] + 1:
+            ranges[-1][1] = index
+        else:
+            ranges.append([index, index])
+    return ",".join(str(a) if a == b else "%d-%d" % (a, b) for a, b in ranges)
 
 
 def quoted(names):
@@ -131,6 +143,15 @@ def parse_quantity(value):
     return float(value)
 
 
+def field_value(pod, path, node):
+    """The downward API: metadata.name, .namespace, .uid, spec.nodeName, labels['k'], annotations['k']."""
+    match = re.match(r"metadata\.(labels|annotations)\['(.+)'\]$", path)
+    if match:
+        return pod["metadata"].get(match.group(1), {}).get(match.group(2), "")
+    return {"metadata.name": pod["metadata"]["name"], "metadata.namespace": pod["metadata"]["namespace"],
+            "metadata.uid": pod["metadata"]["uid"], "spec.nodeName": node}.get(path, "")
+
+
 class ApiError(Exception):
     """A metav1.Status failure."""
 
@@ -156,6 +177,7 @@ class Cluster:
         self.processes = {}  # pod uid -> runtime record
         self.job_books = {}  # job uid -> {"succeeded": set(), "failed": set(), ...}
         self.history = []  # (resourceVersion, resource, state) of every write and removal, for watches
+        self.evicted_nodes = set()
         self.event_index = {}  # (namespace, object uid, reason, message) -> event, to aggregate repeats
         self.stop = threading.Event()
         with self.lock:
@@ -302,7 +324,8 @@ class Cluster:
         job["metadata"]["generation"] = 1
         job["metadata"]["labels"] = {**labels, **job["metadata"].get("labels", {})}
         spec = job.setdefault("spec", {})
-        spec.setdefault("backoffLimit", 6)
+        # With backoffLimitPerIndex the global backoffLimit defaults to the maximum int32.
+        spec.setdefault("backoffLimit", 2147483647 if spec.get("backoffLimitPerIndex") is not None else 6)
         spec.setdefault("completionMode", "NonIndexed")
         spec.setdefault("completions", 1)
         spec.setdefault("manualSelector", False)
@@ -328,8 +351,9 @@ class Cluster:
             if "configMap" in volume:
                 volume["configMap"].setdefault("defaultMode", 420)
         job["status"] = {}
-        self.job_books[uid] = {"succeeded": set(), "failed": set(), "create_backoff_until": 0.0,
-                               "create_failures": 0}
+        self.job_books[uid] = {"succeeded": set(), "failed": set(), "ignored": set(), "create_backoff_until": 0.0,
+                               "create_failures": 0, "indexes_succeeded": set(), "indexes_failed": set(),
+                               "index_failures": {}, "index_retry_at": {}}
 
     def admit_pod(self, pod):
         """RuntimeClass admission (reject unknown classes, copy overhead and scheduling), then PodSecurity."""
@@ -488,12 +512,55 @@ class Cluster:
         return [pod for pod in self.items("pods", job["metadata"]["namespace"])
                 if any(ref.get("uid") == uid for ref in pod["metadata"].get("ownerReferences", []))]
 
+    def failure_policy_action(self, job, pod):
+        """The podFailurePolicy rule that matches a failed pod: Ignore, FailIndex, FailJob or Count."""
+        status = (pod["status"].get("containerStatuses") or [{}])[0]
+        exit_code = ((status.get("state") or {}).get("terminated") or {}).get("exitCode")
+        conditions = {(c["type"], c["status"]) for c in pod["status"].get("conditions", [])}
+        for rule in (job["spec"].get("podFailurePolicy") or {}).get("rules", []):
+            codes = rule.get("onExitCodes")
+            if codes and exit_code is not None and exit_code != 0:
+                inside = exit_code in codes.get("values", [])
+                if inside == (codes.get("operator") == "In"):
+                    return rule["action"]
+            for pattern in rule.get("onPodConditions") or []:
+                if (pattern["type"], pattern.get("status", "True")) in conditions:
+                    return rule["action"]
+        return "Count"
+
+    def count_finished_pod(self, job, pod, book):
+        """What the controller learns from a pod that has just finished."""
+        uid, spec = pod["metadata"]["uid"], job["spec"]
+        index = pod["metadata"].get("annotations", {}).get("batch.kubernetes.io/job-completion-index")
+        index = int(index) if index is not None else None
+        if pod["status"]["phase"] == "Succeeded":
+            book["succeeded"].add(uid)
+            if index is not None:
+                book["indexes_succeeded"].add(index)
+            return
+        action = self.failure_policy_action(job, pod)
+        if action == "Ignore":
+            book["ignored"].add(uid)  # not counted: a replacement is created at once
+            return
+        book["failed"].add(uid)
+        if action == "FailJob":
+            book["fail_job"] = "PodFailurePolicy"
+        if index is not None and spec.get("backoffLimitPerIndex") is not None:
+            failures = book["index_failures"].get(index, 0) + 1
+            book["index_failures"][index] = failures
+            if action == "FailIndex" or failures > spec["backoffLimitPerIndex"]:
+                book["indexes_failed"].add(index)
+            else:
+                # the Job controller's pod-failure backoff, per index: 10 s, doubling, at most 10 min
+                book["index_retry_at"][index] = time.time() + min(600.0, 10.0 * 2 ** (failures - 1))
+
     def job_controller(self):
         for job in self.items("jobs"):
             if job["metadata"].get("deletionTimestamp"):
                 continue
             book = self.job_books[job["metadata"]["uid"]]
             spec, status = job["spec"], job["status"]
+            indexed = spec.get("completionMode") == "Indexed"
             conditions = status.get("conditions", [])
             types = {c["type"] for c in conditions}
             if "Complete" in types or "Failed" in types:
@@ -507,12 +574,9 @@ class Cluster:
             for pod in pods:
                 phase = pod["status"].get("phase")
                 uid = pod["metadata"]["uid"]
-                if phase == "Succeeded" and uid not in book["succeeded"]:
-                    book["succeeded"].add(uid)
-                elif phase == "Failed" and uid not in book["failed"]:
-                    book["failed"].add(uid)
-                else:
+                if phase not in ("Succeeded", "Failed") or uid in book["succeeded"] | book["failed"] | book["ignored"]:
                     continue
+                self.count_finished_pod(job, pod, book)
                 pod["metadata"]["finalizers"] = [f for f in pod["metadata"].get("finalizers", [])
                                                  if f != "batch.kubernetes.io/job-tracking"]
                 self.put("pods", pod)
@@ -524,18 +588,22 @@ class Cluster:
             succeeded, failed = len(book["succeeded"]), len(book["failed"])
             if "FailureTarget" not in types and "SuccessCriteriaMet" not in types:
                 deadline = spec.get("activeDeadlineSeconds")
-                if failed > spec["backoffLimit"]:
+                terminal_indexes = book["indexes_succeeded"] | book["indexes_failed"]
+                if book.get("fail_job"):
+                    self.add_condition(job, "FailureTarget", "PodFailurePolicy",
+                                       "Pod failure policy rule matched a failed pod")
+                elif failed > spec["backoffLimit"]:
                     self.add_condition(job, "FailureTarget", "BackoffLimitExceeded",
                                        "Job has reached the specified backoff limit")
-                    changed = True
                 elif deadline is not None and time.time() - book["started"] >= deadline:
                     self.add_condition(job, "FailureTarget", "DeadlineExceeded",
                                        "Job was active longer than specified deadline")
-                    changed = True
-                elif succeeded >= spec["completions"]:
+                elif indexed and book["indexes_failed"] and len(terminal_indexes) >= spec["completions"]:
+                    self.add_condition(job, "FailureTarget", "FailedIndexes", "Job has failed indexes")
+                elif (len(book["indexes_succeeded"]) if indexed else succeeded) >= spec["completions"]:
                     self.add_condition(job, "SuccessCriteriaMet", "CompletionsReached",
                                        "Reached expected number of succeeded pods")
-                    changed = True
+                changed = True
             types = {c["type"] for c in job["status"].get("conditions", [])}
             if "FailureTarget" in types:
                 for pod in active:
@@ -556,10 +624,19 @@ class Cluster:
                     job["status"]["completionTime"] = now_rfc3339()
                     self.record_event(job, "Normal", "Completed", "Job completed")
                     changed = True
-            else:
-                want = min(spec["parallelism"], spec["completions"] - succeeded) - len(active)
-                if want > 0 and time.time() >= book["create_backoff_until"]:
-                    self.create_job_pods(job, want, book)
+            elif time.time() >= book["create_backoff_until"]:
+                if indexed:
+                    busy = {int(p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"])
+                            for p in active + terminating}
+                    ready = [i for i in range(spec["completions"]) if i not in book["indexes_succeeded"]
+                             and i not in book["indexes_failed"] and i not in busy
+                             and time.time() >= book["index_retry_at"].get(i, 0)]
+                    indexes = ready[:max(0, spec["parallelism"] - len(active))]
+                else:
+                    want = min(spec["parallelism"], spec["completions"] - succeeded) - len(active)
+                    indexes = [None] * max(0, want)
+                if indexes:
+                    self.create_job_pods(job, indexes, book)
                     active = [p for p in self.owned_pods(job) if p["status"].get("phase") in ("Pending", "Running")
                               and not p["metadata"].get("deletionTimestamp")]
                     changed = True
@@ -585,6 +662,11 @@ class Cluster:
             status["succeeded"] = len(book["succeeded"])
         status["terminating"] = len(terminating)
         status["uncountedTerminatedPods"] = {}
+        if job["spec"].get("completionMode") == "Indexed":
+            if book["indexes_succeeded"]:
+                status["completedIndexes"] = compress_indexes(book["indexes_succeeded"])
+            if job["spec"].get("backoffLimitPerIndex") is not None:
+                status["failedIndexes"] = compress_indexes(book["indexes_failed"])
         return status
 
     def add_condition(self, job, type_, reason, message):
@@ -593,21 +675,32 @@ class Cluster:
             {"type": type_, "status": "True", "lastProbeTime": stamp, "lastTransitionTime": stamp,
              "reason": reason, "message": message})
 
-    def create_job_pods(self, job, count, book):
-        """Create pods in slow-start batches (1, 2, 4, ...) as the Job controller does."""
+    def create_job_pods(self, job, indexes, book):
+        """Create pods in slow-start batches (1, 2, 4, ...) as the Job controller does; in Indexed
+        mode each carries its completion index (annotation, label, JOB_COMPLETION_INDEX, hostname)."""
         template = job["spec"]["template"]
         batch, created = 1, 0
-        while created < count:
-            for _ in range(min(batch, count - created)):
-                pod = {"apiVersion": "v1", "kind": "Pod",
-                       "metadata": {"generateName": job["metadata"]["name"] + "-",
-                                    "labels": dict(template["metadata"].get("labels", {})),
-                                    "finalizers": ["batch.kubernetes.io/job-tracking"],
-                                    "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
-                                                         "name": job["metadata"]["name"],
-                                                         "uid": job["metadata"]["uid"],
-                                                         "controller": True, "blockOwnerDeletion": True}]},
-                       "spec": json.loads(json.dumps(template["spec"]))}
+        while created < len(indexes):
+            for index in indexes[created:created + batch]:
+                name = job["metadata"]["name"]
+                meta = {"generateName": name + "-",
+                        "labels": dict(template["metadata"].get("labels", {})),
+                        "annotations": dict(template["metadata"].get("annotations", {})),
+                        "finalizers": ["batch.kubernetes.io/job-tracking"],
+                        "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name,
+                                             "uid": job["metadata"]["uid"], "controller": True,
+                                             "blockOwnerDeletion": True}]}
+                spec = json.loads(json.dumps(template["spec"]))
+                if index is not None:
+                    meta["generateName"] = "%s-%d-" % (name, index)
+                    meta["annotations"]["batch.kubernetes.io/job-completion-index"] = str(index)
+                    meta["labels"]["batch.kubernetes.io/job-completion-index"] = str(index)
+                    spec["hostname"] = "%s-%d" % (name, index)
+                    for container in spec.get("containers", []):
+                        if not any(v["name"] == "JOB_COMPLETION_INDEX" for v in container.get("env", [])):
+                            container.setdefault("env", []).append({"name": "JOB_COMPLETION_INDEX", "valueFrom": {
+                                "fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-completion-index']"}}})
+                pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
                 try:
                     pod = self.api_create("pods", job["metadata"]["namespace"], pod)
                 except ApiError as error:
@@ -733,6 +826,8 @@ class Cluster:
                 self.container_exited(pod, record)
             elif record.get("synthetic_end") is not None and time.time() >= record["synthetic_end"]:
                 self.finish_synthetic_episode(pod, record)
+            elif record.get("evict_at") is not None and time.time() >= record["evict_at"]:
+                self.evict(pod, record)
 
     def image_info(self, image):
         return self.config["images"].get(image)
@@ -802,14 +897,24 @@ class Cluster:
         bin_dir.mkdir(parents=True, exist_ok=True)
         os.symlink(info["python"], bin_dir / "python")
         env = {"PATH": "%s:/usr/bin:/bin" % bin_dir, "HOME": str(pod_dir), "LANG": "C.UTF-8"}
+        defined = {}
         for var in container.get("env", []):
             if "value" in var:
-                env[var["name"]] = var["value"]
+                # $(NAME) expands to an earlier variable of the container; $$ escapes.
+                value = re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                               lambda m: "$" if m.group(0) == "$$" else defined.get(m.group(1), m.group(0)),
+                               var["value"])
             elif "fieldRef" in var.get("valueFrom", {}):
-                path = var["valueFrom"]["fieldRef"]["fieldPath"]
-                env[var["name"]] = {"metadata.name": pod["metadata"]["name"],
-                                    "metadata.namespace": pod["metadata"]["namespace"],
-                                    "metadata.uid": uid, "spec.nodeName": node}.get(path, "")
+                value = field_value(pod, var["valueFrom"]["fieldRef"]["fieldPath"], node)
+            else:
+                continue
+            defined[var["name"]] = env[var["name"]] = value
+        # A local process has no mount namespace: paths under a mount, in the environment and in
+        # the command, are translated to the volume's folder.
+        for name, value in list(env.items()):
+            for mount_path, local in mounts.items():
+                if value == mount_path or value.startswith(mount_path + "/"):
+                    env[name] = str(local) + value[len(mount_path):]
         if "/workspace" in mounts:
             env["RL_WORKSPACE"] = str(mounts["/workspace"])
         offset = self.node_config(node).get("clockOffsetSeconds")
@@ -831,11 +936,15 @@ class Cluster:
         # The kubelet mounts a writable file at terminationMessagePath and reads it after exit.
         env["RL_TERMINATION_LOG"] = str(termination_path)
         restart_fault = self.node_config(node).get("restartContainersOnce", False)
+        evict_at = None
+        if self.node_config(node).get("evictFirstPod") and node not in self.evicted_nodes:
+            self.evicted_nodes.add(node)  # fault: memory pressure on this node evicts its first pod
+            evict_at = time.time() + 0.3
         process = self.spawn(argv, env, workdir, log_path, truncate=True)
         self.processes[uid] = {"process": process, "log_path": log_path, "argv": argv, "env": env,
                                "workdir": workdir, "container_id": container_id,
                                "termination_path": termination_path,
-                               "restart_once": restart_fault, "restarts": 0,
+                               "restart_once": restart_fault, "restarts": 0, "evict_at": evict_at,
                                "log_drop_first_lines": self.node_config(node).get("logDropFirstLines", 0)}
         self.mark_running(pod, node, container, image, digest, container_id)
 
@@ -869,6 +978,30 @@ class Cluster:
         record["termination_path"].write_text(text)
         record["synthetic_end"] = None
         self.container_exited(pod, record, code=0)
+
+    def evict(self, pod, record):
+        """Node-pressure eviction as the kubelet does it: kill, Failed/Evicted, DisruptionTarget."""
+        record["evict_at"] = None
+        process = record["process"]
+        if process is None or process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+        message = ("The node was low on resource: memory. Threshold quantity: 100Mi, available: 42Mi. Container "
+                   "%s was using 12Mi, request is 64Mi, has larger consumption of memory. "
+                   % pod["spec"]["containers"][0]["name"])
+        self.container_exited(pod, record, code=137)
+        pod["status"]["phase"] = "Failed"
+        pod["status"]["reason"] = "Evicted"
+        pod["status"]["message"] = message
+        pod["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True", "lastProbeTime": None,
+                                            "lastTransitionTime": now_rfc3339(), "reason": "TerminationByKubelet",
+                                            "message": message})
+        self.put("pods", pod)
+        self.record_event(pod, "Warning", "Evicted", message, "kubelet", pod["spec"]["nodeName"])
 
     def spawn(self, argv, env, workdir, log_path, truncate):
         with open(log_path, "w" if truncate else "a") as log:

@@ -1,0 +1,37 @@
+"""A test episode whose behaviour its task chooses: {"mode": ..., "reward": r, "marker": path,
+"sleep": seconds of work after ready}.
+
+ok         ready, then reward r
+crash      ready, then exit 3 without a reward
+malformed  ready, then a reward that is not a number
+no_ready   reward only
+crash_once crash if `marker` does not exist yet (creating it), else like ok: a flaky episode
+"""
+import json
+import os
+import sys
+import time
+
+started_at = time.time()
+
+
+def emit(event, **fields):
+    print(json.dumps(dict(event=event, at=time.time(), episode_id=os.environ["EPISODE_ID"], **fields)), flush=True)
+
+
+with open(os.environ["TASK_FILE"]) as task_file:
+    task = json.load(task_file)
+print("episode %s starting task %s" % (os.environ["EPISODE_ID"], task.get("id")), flush=True)
+mode = task.get("mode", "ok")
+if mode != "no_ready":
+    emit("ready", started_at=started_at, imports_done_at=time.time())
+time.sleep(task.get("sleep", 0))
+if mode == "crash" or (mode == "crash_once" and not os.path.exists(task["marker"])):
+    if mode == "crash_once":
+        open(task["marker"], "w").close()
+    print("Traceback (most recent call last):\nRuntimeError: the sandbox lost its tools", file=sys.stderr)
+    sys.exit(3)
+if mode == "malformed":
+    emit("reward", reward="high")
+    sys.exit(0)
+emit("reward", reward=task.get("reward", 1), task_id=task.get("id"), index=os.environ.get("TASK_INDEX"))
