@@ -26,10 +26,13 @@ The safety promise
       It never removes finalizers. Local output is never deleted.
     * An existing output folder is never overwritten.
 
+    With --backend local the episodes run as local processes: no cluster, no kubectl.
+
 Exit codes
     0 success; 1 error (kubectl, cluster, prerequisites, refused cleanup); 2 bad command
     line; 3 timed out (the Job's deadline or the client's wait); 4 the batch failed or an
-    episode did not pass validation; 130 interrupted.
+    episode did not pass validation; 5 custom episodes only: results written, but some
+    episodes are infrastructure failures; 130 interrupted.
 """
 
 import argparse
@@ -2136,6 +2139,7 @@ def build_parser():
                "  2    bad command line\n"
                "  3    timed out (Job deadline, client wait, cleanup wait)\n"
                "  4    batch failed or validation failed\n"
+               "  5    custom episodes: results written, some episodes are infrastructure failures\n"
                "  130  interrupted\n\n"
                "environment: KUBECTL overrides the kubectl program.",
     )

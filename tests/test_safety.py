@@ -173,6 +173,7 @@ def test_exit_codes_are_documented_in_help_and_readme(run_tool):
     help_text = run_tool("--help").stdout
     readme = (SCRIPT.parent / "README.md").read_text()
     for code, meaning in ((0, "ok"), (1, "error"), (2, "bad command line"), (3, "timed out"),
-                          (4, "batch failed or validation failed"), (130, "interrupted")):
+                          (4, "batch failed or validation failed"), (5, "custom episodes: results written"),
+                          (130, "interrupted")):
         assert "  %-4d %s" % (code, meaning) in help_text, code
         assert "| %d |" % code in readme, code
