@@ -872,7 +872,8 @@ def collect_samples(pods, logs, job, count, observed=None):
     """Custom episodes: every index is a sample (ready and a numeric reward, whatever its value)
     or an infrastructure failure (never ready, crashed, evicted, malformed), never both.
 
-    Retried indexes have several pods; the first attempt that is a sample counts.
+    Retried indexes have several pods; one sample counts (the first by creation), and every
+    failed attempt is listed with its reason.
     """
     observed = observed or {}
     job_created = parse_k8s_time(job["metadata"]["creationTimestamp"])
@@ -884,6 +885,8 @@ def collect_samples(pods, logs, job, count, observed=None):
     for index in range(count):
         tried = sorted(attempts.get(index, []), key=lambda item: (item[0]["metadata"]["creationTimestamp"],
                                                                    item[0]["metadata"]["name"]))
+        # Every attempt is looked at: creation times are whole seconds, so their order within
+        # a second is unknown, and a failed attempt must be listed whatever its place.
         reasons, sample = [], None
         for pod, log in tried:
             reason = attempt_failure(pod, log)
@@ -893,12 +896,13 @@ def collect_samples(pods, logs, job, count, observed=None):
                 except EpisodeInvalid as problem:
                     reason = str(problem)
                 else:
-                    sample = episode_row(pod, ready, reward, job_created, observed.get(pod["metadata"]["name"]),
-                                         source)
-                    sample["index"] = index
-                    sample["reward_fields"] = {k: v for k, v in reward.items()
-                                               if k not in ("event", "at", "episode_id", "reward")}
-                    break
+                    if sample is None:
+                        sample = episode_row(pod, ready, reward, job_created,
+                                             observed.get(pod["metadata"]["name"]), source)
+                        sample["index"] = index
+                        sample["reward_fields"] = {k: v for k, v in reward.items()
+                                                   if k not in ("event", "at", "episode_id", "reward")}
+                    continue
             reasons.append({"pod": pod["metadata"]["name"], "reason": reason})
         if sample is not None:
             sample["failed_attempts"] = reasons
@@ -907,32 +911,39 @@ def collect_samples(pods, logs, job, count, observed=None):
             failures.append({"index": index, "reason": reasons[-1]["reason"] if reasons else
                              "no pod ran for this episode (see events.txt)", "attempts": reasons})
     rewards = [row["reward"] for row in samples]
-    startup = [row["pod_to_ready_seconds"] for row in samples]
+    return {"episodes": count, "successful_episodes": len(samples), "reward_sum": sum(rewards),
+            "rewards": reward_stats(rewards), "infrastructure_failures": failures,
+            **batch_summary(samples), "pods": samples}
+
+
+def reward_stats(rewards):
+    return {"count": len(rewards), "sum": sum(rewards), "mean": statistics.fmean(rewards) if rewards else None,
+            "min": min(rewards, default=None), "max": max(rewards, default=None)}
+
+
+def batch_summary(rows):
+    """What a set of episode rows says about the batch: the seed's batch and pod_to_ready
+    metrics, episodes per node, image IDs, every phase's statistics, clock skew. Metrics of
+    an empty set are None."""
+    startup = [row["pod_to_ready_seconds"] for row in rows]
     phases = {}
     for name in PHASES:
-        values = [row["phases"][name] for row in samples if row["phases"][name] is not None]
-        reasons = collections.Counter(row["phase_notes"][name] for row in samples if name in row["phase_notes"])
+        values = [row["phases"][name] for row in rows if row["phases"][name] is not None]
+        reasons = collections.Counter(row["phase_notes"][name] for row in rows if name in row["phase_notes"])
         phases[name] = {**phase_definition(name), **batch_stats(values),
                         "missing": sum(reasons.values()), "missing_reasons": dict(reasons)}
-    skew = [finding for row in samples for finding in clock_skew(row["pod"], row["times"])]
+    skew = [finding for row in rows for finding in clock_skew(row["pod"], row["times"])]
     return {
-        "episodes": count,
-        "successful_episodes": len(samples),
-        "reward_sum": sum(rewards),
-        "rewards": {"count": len(rewards), "sum": sum(rewards), "mean": statistics.fmean(rewards) if rewards else None,
-                    "min": min(rewards, default=None), "max": max(rewards, default=None)},
-        "infrastructure_failures": failures,
-        "batch_to_all_ready_seconds": max((row["batch_to_ready_seconds"] for row in samples), default=None),
-        "batch_to_all_rewards_seconds": max((row["batch_to_reward_seconds"] for row in samples), default=None),
+        "batch_to_all_ready_seconds": max((row["batch_to_ready_seconds"] for row in rows), default=None),
+        "batch_to_all_rewards_seconds": max((row["batch_to_reward_seconds"] for row in rows), default=None),
         "pod_to_ready_p50_seconds": percentile(startup, 0.5) if startup else None,
         "pod_to_ready_p95_seconds": percentile(startup, 0.95) if startup else None,
         "pod_to_ready_max_seconds": max(startup, default=None),
-        "nodes": dict(sorted(collections.Counter(row["node"] for row in samples).items())),
-        "image_ids": sorted({str(row["image_id"]) for row in samples}),
+        "nodes": dict(sorted(collections.Counter(row["node"] for row in rows).items())),
+        "image_ids": sorted({str(row["image_id"]) for row in rows}),
         "phases": phases,
         "clock_skew": {"tolerance_seconds": SKEW_TOLERANCE_SECONDS, "findings": skew,
                        "max_seconds": max((f["by_seconds"] for f in skew), default=None)},
-        "pods": samples,
     }
 
 
@@ -955,31 +966,8 @@ def collect(pods, logs, job, count, observed=None):
             problems.append(str(problem))
     if problems:
         raise EpisodeInvalid("\n".join(problems))
-    startup = [row["pod_to_ready_seconds"] for row in rows]
-    nodes = collections.Counter(row["node"] for row in rows)
-    phases = {}
-    for name in PHASES:
-        values = [row["phases"][name] for row in rows if row["phases"][name] is not None]
-        reasons = collections.Counter(row["phase_notes"][name] for row in rows if name in row["phase_notes"])
-        phases[name] = {**phase_definition(name), **batch_stats(values),
-                        "missing": sum(reasons.values()), "missing_reasons": dict(reasons)}
-    skew = [finding for row in rows for finding in clock_skew(row["pod"], row["times"])]
-    return {
-        "episodes": count,
-        "successful_episodes": len(rows),
-        "reward_sum": sum(row["reward"] for row in rows),
-        "batch_to_all_ready_seconds": max(row["batch_to_ready_seconds"] for row in rows),
-        "batch_to_all_rewards_seconds": max(row["batch_to_reward_seconds"] for row in rows),
-        "pod_to_ready_p50_seconds": percentile(startup, 0.5),
-        "pod_to_ready_p95_seconds": percentile(startup, 0.95),
-        "pod_to_ready_max_seconds": max(startup),
-        "nodes": dict(sorted(nodes.items())),
-        "image_ids": sorted({str(row["image_id"]) for row in rows}),
-        "phases": phases,
-        "clock_skew": {"tolerance_seconds": SKEW_TOLERANCE_SECONDS, "findings": skew,
-                       "max_seconds": max((f["by_seconds"] for f in skew), default=None)},
-        "pods": rows,
-    }
+    return {"episodes": count, "successful_episodes": len(rows), "reward_sum": sum(row["reward"] for row in rows),
+            **batch_summary(rows), "pods": rows}
 
 
 def node_summary(node):
@@ -1073,46 +1061,26 @@ def pool_rounds(rounds, run_info):
     """Several rounds as one result: batch times per round (in `rounds`), per-episode
     percentiles and phases pooled over every round's episodes (the tutorial's third column)."""
     rows = [dict(row, round=result["round"]) for result in rounds for row in result["pods"]]
-    startup = [row["pod_to_ready_seconds"] for row in rows]
-    phases = {}
-    for name in PHASES:
-        values = [row["phases"][name] for row in rows if row["phases"][name] is not None]
-        reasons = collections.Counter(row["phase_notes"][name] for row in rows if name in row["phase_notes"])
-        phases[name] = {**phase_definition(name), **batch_stats(values),
-                        "missing": sum(reasons.values()), "missing_reasons": dict(reasons)}
-    nodes = collections.Counter()
-    for result in rounds:
-        nodes.update(result["nodes"])
     first = rounds[0]
-    skew = [finding for result in rounds for finding in result["clock_skew"]["findings"]]
-    extra = {}
+    pooled = {"episodes": sum(result["episodes"] for result in rounds),
+              "successful_episodes": sum(result["successful_episodes"] for result in rounds),
+              "reward_sum": sum(result["reward_sum"] for result in rounds)}
     if "infrastructure_failures" in first:
-        rewards = [row["reward"] for row in rows]
-        extra = {"rewards": {"count": len(rewards), "sum": sum(rewards),
-                             "mean": statistics.fmean(rewards) if rewards else None,
-                             "min": min(rewards, default=None), "max": max(rewards, default=None)},
-                 "infrastructure_failures": [dict(failure, round=result["round"]) for result in rounds
-                                             for failure in result["infrastructure_failures"]],
-                 "episode_program": first.get("episode_program")}
-    return {**extra,
-        "episodes": sum(result["episodes"] for result in rounds),
-        "successful_episodes": sum(result["successful_episodes"] for result in rounds),
-        "reward_sum": sum(result["reward_sum"] for result in rounds),
-        "rounds": [dict({key: result[key] for key in BATCH_KEYS}, round=result["round"],
-                        episodes=result["episodes"], folder="round-%d" % result["round"]) for result in rounds],
-        "pod_to_ready_p50_seconds": percentile(startup, 0.5) if startup else None,
-        "pod_to_ready_p95_seconds": percentile(startup, 0.95) if startup else None,
-        "pod_to_ready_max_seconds": max(startup, default=None),
-        "nodes": dict(sorted(nodes.items())),
-        "image_ids": sorted({image for result in rounds for image in result["image_ids"]}),
-        "phases": phases,
-        "clock_skew": {"tolerance_seconds": SKEW_TOLERANCE_SECONDS, "findings": skew,
-                       "max_seconds": max((f["by_seconds"] for f in skew), default=None)},
-        "context": first["context"], "namespace": first["namespace"], "image": first["image"],
-        "runtime": first["runtime"], "parallelism": first["parallelism"], "cache_state": first["cache_state"],
-        "run": dict(first["run"], rounds=run_info["rounds"]),
-        "pods": rows,
-    }
+        pooled.update(rewards=reward_stats([row["reward"] for row in rows]),
+                      infrastructure_failures=[dict(failure, round=result["round"]) for result in rounds
+                                               for failure in result["infrastructure_failures"]],
+                      episode_program=first.get("episode_program"))
+    pooled["rounds"] = [dict({key: result[key] for key in BATCH_KEYS}, round=result["round"],
+                             episodes=result["episodes"], folder="round-%d" % result["round"]) for result in rounds]
+    summary = batch_summary(rows)
+    for key in BATCH_KEYS[:2]:
+        del summary[key]  # batch times are per round, in `rounds`
+    pooled.update(summary)
+    for key in ("context", "namespace", "image", "runtime", "parallelism", "cache_state"):
+        pooled[key] = first[key]
+    pooled["run"] = dict(first["run"], rounds=run_info["rounds"])
+    pooled["pods"] = rows
+    return pooled
 
 
 def summary_view(report):

@@ -77,3 +77,25 @@ def find_python(version):
         if subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0:
             return candidate
     pytest.skip("python%s is not installed here" % version)
+
+
+def interrupt_a_run(make_cluster, tmp_path):
+    """Start a run whose episodes never finish, Ctrl-C it once its Job exists; (exit code, stderr)."""
+    import signal
+    import time
+    image = tmp_path / "image-slow"
+    image.write_text("#!/bin/sh\nexec sleep 60\n")
+    image.chmod(0o755)
+    cluster = make_cluster({"images": {"slow:1": {"python": str(image)}}})
+    process = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--count", "2", "--image", "slow:1",
+                                "--output", "out"], cwd=str(tmp_path), env=cluster.env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    receipt = tmp_path / "out" / "receipt.json"
+    deadline = time.monotonic() + 30
+    while not (receipt.exists() and "job_uid" in receipt.read_text()):
+        assert time.monotonic() < deadline, "the run never created its Job"
+        time.sleep(0.1)
+    time.sleep(1.0)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    return cluster, process.returncode, stderr

@@ -1,7 +1,6 @@
 """`run` and `cleanup` end to end, as a user runs them, through the simulated cluster."""
 
 import json
-import os
 from pathlib import Path
 import sys
 

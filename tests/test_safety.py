@@ -2,14 +2,10 @@
 `list`, several-folder cleanup, exit codes. End to end through the simulated cluster."""
 
 import json
-import os
 from pathlib import Path
-import signal
-import subprocess
-import sys
 import time
 
-from conftest import SCRIPT
+from conftest import SCRIPT, interrupt_a_run
 
 SIDECAR = {"name": "istio-proxy", "image": "istio/proxyv2:1.24.0"}
 
@@ -145,28 +141,13 @@ def test_cleanup_of_several_folders_goes_on_after_a_refusal(cluster, run_tool, t
     assert remaining == [refused["namespace"]]
 
 
-def test_interrupt_exits_130_and_leaves_a_folder_cleanup_finishes(make_cluster, tmp_path):
-    image = tmp_path / "image-slow"
-    image.write_text("#!/bin/sh\nexec sleep 60\n")
-    image.chmod(0o755)
-    cluster = make_cluster({"images": {"slow:1": {"python": str(image)}}})
-    process = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--count", "2", "--image", "slow:1",
-                                "--output", "out"], cwd=str(tmp_path), env=cluster.env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    receipt = tmp_path / "out" / "receipt.json"
-    deadline = time.monotonic() + 30
-    while not (receipt.exists() and "job_uid" in receipt.read_text()):
-        assert time.monotonic() < deadline, "the run never created its Job"
-        time.sleep(0.1)
-    time.sleep(0.5)
-    process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130, stderr
+def test_interrupt_exits_130_and_leaves_a_folder_cleanup_finishes(make_cluster, run_tool, tmp_path):
+    cluster, code, stderr = interrupt_a_run(make_cluster, tmp_path)
+    assert code == 130, stderr
     assert "cleanup --output out" in stderr
     assert "Traceback" not in stderr
-    cleanup = subprocess.run([sys.executable, str(SCRIPT), "cleanup", "--output", "out"], cwd=str(tmp_path),
-                             env=cluster.env(), capture_output=True, text=True, timeout=120)
-    assert cleanup.returncode == 0, cleanup.stderr
+    cleanup = run_tool("cleanup", "--output", "out", cluster=cluster)
+    assert cleanup.code == 0, cleanup
 
 
 def test_exit_codes_are_documented_in_help_and_readme(run_tool):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import find_python
+from conftest import find_python, interrupt_a_run
 
 
 def read(path):
@@ -78,27 +78,8 @@ def test_a_create_that_timed_out_after_commit_is_adopted_not_repeated(make_clust
 
 
 def test_interrupt_saves_what_is_known(make_cluster, tmp_path):
-    import signal
-    import subprocess
-    import sys
-    import time
-    from conftest import SCRIPT
-    image = tmp_path / "image-slow"
-    image.write_text("#!/bin/sh\nexec sleep 60\n")
-    image.chmod(0o755)
-    cluster = make_cluster({"images": {"slow:1": {"python": str(image)}}})
-    process = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--count", "2", "--image", "slow:1",
-                                "--output", "out"], cwd=str(tmp_path), env=cluster.env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    receipt = tmp_path / "out" / "receipt.json"
-    deadline = time.monotonic() + 30
-    while not (receipt.exists() and "job_uid" in receipt.read_text()):
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    time.sleep(1.0)
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130, stderr
+    _, code, stderr = interrupt_a_run(make_cluster, tmp_path)
+    assert code == 130, stderr
     out = tmp_path / "out"
     assert len(read(out / "pods.json")) == 2
     assert read(out / "job.json")["metadata"]["name"] == "rollout"

@@ -1,14 +1,10 @@
 """Pure functions of rl-batch-demo.py, in-process: manifests, percentiles, validation."""
 
 import ast
-import copy
 import json
-import os
 from pathlib import Path
-import shutil
 import statistics
 import subprocess
-import sys
 
 import pytest
 
