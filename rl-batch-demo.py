@@ -190,7 +190,7 @@ class KubectlError(DemoError):
         words = [word for word in args if not word.startswith("--request-timeout")]
         if words[:1] == ["--context"]:
             words = words[2:]
-        super().__init__("kubectl %s failed: %s" % (" ".join(words[:4]), detail))
+        super().__init__("kubectl %s failed: %s" % (" ".join(words[:3]), detail))
 
     @property
     def not_found(self):
@@ -1716,7 +1716,7 @@ def run_experiment(args, cluster, output, receipt):
         write_json(output / "run.json", run_info)
         report = results_from_folder(output)
         write_json(output / "results.json", report)
-        (output / "timeline.svg").write_text(timeline_svg([("round %d" % r["round"], r) for r in rounds]))
+        (output / "timeline.svg").write_text(timeline_svg([("round %d" % r["round"], r) for r in rounds if r["pods"]]))
     return conclude(report)
 
 
@@ -1769,7 +1769,9 @@ def run_prewarm(args, cluster, output, receipt, all_nodes, nodes, prepare):
     pending = []
     for index, node in enumerate(nodes, 1):
         name = node["metadata"]["name"]
-        job = job_manifest(receipt["namespace"], receipt["run_id"], 1, 1, args.image, runtime, args.timeout)
+        # The same program as the measured rounds (custom episodes warm up on task 0).
+        job = job_manifest(receipt["namespace"], receipt["run_id"], 1, 1, args.image, runtime, args.timeout,
+                           indexed=bool(args.episode), retries=args.retries, tasks=args.tasks_list is not None)
         job["metadata"]["name"] = "prewarm-%d" % index
         job["metadata"]["labels"]["app.kubernetes.io/component"] = "prewarm"
         job["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": name}
@@ -1825,6 +1827,7 @@ def run_local(args, output):
         write_json(output / "run.json", run_info)
         report = results_from_folder(output)
         write_json(output / "results.json", report)
+        (output / "timeline.svg").write_text(timeline_svg([("round %d" % r["round"], r) for r in rounds if r["pods"]]))
     return conclude(report)
 
 
