@@ -12,7 +12,11 @@ What it does
 How to run
     python3 rl-batch-demo.py run --count 10 --output rl-parallel-10
     python3 rl-batch-demo.py run --count 10 --parallelism 1 --output rl-sequential-10
+    python3 rl-batch-demo.py report rl-parallel-10 rl-sequential-10
     python3 rl-batch-demo.py cleanup --output rl-parallel-10
+    python3 rl-batch-demo.py list                 # runs of this tool left on the context
+    python3 rl-batch-demo.py run --backend local --episode my_episode.py --tasks tasks.jsonl \
+        --output trial                            # your own episodes, no cluster needed
 
     Only the Python standard library (3.9+) and `kubectl` are needed. Set KUBECTL to use
     another kubectl program. Every kubectl call names the context explicitly.
