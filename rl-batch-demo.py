@@ -308,7 +308,8 @@ def job_manifest(namespace, run_id, count, parallelism, image, runtime,
     }
     if tasks:
         container["env"] += [
-            {"name": "TASK_INDEX", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['%s']" % INDEX_KEY}}},
+            # the annotation exists on every Indexed Job's pods; the label only with PodIndexLabel (1.28+)
+            {"name": "TASK_INDEX", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['%s']" % INDEX_KEY}}},
             {"name": "TASK_FILE", "value": "/tasks/task-$(TASK_INDEX).json"}]
         container["volumeMounts"].append({"name": "tasks", "mountPath": "/tasks", "readOnly": True})
         pod_spec["volumes"].append({"name": "tasks", "configMap": {"name": TASKS_CONFIGMAP}})
@@ -1649,6 +1650,12 @@ def run_experiment(args, cluster, output, receipt):
     run_info = new_run_info(args, cluster.context, namespace)
     write_json(output / "run.json", run_info)
     save_optional(output / "version.json", lambda: json.loads(cluster.read("version", "-o", "json")))
+    server = (read_saved(output / "version.json") or {}).get("serverVersion", {})
+    minor = int("".join(ch for ch in str(server.get("minor", "")) if ch.isdigit()) or 0)
+    if args.episode and server.get("major") == "1" and minor and minor < 29:
+        print("warning: the server is Kubernetes %s; per-episode retries (backoffLimitPerIndex) need 1.29 or "
+              "later, so an older API server ignores them and one failure may count against the whole batch"
+              % server.get("gitVersion"), file=sys.stderr)
     runtime_class = None
     if runtime is not None:
         try:

@@ -177,3 +177,11 @@ def test_the_worked_example_runs_locally(run_tool, tmp_path):
     assert result.code == 0, result
     results = read(tmp_path / "sums" / "results.json")
     assert results["rewards"]["count"] == 4 and results["reward_sum"] == 2.0
+
+
+def test_an_old_server_gets_a_warning_about_per_episode_retries(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"kubernetesVersion": "v1.27.3"})
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": 0}])
+    result = run_tool("run", "--episode", EPISODE, "--tasks", tasks, "--output", "out", cluster=cluster)
+    assert "warning: the server is Kubernetes v1.27.3; per-episode retries (backoffLimitPerIndex) need 1.29" \
+        in result.stderr
