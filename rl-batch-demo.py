@@ -573,18 +573,18 @@ TIME_POINTS = {
     "container_finished": ("kubelet", 1.0, "containerStatuses[0].state.terminated.finishedAt"),
 }
 
-# Per-episode phases: name -> (from point, to point). pod_to_ready is the seed's metric.
+# Per-episode phases: name -> (from point, to point, label). pod_to_ready is the seed's metric.
 PHASES = {
-    "scheduling": ("pod_created", "scheduled"),
-    "sandbox_start": ("scheduled", "sandbox_ready"),
-    "container_start": ("sandbox_ready", "container_started"),
-    "scheduled_to_container_started": ("scheduled", "container_started"),
-    "interpreter_start": ("container_started", "process_start"),
-    "module_import": ("process_start", "imports_done"),
-    "import_done_to_ready": ("imports_done", "ready"),
-    "ready_to_reward": ("ready", "reward"),
-    "reward_to_container_finished": ("reward", "container_finished"),
-    "pod_to_ready": ("pod_created", "ready"),
+    "scheduling": ("pod_created", "scheduled", "pod created -> scheduled"),
+    "sandbox_start": ("scheduled", "sandbox_ready", "scheduled -> sandbox ready"),
+    "container_start": ("sandbox_ready", "container_started", "sandbox ready -> container started"),
+    "scheduled_to_container_started": ("scheduled", "container_started", "scheduled -> container started"),
+    "interpreter_start": ("container_started", "process_start", "container started -> first statement"),
+    "module_import": ("process_start", "imports_done", "Python module import"),
+    "import_done_to_ready": ("imports_done", "ready", "import done -> ready"),
+    "ready_to_reward": ("ready", "reward", "ready -> reward"),
+    "reward_to_container_finished": ("reward", "container_finished", "reward -> container finished"),
+    "pod_to_ready": ("pod_created", "ready", "pod created -> ready"),
 }
 SKEW_TOLERANCE_SECONDS = 1.0  # the API timestamps' resolution
 
@@ -607,7 +607,7 @@ def percentile(values, q):
 
 def phase_definition(name):
     """What a phase measures: its endpoints, clocks, resolution and unit (for results.json)."""
-    start, end = PHASES[name]
+    start, end, _ = PHASES[name]
     clocks = [TIME_POINTS[start][0], TIME_POINTS[end][0]]
     return {"from": start, "to": end, "from_source": TIME_POINTS[start][2], "to_source": TIME_POINTS[end][2],
             "clocks": clocks if clocks[0] != clocks[1] else clocks[:1], "mixed_clocks": clocks[0] != clocks[1],
@@ -665,7 +665,7 @@ def episode_times(pod, ready, reward, observed=None):
 def episode_phases(times, missing):
     """{phase: seconds or None} and {phase: why None} from one episode's times."""
     phases, notes = {}, {}
-    for name, (start, end) in PHASES.items():
+    for name, (start, end, _) in PHASES.items():
         if times.get(start) is None or times.get(end) is None:
             phases[name] = None
             notes[name] = missing.get(start) or missing.get(end)
@@ -1165,20 +1165,15 @@ def cleanup_command(output):
 
 # Report rows: (label, kind, key). kind "phase": P50 / P95 of a phase; "batch": a batch
 # time in seconds (with a ratio against the first column); "count": episodes / rewards.
-REPORT_ROWS = [
-    ("tasks / rewards", "count", None),
-    ("pod created -> scheduled P50 / P95", "phase", "scheduling"),
-    ("scheduled -> sandbox ready (PodReadyToStartContainers) P50 / P95", "phase", "sandbox_start"),
-    ("sandbox ready -> container started P50 / P95", "phase", "container_start"),
-    ("scheduled -> container started P50 / P95", "phase", "scheduled_to_container_started"),
-    ("container started -> first statement P50 / P95", "phase", "interpreter_start"),
-    ("Python module import P50 / P95", "phase", "module_import"),
-    ("import done -> ready P50 / P95", "phase", "import_done_to_ready"),
+REPORT_ROWS = [("tasks / rewards", "count", None)] + [
+    (PHASES[name][2] + " P50 / P95", "phase", name) for name in (
+        "scheduling", "sandbox_start", "container_start", "scheduled_to_container_started",
+        "interpreter_start", "module_import", "import_done_to_ready")] + [
     ("batch all ready", "batch", "batch_to_all_ready_seconds"),
-    ("pod created -> ready P50 / P95", "phase", "pod_to_ready"),
-    ("ready -> reward P50 / P95", "phase", "ready_to_reward"),
+    (PHASES["pod_to_ready"][2] + " P50 / P95", "phase", "pod_to_ready"),
+    (PHASES["ready_to_reward"][2] + " P50 / P95", "phase", "ready_to_reward"),
     ("batch all rewards", "batch", "batch_to_all_rewards_seconds"),
-    ("reward -> container finished P50 / P95", "phase", "reward_to_container_finished"),
+    (PHASES["reward_to_container_finished"][2] + " P50 / P95", "phase", "reward_to_container_finished"),
     ("client sees Job complete", "batch", "client_job_complete_seconds"),
 ]
 
@@ -1240,18 +1235,13 @@ def report_markdown(table):
     return "\n".join(lines) + "\n"
 
 
-# Timeline segments, in order: (phase, colour, legend text).
-TIMELINE_SEGMENTS = [
-    ("scheduling", "#bdbdbd", "pod created -> scheduled"),
-    ("sandbox_start", "#8e6bbf", "scheduled -> sandbox ready"),
-    ("container_start", "#4c72b0", "sandbox ready -> container started"),
-    ("scheduled_to_container_started", "#6a8fcf", "scheduled -> container started (sandbox time unknown)"),
-    ("interpreter_start", "#dd8452", "container started -> first statement"),
-    ("module_import", "#c44e52", "Python module import"),
-    ("import_done_to_ready", "#937860", "import done -> ready"),
-    ("ready_to_reward", "#55a868", "ready -> reward (tests, fix, tests)"),
-    ("reward_to_container_finished", "#8c8c8c", "reward -> container finished"),
-]
+# Timeline segments, in order: phase -> colour. scheduled_to_container_started is drawn only
+# when the sandbox-ready time is unknown.
+TIMELINE_COLOURS = {
+    "scheduling": "#bdbdbd", "sandbox_start": "#8e6bbf", "container_start": "#4c72b0",
+    "scheduled_to_container_started": "#6a8fcf", "interpreter_start": "#dd8452", "module_import": "#c44e52",
+    "import_done_to_ready": "#937860", "ready_to_reward": "#55a868", "reward_to_container_finished": "#8c8c8c",
+}
 
 
 def timeline_svg(runs):
@@ -1282,8 +1272,8 @@ def timeline_svg(runs):
         for row in rows:
             parts.append('<g class="episode" data-pod="%s">' % escape(row["pod"]))
             times = row["times"]
-            for phase, colour, _ in TIMELINE_SEGMENTS:
-                start, end = PHASES[phase]
+            for phase, colour in TIMELINE_COLOURS.items():
+                start, end, _ = PHASES[phase]
                 if phase == "scheduled_to_container_started" and times["sandbox_ready"] is not None:
                     continue
                 if times.get(start) is None or times.get(end) is None:
@@ -1304,12 +1294,13 @@ def timeline_svg(runs):
         parts.append('<text x="%d" y="%d" font-size="10">seconds since the Job was created (API times are whole '
                      'seconds)</text>' % (left, y + 26))
         y += 40
-    for index, (phase, colour, text) in enumerate(TIMELINE_SEGMENTS):
+    for index, (phase, colour) in enumerate(TIMELINE_COLOURS.items()):
+        text = PHASES[phase][2]
         column, line = index % 3, index // 3
         x, ly = left + column * 330, y + line * 16
         parts.append('<rect x="%d" y="%d" width="12" height="10" fill="%s"/>' % (x, ly, colour))
         parts.append('<text x="%d" y="%d" font-size="11">%s</text>' % (x + 16, ly + 9, escape(text)))
-    y += 16 * math.ceil(len(TIMELINE_SEGMENTS) / 3) + 10
+    y += 16 * math.ceil(len(TIMELINE_COLOURS) / 3) + 10
     return ('<?xml version="1.0" encoding="UTF-8"?>\n'
             '<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" '
             'font-family="sans-serif">\n<rect width="100%%" height="100%%" fill="white"/>\n%s\n</svg>\n'
