@@ -1506,14 +1506,15 @@ def finish_job(args, cluster, namespace, job_name, folder, started, run_info, no
     # and a failed attempt's log says why it failed.
     fetch_logs(cluster, namespace, folder, [pod for pod in pods if episode_events(pod, "")[1] == "log"
                                             or pod.get("status", {}).get("phase") != "Succeeded"])
-    def save_everything():
-        save_events(cluster, namespace, folder)
-        fetch_logs(cluster, namespace, folder, pods)
 
-    report = write_results(folder, where, before_failing=save_everything)
-    # Archive for people: every episode's log and the events (results are already safe).
-    fetch_logs(cluster, namespace, folder, [pod for pod in pods if not (folder / (pod["metadata"]["name"] + ".log")).exists()])
-    save_events(cluster, namespace, folder)
+    def archive():
+        """Every episode's log not saved yet, and the events."""
+        fetch_logs(cluster, namespace, folder,
+                   [pod for pod in pods if not (folder / (pod["metadata"]["name"] + ".log")).exists()])
+        save_events(cluster, namespace, folder)
+
+    report = write_results(folder, where, before_failing=archive)
+    archive()  # for people: the results are already safe
     return report
 
 
