@@ -2041,28 +2041,35 @@ def find_receipts(folders):
     return found
 
 
-def run_row(namespace, job, receipts, now):
-    """One line of `list`: what the cluster says about a run, and which receipt names it."""
+def run_row(namespace, jobs, receipts, now):
+    """One line of `list`: what the cluster says about a run (all its Jobs: rounds, prewarm),
+    and which receipt names it."""
     meta = namespace["metadata"]
     name = meta["name"]
-    status = (job or {}).get("status", {})
+    outcomes = [job_outcome(job) for job in jobs]
     if meta.get("deletionTimestamp"):
         state = "Terminating"
-    elif job is None:
+    elif not jobs:
         state = "no Job"
+    elif "Failed" in outcomes:
+        state = "Failed"
     else:
-        state = job_outcome(job) or "Running"
+        state = "Complete" if all(outcome == "Complete" for outcome in outcomes) else "Running"
     receipt = "-"
     if name in receipts:
         folder, saved = receipts[name]
         receipt = str(folder)
         if saved.get("uid") != meta.get("uid"):
             receipt += " (uid differs: not this namespace)"
+
+    def total(key):
+        return sum(job.get("status", {}).get(key, 0) for job in jobs)
     return {"namespace": name, "run_id": meta.get("labels", {}).get(RUN_LABEL),
             "age_seconds": int(now - parse_k8s_time(meta["creationTimestamp"])), "state": state,
-            "completions": (job or {}).get("spec", {}).get("completions"),
-            "succeeded": status.get("succeeded", 0), "failed": status.get("failed", 0),
-            "active": status.get("active", 0), "receipt": receipt}
+            "jobs": sorted(job["metadata"]["name"] for job in jobs),
+            "completions": sum(job.get("spec", {}).get("completions", 0) for job in jobs) if jobs else None,
+            "succeeded": total("succeeded"), "failed": total("failed"), "active": total("active"),
+            "receipt": receipt}
 
 
 def human_age(seconds):
@@ -2077,8 +2084,8 @@ def cmd_list(args):
     namespaces = json.loads(cluster.kubectl("get", "namespaces", "-l", RUN_LABEL, "-o", "json"))["items"]
     receipts = find_receipts(args.search or ["."])
     now = time.time()
-    rows = [run_row(ns, cluster.get_json("-n", ns["metadata"]["name"], "job", JOB_NAME), receipts, now)
-            for ns in namespaces]
+    rows = [run_row(ns, json.loads(cluster.read("-n", ns["metadata"]["name"], "get", "jobs", "-o", "json"))["items"],
+                    receipts, now) for ns in namespaces]
     if args.json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK

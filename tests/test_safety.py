@@ -111,6 +111,13 @@ def test_list_shows_runs_that_no_local_receipt_names(cluster, run_tool, tmp_path
     assert (row["state"], row["succeeded"], row["completions"]) == ("Complete", 1, 1)
 
 
+def test_list_counts_every_job_of_a_run_with_rounds(cluster, run_tool, tmp_path):
+    assert run_tool("run", "--count", "2", "--rounds", "2", "--output", "runs/r", cluster=cluster).code == 0
+    (row,) = json.loads(run_tool("list", "--search", "runs", "--json", cluster=cluster).stdout)
+    assert (row["state"], row["jobs"], row["succeeded"], row["completions"]) == (
+        "Complete", ["rollout-1", "rollout-2"], 4, 4)
+
+
 def test_list_ignores_namespaces_this_tool_did_not_create(cluster, run_tool):
     other = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}
     cluster.kubectl("create", "-f", "-", stdin=json.dumps(other))
