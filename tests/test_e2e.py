@@ -73,6 +73,9 @@ def test_run_10_sequential_runs_one_episode_at_a_time(cluster, run_tool, tmp_pat
     rows = sorted(results["pods"], key=lambda row: row["batch_to_ready_seconds"])
     for earlier, later in zip(rows, rows[1:]):
         assert earlier["batch_to_reward_seconds"] < later["batch_to_ready_seconds"]
+    assert run_tool("cleanup", "--output", "seq", cluster=cluster).code == 0
+    gone = cluster.kubectl("get", "namespace", results["namespace"], "--ignore-not-found", "-o", "name")
+    assert gone.stdout == ""
 
 
 def test_every_kubectl_call_names_the_context(cluster, run_tool):
