@@ -1703,7 +1703,7 @@ def run_experiment(args, cluster, output, receipt):
         run_prewarm(args, cluster, output, receipt, nodes, usable_nodes(nodes, runtime_class), prepare)
     rounds = []
     for number in range(1, args.rounds + 1):
-        folder = output if args.rounds == 1 else output / ("round-%d" % number)
+        folder = round_folder(output, number, args.rounds)
         info = prepare(folder, args.count, {"round": number} if args.rounds > 1 else {})
         job = dict(job, metadata=dict(job["metadata"], name=JOB_NAME if args.rounds == 1 else "%s-%d" % (
             JOB_NAME, number)))
@@ -1713,14 +1713,24 @@ def run_experiment(args, cluster, output, receipt):
             note("round %d of %d: Job %s" % (number, args.rounds, job["metadata"]["name"]))
         rounds.append(finish_job(args, cluster, namespace, job["metadata"]["name"], folder, started, info, nodes,
                                  progress))
-    report = rounds[0]
-    if args.rounds > 1:
-        run_info["rounds"] = args.rounds
-        write_json(output / "run.json", run_info)
-        report = results_from_folder(output)
-        write_json(output / "results.json", report)
-        (output / "timeline.svg").write_text(timeline_svg([("round %d" % r["round"], r) for r in rounds if r["pods"]]))
-    return conclude(report)
+    return conclude(pool_round_folders(output, run_info, rounds))
+
+
+def round_folder(output, number, rounds):
+    """One round keeps the seed's flat folder; several rounds get round-N/ each."""
+    return output if rounds == 1 else output / ("round-%d" % number)
+
+
+def pool_round_folders(output, run_info, rounds):
+    """After the last round: with several, the pooled results.json and one stacked timeline."""
+    if len(rounds) == 1:
+        return rounds[0]
+    run_info["rounds"] = len(rounds)
+    write_json(output / "run.json", run_info)
+    report = results_from_folder(output)
+    write_json(output / "results.json", report)
+    (output / "timeline.svg").write_text(timeline_svg([("round %d" % r["round"], r) for r in rounds if r["pods"]]))
+    return report
 
 
 def new_run_info(args, context, namespace, backend="kubernetes"):
@@ -1820,18 +1830,11 @@ def run_local(args, output):
     write_json(output / "run.json", run_info)
     rounds = []
     for number in range(1, args.rounds + 1):
-        folder = output if args.rounds == 1 else output / ("round-%d" % number)
+        folder = round_folder(output, number, args.rounds)
         folder.mkdir(exist_ok=True)
         info = dict(run_info, **({"round": number} if args.rounds > 1 else {}))
         rounds.append(run_local_batch(args, folder, info))
-    report = rounds[0]
-    if args.rounds > 1:
-        run_info["rounds"] = args.rounds
-        write_json(output / "run.json", run_info)
-        report = results_from_folder(output)
-        write_json(output / "results.json", report)
-        (output / "timeline.svg").write_text(timeline_svg([("round %d" % r["round"], r) for r in rounds if r["pods"]]))
-    return conclude(report)
+    return conclude(pool_round_folders(output, run_info, rounds))
 
 
 def run_local_batch(args, folder, run_info):
