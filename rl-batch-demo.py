@@ -36,7 +36,7 @@ Exit codes
     0 success; 1 error (kubectl, cluster, prerequisites, refused cleanup); 2 bad command
     line; 3 timed out (the Job's deadline or the client's wait); 4 the batch failed or an
     episode did not pass validation; 5 custom episodes only: results written, but some
-    episodes are infrastructure failures; 130 interrupted.
+    episodes are infrastructure failures; 130 interrupted (Ctrl-C); 143 terminated (SIGTERM).
 """
 
 import argparse
@@ -100,7 +100,8 @@ CONFIGMAP_MAX_BYTES = 1048576  # the API server's limit on a ConfigMap's data
 TASKS_CONFIGMAP = "tasks"
 LOCAL_KIND = "LocalEpisode"  # the local backend's stand-in for a pod in pods.json
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT)
+EXIT_TERMINATED = 143  # SIGTERM (128 + 15), e.g. a CI runner or `timeout` stopping the tool
 
 # ============================================================================
 # The episode program (runs inside each sandbox)
@@ -190,7 +191,7 @@ class KubectlError(DemoError):
         self.args_list = list(args)
         self.returncode = returncode
         self.stderr = (stderr or "").strip()
-        detail = last_line(self.stderr) or "no error message (exit code %s)" % returncode
+        detail = meaningful_line(self.stderr) or "no error message (exit code %s)" % returncode
         words = [word for word in args if not word.startswith("--request-timeout")]
         if words[:1] == ["--context"]:
             words = words[2:]
@@ -212,6 +213,24 @@ class BatchFailed(DemoError):
 def last_line(text):
     lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
     return lines[-1] if lines else ""
+
+
+# kubectl's own error lines, as opposed to client-go log lines ("E1130 06:46:07.123 memcache.go:265]
+# ...") and warnings it may print first.
+KUBECTL_ERROR_STARTS = ("Error from server", "error:", "Error in configuration", "The connection to the server",
+                        "Unable to connect to the server")
+
+
+def meaningful_line(text):
+    """The line of kubectl's stderr that says what went wrong: the last of its own error
+    lines, else the last line that is not a log or warning line."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith(KUBECTL_ERROR_STARTS)]
+    if errors:
+        return errors[-1]
+    plain = [line for line in lines if not (line[:1] in "IWEF" and line[1:5].isdigit()) and
+             not line.startswith("Warning:")]
+    return (plain or lines or [""])[-1]
 
 
 # ============================================================================
@@ -360,6 +379,13 @@ def run_kubectl(argv, stdin_text=None):
     except FileNotFoundError:
         raise DemoError("kubectl not found (looked for %r on PATH); install kubectl or set "
                         "KUBECTL to its path" % program) from None
+    except PermissionError:
+        what = "a directory" if os.path.isdir(program) else "not executable"
+        raise DemoError("cannot run kubectl %r: it is %s; set KUBECTL to the kubectl program itself"
+                        % (program, what)) from None
+    except OSError as error:
+        raise DemoError("cannot run kubectl %r: %s; set KUBECTL to the kubectl program"
+                        % (program, error.strerror or error)) from None
     except subprocess.TimeoutExpired:
         raise KubectlError(argv, None, "kubectl did not finish within %d s"
                            % KUBECTL_PROCESS_TIMEOUT_SECONDS) from None
@@ -379,11 +405,18 @@ def current_context():
     return context
 
 
-# kubectl stderr that means "try again": the API server or the network, not the request.
-TRANSIENT_MARKERS = ("(InternalError)", "(ServiceUnavailable)", "(Timeout)", "(TooManyRequests)",
-                     "connection to the server", "Unable to connect to the server", "i/o timeout",
-                     "TLS handshake timeout", "connection reset", "unexpected EOF", "http2:",
-                     "etcdserver: request timed out", "did not finish within")
+# kubectl stderr that means "try again": the API server, etcd or the network, not the request.
+# etcd's errors reach kubectl as Status objects without a reason ("Error from server:
+# etcdserver: leader changed", k8s-samples fact 27).
+TRANSIENT_MARKERS = ("(InternalError)", "(ServiceUnavailable)", "(Timeout)", "(ServerTimeout)",
+                     "(TooManyRequests)", "etcdserver: ", "connection to the server", "Unable to connect to the server",
+                     "i/o timeout", "TLS handshake timeout", "connection reset", "unexpected EOF", "http2:",
+                     "context deadline exceeded", "did not finish within")
+# A create answered with one of these was refused: nothing was made. Any other failure leaves
+# its outcome unknown, so the tool looks before it tries again.
+REFUSAL_MARKERS = ("(Forbidden)", "(Invalid)", "(BadRequest)", "(NotFound)", "(MethodNotAllowed)",
+                   "(Unauthorized)", "(UnsupportedMediaType)", "(RequestEntityTooLarge)", "Error in configuration",
+                   "error: ", "error parsing")
 RETRY_DELAYS_SECONDS = (0.5, 1, 2, 4, 8)  # then give up: about 15 s of trying
 
 
@@ -410,15 +443,16 @@ class Cluster:
             except KubectlError as error:
                 if delay is None or not is_transient(error):
                     raise
-                note("kubectl %s: %s; retrying in %s s" % (" ".join(parts[:3]), last_line(error.stderr), delay))
+                note("kubectl %s: %s; retrying in %s s" % (" ".join(parts[:3]), meaningful_line(error.stderr), delay))
                 time.sleep(delay)
 
     def create_owned(self, obj, run_id):
-        """Create obj; after a transient failure or AlreadyExists, look before trying again.
+        """Create obj; whenever the outcome is unknown, look before trying again.
 
         A create is never blindly repeated: the object may exist already (the API server
-        committed it before the connection failed). It is adopted only if it carries this
-        run's label, and otherwise reported, not touched.
+        committed it before the answer was lost). It is adopted only if it carries this run's
+        label, and otherwise reported, not touched. Only a clear refusal (Forbidden, Invalid,
+        ...) is taken as "nothing was created".
         """
         meta = obj["metadata"]
         where = ("-n", meta["namespace"]) if meta.get("namespace") else ()
@@ -427,9 +461,15 @@ class Cluster:
             try:
                 return json.loads(self.kubectl("create", "-f", "-", "-o", "json", data=obj))
             except KubectlError as error:
-                if not (is_transient(error) or "(AlreadyExists)" in error.stderr):
+                refused = any(marker in error.stderr for marker in REFUSAL_MARKERS)
+                if refused and "(AlreadyExists)" not in error.stderr:
                     raise
-                existing = self.get_json(*where, kind, meta["name"])
+                try:
+                    existing = self.get_json(*where, kind, meta["name"])
+                except KubectlError as look:
+                    raise DemoError("kubectl create %s %s: %s; whether it was created is unknown, and looking "
+                                    "failed too: %s" % (kind, meta["name"], meaningful_line(error.stderr),
+                                                        meaningful_line(look.stderr))) from None
                 if existing is not None:
                     owner = existing["metadata"].get("labels", {}).get(RUN_LABEL)
                     if owner == run_id:
@@ -438,8 +478,8 @@ class Cluster:
                                     "%r); refusing to use it" % (kind, meta["name"], RUN_LABEL, owner, run_id))
                 if delay is None:
                     raise
-                note("kubectl create %s %s: %s; retrying in %s s" % (kind, meta["name"], last_line(error.stderr),
-                                                                     delay))
+                note("kubectl create %s %s: %s; it does not exist, retrying in %s s"
+                     % (kind, meta["name"], meaningful_line(error.stderr), delay))
                 time.sleep(delay)
 
     def get_json(self, *parts):
@@ -454,14 +494,18 @@ class Cluster:
 class Watch:
     """`kubectl get ... --watch -o json` in the background: a queue of object states.
 
-    The stream is a sequence of JSON objects. If kubectl exits (a server-side watch
-    timeout, a network blip), it is started again; callers also poll now and then, so a
+    The stream is a sequence of JSON objects. A watch ends when the server ends it: kubectl
+    then exits 0, after printing an ERROR event's Status object (410 Expired, ...) like any
+    object (k8s-samples fact 25). Only objects of `kind` are kept; when kubectl exits, it is
+    started again (listing the current objects first); callers also poll now and then, so a
     dead watch costs latency, never correctness.
     """
 
     running = []  # every Watch not yet stopped, so that no kubectl is left behind on exit
 
-    def __init__(self, cluster, *parts):
+    def __init__(self, cluster, kind, *parts):
+        self.kind = kind
+        self.restarts = 0
         self.argv = [kubectl_program(), "--context", cluster.context, "--request-timeout=0", "get", *parts,
                      "--watch", "-o", "json"]
         Watch.running.append(self)
@@ -484,12 +528,17 @@ class Watch:
                 lines.append(line)
                 if line.rstrip("\n") == "}":
                     try:
-                        self.states.put(json.loads("".join(lines)))
+                        obj = json.loads("".join(lines))
                     except ValueError:
                         continue
                     lines = []
+                    # An ERROR event's Status (or anything else) is not a state of the object.
+                    if isinstance(obj, dict) and obj.get("kind") == self.kind and \
+                            isinstance(obj.get("metadata"), dict) and obj["metadata"].get("name"):
+                        self.states.put(obj)
             self.process.wait()
-            self.stopped.wait(1.0)
+            self.restarts += 1
+            self.stopped.wait(0.2 if self.restarts < 5 else 1.0)
 
     def drain(self, timeout=0.0):
         """Every state received so far, waiting up to `timeout` for the first one."""
@@ -551,9 +600,9 @@ def read_json(path, what):
 # ============================================================================
 # Collection and validation: pure functions over saved JSON and logs
 # ============================================================================
-# Clocks and precision. Every time below is Unix seconds from one of four clocks:
-#   api-server  metadata.creationTimestamp           whole seconds (truncated)
-#   scheduler   the PodScheduled condition           whole seconds (control plane)
+# Clocks and precision. Every time below is Unix seconds from one of three clocks:
+#   api-server  metadata.creationTimestamp, and the PodScheduled condition (the API server
+#               stamps it when it accepts the binding): whole seconds (truncated)
 #   kubelet     PodReadyToStartContainers, container startedAt/finishedAt: the node's
 #               clock, whole seconds
 #   episode     the episode's own time.time() inside the sandbox: sub-microsecond, but
@@ -563,7 +612,8 @@ def read_json(path, what):
 # The points of an episode's life, in order: name -> (clock, resolution in seconds, source).
 TIME_POINTS = {
     "pod_created": ("api-server", 1.0, "pod metadata.creationTimestamp"),
-    "scheduled": ("scheduler", 1.0, "PodScheduled=True lastTransitionTime"),
+    # written by the API server when it accepts the scheduler's binding (k8s-samples fact 28)
+    "scheduled": ("api-server", 1.0, "PodScheduled=True lastTransitionTime"),
     "sandbox_ready": ("kubelet", 1.0, "PodReadyToStartContainers=True lastTransitionTime"),
     "container_started": ("kubelet", 1.0, "containerStatuses[0].state.terminated.startedAt"),
     "process_start": ("episode", 1e-6, "ready event started_at (first statement)"),
@@ -586,7 +636,6 @@ PHASES = {
     "reward_to_container_finished": ("reward", "container_finished", "reward -> container finished"),
     "pod_to_ready": ("pod_created", "ready", "pod created -> ready"),
 }
-SKEW_TOLERANCE_SECONDS = 1.0  # the API timestamps' resolution
 
 
 def parse_k8s_time(value):
@@ -674,18 +723,75 @@ def episode_phases(times, missing):
     return phases, notes
 
 
-def clock_skew(pod_name, times):
-    """Episode events earlier than an API time they must follow, beyond its resolution."""
+def job_finished_time(job):
+    """When the API server saw the Job finish (Unix seconds, whole, truncated): completionTime,
+    else the first terminal or target condition's lastTransitionTime; None while it runs."""
+    status = (job or {}).get("status", {})
+    if status.get("completionTime"):
+        return parse_k8s_time(status["completionTime"])
+    stamps = [c["lastTransitionTime"] for c in status.get("conditions") or [] if c.get("status") == "True"
+              and c.get("type") in ("SuccessCriteriaMet", "Complete", "FailureTarget", "Failed")
+              and c.get("lastTransitionTime")]
+    return min(parse_k8s_time(stamp) for stamp in stamps) if stamps else None
+
+
+def episode_skew(times, job_finished):
+    """How far one episode's node clocks are at least off the API server's, where the data bound
+    it: [{"clock", "direction", "at_least_seconds", "bound"}]. API times are truncated to the
+    second, so the true moment lies in [stamp, stamp + 1):
+      behind  the episode cannot start before its pod was created:
+              pod_created - process_start (or ready) > 0 is a lower bound, exactly;
+              the kubelet's container start likewise, less its own 1 s resolution;
+      ahead   the episode's reward comes before the Job finished (its pods ended first):
+              reward - (Job finished + 1 s) > 0 is a lower bound; the kubelet's finishedAt likewise.
+    """
     found = []
-    for api_point in ("pod_created", "container_started"):
-        api_time = times.get(api_point)
-        for point in ("process_start", "ready"):
-            if api_time is not None and times.get(point) is not None:
-                early = api_time - times[point]
-                if early > SKEW_TOLERANCE_SECONDS:
-                    found.append({"pod": pod_name, "event": point, "earlier_than": api_point,
-                                  "by_seconds": early})
+    created = times.get("pod_created")
+    episode_start = min((times[p] for p in ("process_start", "ready") if times.get(p) is not None), default=None)
+    if created is not None and episode_start is not None and created - episode_start > 0:
+        found.append({"clock": "episode", "direction": "behind", "at_least_seconds": created - episode_start,
+                      "bound": "an episode cannot start before its pod's creation (pod metadata.creationTimestamp)"})
+    if created is not None and times.get("container_started") is not None and \
+            created - times["container_started"] - 1.0 > 0:
+        found.append({"clock": "kubelet", "direction": "behind",
+                      "at_least_seconds": created - times["container_started"] - 1.0,
+                      "bound": "a container cannot start before its pod's creation (less 1 s of resolution)"})
+    if job_finished is not None:
+        limit = job_finished + 1.0
+        if times.get("reward") is not None and times["reward"] - limit > 0:
+            found.append({"clock": "episode", "direction": "ahead", "at_least_seconds": times["reward"] - limit,
+                          "bound": "an episode's reward comes before its Job finished (the Job's completionTime "
+                                   "or terminal condition, + 1 s of resolution)"})
+        if times.get("container_finished") is not None and times["container_finished"] - limit > 0:
+            found.append({"clock": "kubelet", "direction": "ahead",
+                          "at_least_seconds": times["container_finished"] - limit,
+                          "bound": "a container finishes before its Job finished (+ 1 s of resolution)"})
     return found
+
+
+def skew_phrase(finding):
+    return "the %s clock on node %s is at least %.1f s %s the API server" % (
+        finding["clock"], finding["node"], finding["at_least_seconds"],
+        "behind" if finding["direction"] == "behind" else "ahead of")
+
+
+def clock_skew_summary(rows):
+    """Per node, clock and direction: the largest lower bound any episode gives, with the bound
+    used and how many episodes show it. Episode-clock skew withholds the headline figures that
+    compare the episode's clock with the API server's."""
+    worst = {}
+    for row in rows:
+        for finding in row.get("clock_skew") or []:
+            key = (row["node"], finding["clock"], finding["direction"])
+            entry = worst.setdefault(key, dict(finding, node=row["node"], pods=0, example_pod=row["pod"]))
+            entry["pods"] += 1
+            if finding["at_least_seconds"] > entry["at_least_seconds"]:
+                entry.update(finding, example_pod=row["pod"])
+    findings = [worst[key] for key in sorted(worst, key=lambda k: (str(k[0]), k[1], k[2]))]
+    episode = [f for f in findings if f["clock"] == "episode"]
+    return {"findings": findings,
+            "max_seconds": max((f["at_least_seconds"] for f in findings), default=None),
+            "headline_withheld": "; ".join(skew_phrase(f) for f in episode) or None}
 
 
 class EpisodeInvalid(Exception):
@@ -733,10 +839,10 @@ def episode_events(pod, log):
                 return events, "termination-message"
         except ValueError:
             pass
-    return parse_events(pod["metadata"]["name"], log), "log"
+    return parse_events(pod["metadata"]["name"], log or ""), "log"
 
 
-def validate_episode(pod, log, job_created, observed=None):
+def validate_episode(pod, log, job_created, observed=None, job_finished=None):
     """Check one episode (pod + its events) and return its per-episode row."""
     name = pod["metadata"]["name"]
     phase = pod.get("status", {}).get("phase")
@@ -762,11 +868,16 @@ def validate_episode(pod, log, job_created, observed=None):
     except (KeyError, TypeError, ValueError):
         raise EpisodeInvalid("pod %s: ready or reward event has no numeric 'at' time" % name) from None
     pod_created = parse_k8s_time(pod["metadata"]["creationTimestamp"])
+    node = pod["spec"].get("nodeName")
+    times, _ = episode_times(pod, ready, reward)
+    for finding in episode_skew(times, job_finished):
+        if finding["clock"] == "episode":
+            raise EpisodeInvalid("pod %s: %s (%s); synchronise that node's clock with the API server's (NTP) "
+                                 "and run again" % (name, skew_phrase(dict(finding, node=node)), finding["bound"]))
     if not job_created <= pod_created <= ready_at <= reward_at:
         raise EpisodeInvalid(
             "pod %s: time order job created (%.3f) <= pod created (%.3f) <= ready (%.3f) <= "
-            "reward (%.3f) does not hold; check clock synchronization between the nodes and "
-            "the API server, and that the log is complete"
+            "reward (%.3f) does not hold; check that the log is complete"
             % (name, job_created, pod_created, ready_at, reward_at))
     statuses = pod["status"].get("containerStatuses") or []
     if len(statuses) != 1:
@@ -778,10 +889,10 @@ def validate_episode(pod, log, job_created, observed=None):
     exit_code = status.get("state", {}).get("terminated", {}).get("exitCode")
     if exit_code != 0:
         raise EpisodeInvalid("pod %s: container exit code is %r, expected 0" % (name, exit_code))
-    return episode_row(pod, ready, reward, job_created, observed, source)
+    return episode_row(pod, ready, reward, job_created, observed, source, job_finished)
 
 
-def episode_row(pod, ready, reward, job_created, observed, source):
+def episode_row(pod, ready, reward, job_created, observed, source, job_finished=None):
     """One episode's per-episode row: the seed's metrics, its times and phases."""
     status = (pod["status"].get("containerStatuses") or [{}])[0]
     ready_at, reward_at = float(ready["at"]), float(reward["at"])
@@ -800,6 +911,7 @@ def episode_row(pod, ready, reward, job_created, observed, source):
         "phases": phases,
         "phase_notes": notes,
         "times": times,
+        "clock_skew": episode_skew(times, job_finished),
         "events_source": source,
     }
 
@@ -813,20 +925,18 @@ def attempt_failure(pod, log):
     """Why a finished custom-episode attempt is not a sample, or None when it is one."""
     status = pod.get("status", {})
     phase = status.get("phase")
-    conditions = {c.get("type"): c for c in status.get("conditions") or []}
-    if status.get("reason") == "Evicted" or conditions.get("DisruptionTarget", {}).get("status") == "True":
-        return "evicted: %s" % (status.get("message") or conditions.get("DisruptionTarget", {}).get("message")
-                                or "disrupted").strip()
+    if phase == "Succeeded":
+        return None  # an episode that finished inside its eviction's grace period still counts
+    evicted = eviction_message(pod)
+    if evicted:
+        return "evicted: %s" % evicted
     container = (status.get("containerStatuses") or [{}])[0]
     state = container.get("state") or {}
-    if phase != "Succeeded":
-        if "terminated" in state:
-            detail = last_line(log)
-            return "crashed: exit code %s%s" % (state["terminated"].get("exitCode"),
-                                               " (%s)" % detail if detail else "")
-        waiting = (state.get("waiting") or {}).get("reason")
-        return "did not finish: pod phase %s%s" % (phase, ", container %s" % waiting if waiting else "")
-    return None
+    if "terminated" in state:
+        detail = last_line(log)
+        return "crashed: exit code %s%s" % (state["terminated"].get("exitCode"), " (%s)" % detail if detail else "")
+    waiting = (state.get("waiting") or {}).get("reason")
+    return "did not finish: pod phase %s%s" % (phase, ", container %s" % waiting if waiting else "")
 
 
 def sample_events(pod, log):
@@ -845,6 +955,9 @@ def sample_events(pod, log):
             source = "termination-message"
         except ValueError:
             events = None
+    if events is None and log is None:
+        raise EpisodeInvalid("no events: the pod was deleted before its log could be read (e.g. after an eviction) "
+                             "and left no termination message; write the events to /dev/termination-log as well")
     if events is None:
         events = []
         for number, line in enumerate(log.splitlines(), 1):
@@ -882,6 +995,7 @@ def collect_samples(pods, logs, job, count, observed=None):
     """
     observed = observed or {}
     job_created = parse_k8s_time(job["metadata"]["creationTimestamp"])
+    job_finished = job_finished_time(job)
     attempts = collections.defaultdict(list)
     for position, (pod, log) in enumerate(zip(pods, logs)):
         index = pod_index(pod)
@@ -903,7 +1017,7 @@ def collect_samples(pods, logs, job, count, observed=None):
                 else:
                     if sample is None:
                         sample = episode_row(pod, ready, reward, job_created,
-                                             observed.get(pod["metadata"]["name"]), source)
+                                             observed.get(pod["metadata"]["name"]), source, job_finished)
                         sample["index"] = index
                         sample["reward_fields"] = {k: v for k, v in reward.items()
                                                    if k not in ("event", "at", "episode_id", "reward")}
@@ -937,18 +1051,22 @@ def batch_summary(rows):
         reasons = collections.Counter(row["phase_notes"][name] for row in rows if name in row["phase_notes"])
         phases[name] = {**phase_definition(name), **batch_stats(values),
                         "missing": sum(reasons.values()), "missing_reasons": dict(reasons)}
-    skew = [finding for row in rows for finding in clock_skew(row["pod"], row["times"])]
+    skew = clock_skew_summary(rows)
+    # The headline figures compare the episode's clock with the API server's: with a skewed
+    # episode clock they would be wrong (even negative), so they are withheld, never reported.
+    trusted = skew["headline_withheld"] is None
     return {
-        "batch_to_all_ready_seconds": max((row["batch_to_ready_seconds"] for row in rows), default=None),
-        "batch_to_all_rewards_seconds": max((row["batch_to_reward_seconds"] for row in rows), default=None),
-        "pod_to_ready_p50_seconds": percentile(startup, 0.5) if startup else None,
-        "pod_to_ready_p95_seconds": percentile(startup, 0.95) if startup else None,
-        "pod_to_ready_max_seconds": max(startup, default=None),
+        "batch_to_all_ready_seconds": max((row["batch_to_ready_seconds"] for row in rows), default=None)
+        if trusted else None,
+        "batch_to_all_rewards_seconds": max((row["batch_to_reward_seconds"] for row in rows), default=None)
+        if trusted else None,
+        "pod_to_ready_p50_seconds": percentile(startup, 0.5) if startup and trusted else None,
+        "pod_to_ready_p95_seconds": percentile(startup, 0.95) if startup and trusted else None,
+        "pod_to_ready_max_seconds": max(startup, default=None) if trusted else None,
         "nodes": dict(sorted(collections.Counter(row["node"] for row in rows).items())),
         "image_ids": sorted({str(row["image_id"]) for row in rows}),
         "phases": phases,
-        "clock_skew": {"tolerance_seconds": SKEW_TOLERANCE_SECONDS, "findings": skew,
-                       "max_seconds": max((f["by_seconds"] for f in skew), default=None)},
+        "clock_skew": skew,
     }
 
 
@@ -960,13 +1078,17 @@ def collect(pods, logs, job, count, observed=None):
     """
     observed = observed or {}
     if len(pods) != count:
-        raise EpisodeInvalid("expected %d pods for %d episodes, found %d; inspect pods.json for "
-                             "failures or replacements" % (count, count, len(pods)))
+        evicted = ["pod %s was evicted (%s) and replaced" % (pod["metadata"]["name"], eviction_message(pod))
+                   for pod in pods if eviction_message(pod)]
+        raise EpisodeInvalid("expected %d pods for %d episodes, found %d%s; inspect pods.json for "
+                             "failures or replacements" % (count, count, len(pods),
+                                                           ": " + "; ".join(evicted) if evicted else ""))
     job_created = parse_k8s_time(job["metadata"]["creationTimestamp"])
+    job_finished = job_finished_time(job)
     rows, problems = [], []
     for pod, log in zip(pods, logs):
         try:
-            rows.append(validate_episode(pod, log, job_created, observed.get(pod["metadata"]["name"])))
+            rows.append(validate_episode(pod, log, job_created, observed.get(pod["metadata"]["name"]), job_finished))
         except EpisodeInvalid as problem:
             problems.append(str(problem))
     if problems:
@@ -1024,8 +1146,9 @@ def results_from_folder(output):
                             for number in range(1, run_info["rounds"] + 1)], run_info)
     job = read_json(output / "job.json", "the saved Job")
     pods = read_json(output / "pods.json", "the saved pods")
+    # None: no log was saved (the pod was gone from the API before it could be read)
     logs = [(output / (pod["metadata"]["name"] + ".log")).read_text()
-            if (output / (pod["metadata"]["name"] + ".log")).exists() else "" for pod in pods]
+            if (output / (pod["metadata"]["name"] + ".log")).exists() else None for pod in pods]
     flags = run_info["flags"]
     observed = read_saved(output / "observed.json") or {}
     validate = collect_samples if run_info.get("custom_episode") else collect
@@ -1103,11 +1226,13 @@ def summary_view(report):
 
 
 def job_outcome(job):
-    """'Complete', 'Failed' or None (still running), from the Job's conditions."""
+    """'Complete', 'Failed' or None (still running), from the Job's conditions. FailureTarget
+    counts as Failed: since 1.31 `Failed` waits until every pod has terminated, up to their
+    grace period later (k8s-samples fact 29), but the outcome is already decided."""
     conditions = {c.get("type"): c for c in (job or {}).get("status", {}).get("conditions", [])}
-    for kind in ("Complete", "Failed"):
+    for kind, outcome in (("Complete", "Complete"), ("Failed", "Failed"), ("FailureTarget", "Failed")):
         if conditions.get(kind, {}).get("status") == "True":
-            return kind
+            return outcome
     return None
 
 
@@ -1118,11 +1243,27 @@ def job_condition(job, kind):
     return {}
 
 
+def eviction_message(pod):
+    """Why a pod was evicted (by the kubelet under node pressure, or through the Eviction
+    API), or None when it was not."""
+    status = pod.get("status", {})
+    disruption = next((c for c in status.get("conditions") or [] if c.get("type") == "DisruptionTarget"
+                       and c.get("status") == "True"), None)
+    if status.get("reason") == "Evicted" or (disruption and disruption.get("reason") in (
+            "EvictionByEvictionAPI", "TerminationByKubelet", "DeletionByTaintManager")):
+        return (status.get("message") or (disruption or {}).get("message") or "evicted").strip()
+    return None
+
+
 def describe_failed_pods(pods, logs):
-    """One phrase per failed pod: name, exit code and the last line of its log."""
+    """One phrase per failed pod: name, eviction or exit code, and the last line of its log."""
     phrases = []
     for pod, log in zip(pods, logs):
         if pod.get("status", {}).get("phase") != "Failed":
+            continue
+        evicted = eviction_message(pod)
+        if evicted:
+            phrases.append("pod %s was evicted (%s)" % (pod["metadata"]["name"], evicted))
             continue
         statuses = pod["status"].get("containerStatuses") or [{}]
         terminated = statuses[0].get("state", {}).get("terminated", {})
@@ -1149,7 +1290,7 @@ def save_optional(path, fetch):
     try:
         write_json(path, fetch())
     except KubectlError as error:
-        write_json(path, {"error": last_line(error.stderr) or str(error)})
+        write_json(path, {"error": meaningful_line(error.stderr) or str(error)})
 
 
 def cleanup_command(output):
@@ -1312,40 +1453,75 @@ def timeline_svg(runs):
 # ============================================================================
 
 
+# Refusals that cannot pass until someone changes the cluster or the spec. Others, such as a
+# namespace's ServiceAccount not made yet or a ResourceQuota that is full, pass on their own
+# (k8s-samples fact 26), and the Job controller retries them.
+PERMANENT_REFUSALS = ("violates PodSecurity", "pod rejected: RuntimeClass", "because it is being terminated",
+                      "cannot create resource")
+PERMANENT_WAITING = ("CreateContainerConfigError", "InvalidImageName", "ErrImageNeverPull")
+
+
 def blocking_reason(events, pods):
-    """Why the episode pods cannot start, when waiting will not help; None otherwise.
+    """Why the episode pods can never start, when waiting will not help; None otherwise.
 
     Admission refusals (PodSecurity, RuntimeClass) show only as the Job controller's
-    FailedCreate events; a container the kubelet refuses to start shows as
-    CreateContainerConfigError. Both persist until someone changes the cluster or the spec.
+    FailedCreate events; a container the kubelet refuses to start shows as a waiting reason.
+    A refusal counts only when no pod was created at or after its last occurrence.
     """
-    for event in events:
+    newest_pod = max((parse_k8s_time(pod["metadata"]["creationTimestamp"]) for pod in pods
+                      if pod["metadata"].get("creationTimestamp")), default=None)
+    for event in sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "", reverse=True):
         message = event.get("message") or ""
-        if event.get("reason") == "FailedCreate" and "forbidden" in message:
-            return "the cluster refused to create the episode pods: " + message.replace("Error creating: ", "", 1)
+        if event.get("reason") != "FailedCreate" or not any(marker in message for marker in PERMANENT_REFUSALS):
+            continue
+        when = event.get("lastTimestamp") or (event.get("eventTime") or "")[:19] + "Z"
+        if newest_pod is not None and (len(when) < 20 or newest_pod >= parse_k8s_time(when)):
+            continue  # a pod was created since: the refusal did not last
+        return "the cluster refused to create the episode pods: " + message.replace("Error creating: ", "", 1)
     for pod in pods:
         for status in pod.get("status", {}).get("containerStatuses") or []:
             waiting = status.get("state", {}).get("waiting") or {}
-            if waiting.get("reason") == "CreateContainerConfigError":
-                return "pod %s cannot start its container (CreateContainerConfigError: %s)" % (
-                    pod["metadata"]["name"], waiting.get("message"))
+            if waiting.get("reason") in PERMANENT_WAITING:
+                return "pod %s cannot start its container (%s: %s)" % (
+                    pod["metadata"]["name"], waiting["reason"], waiting.get("message"))
     return None
+
+
+def why_not_started(pods, events=()):
+    """Why pods have not run, for a timeout's error line: each distinct waiting reason or
+    scheduling failure with its message, and the last refused creation. Empty when unknown."""
+    reasons = collections.OrderedDict()
+    for pod in pods:
+        for condition in pod.get("status", {}).get("conditions") or []:
+            if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+                reasons.setdefault("FailedScheduling: %s" % condition.get("message", condition.get("reason")), 0)
+        for status in pod.get("status", {}).get("containerStatuses") or []:
+            waiting = (status.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") and waiting["reason"] not in ("ContainerCreating", "PodInitializing"):
+                reasons.setdefault("%s: %s" % (waiting["reason"], waiting.get("message", "")), 0)
+    failed_creates = [e for e in events if e.get("reason") == "FailedCreate"]
+    if failed_creates and not pods:
+        reasons.setdefault("FailedCreate: %s" % failed_creates[-1].get("message", ""), 0)
+    return list(reasons)
 
 
 class JobProgress:
     """Waits for one Job by watching it and its pods; polls as a fallback.
 
-    Also records what only a live pod shows: the time its sandbox became ready
-    (PodReadyToStartContainers=True), which a finished pod no longer reports.
+    Keeps the last state of every pod the watch saw, also of pods the API no longer has (the
+    Job controller deletes a failed Job's pods; an evicted pod is deleted), and what only a
+    live pod shows: the time its sandbox became ready (PodReadyToStartContainers=True), which
+    a finished pod no longer reports.
     """
 
     def __init__(self, cluster, namespace, job_name):
         """Start before the Job is created, so that no pod state is missed."""
         self.cluster, self.namespace, self.job_name = cluster, namespace, job_name
-        self.pod_watch = Watch(cluster, "-n", namespace, "pods", "-l", "job-name=" + job_name)
+        self.pod_watch = Watch(cluster, "Pod", "-n", namespace, "pods", "-l", "job-name=" + job_name)
         self.job_watch = None
         self.pods = {}  # name -> latest state seen
         self.observed = {}  # name -> {"sandbox_ready": unix seconds}
+        self.failed_creates = []  # the Job's FailedCreate events, as last read
 
     def absorb_pods(self):
         for pod in self.pod_watch.drain():
@@ -1355,11 +1531,18 @@ class JobProgress:
             if when is not None and "sandbox_ready" not in self.observed.get(name, {}):
                 self.observed.setdefault(name, {})["sandbox_ready"] = when
 
+    def read_failed_creates(self):
+        """The Job's own FailedCreate events (a field selector: not every event of the namespace)."""
+        selector = "involvedObject.kind=Job,involvedObject.name=%s,reason=FailedCreate" % self.job_name
+        self.failed_creates = json.loads(self.cluster.read(
+            "-n", self.namespace, "get", "events", "--field-selector", selector, "-o", "json"))["items"]
+        return self.failed_creates
+
     def wait(self, started, wait_seconds, show_progress):
-        """Until Complete/Failed, a reason the pods can never start, or the client deadline.
-        Returns (job, 'Complete'|'Failed'|None, blocking reason or None)."""
+        """Until Complete, FailureTarget/Failed, a reason the pods can never start, or the client
+        deadline. Returns (job, 'Complete'|'Failed'|None, blocking reason or None)."""
         deadline = started + wait_seconds
-        self.job_watch = Watch(self.cluster, "-n", self.namespace, "job", self.job_name)
+        self.job_watch = Watch(self.cluster, "Job", "-n", self.namespace, "job", self.job_name)
         live = json.loads(self.cluster.read("-n", self.namespace, "get", "job", self.job_name, "-o", "json"))
         progress, progress_at, polled_at = None, time.monotonic(), time.monotonic()
         while True:
@@ -1381,9 +1564,7 @@ class JobProgress:
             if counts != progress:
                 progress, progress_at = counts, time.monotonic()
             elif not outcome and time.monotonic() - progress_at >= STALL_CHECK_SECONDS:
-                events = json.loads(self.cluster.read("-n", self.namespace, "get", "events", "-o", "json"))["items"]
-                mine = [e for e in events if e.get("involvedObject", {}).get("name") == self.job_name]
-                blocked = blocking_reason(mine, list(self.pods.values()))
+                blocked = blocking_reason(self.read_failed_creates(), list(self.pods.values()))
                 progress_at = time.monotonic()
             if outcome or blocked or time.monotonic() > deadline:
                 if show_progress:
@@ -1403,13 +1584,17 @@ def log_workers(count):
 
 
 def fetch_logs(cluster, namespace, folder, pods):
-    """Save <pod>.log for each pod, concurrently; return {pod name: log text}."""
+    """Save <pod>.log for each pod, concurrently; return {pod name: log text}. A log that
+    cannot be had (the pod is gone, its container never ran) is saved empty, and one warning
+    names how many and the first reason."""
+    missing = []
+
     def fetch(pod):
         name = pod["metadata"]["name"]
         try:
             log = cluster.read("-n", namespace, "logs", name, "-c", CONTAINER_NAME)
         except KubectlError as error:
-            print("warning: no log for pod %s: %s" % (name, last_line(error.stderr)), file=sys.stderr)
+            missing.append((name, meaningful_line(error.stderr)))
             log = ""
         (folder / (name + ".log")).write_text(log)
         return name, log
@@ -1417,7 +1602,12 @@ def fetch_logs(cluster, namespace, folder, pods):
     if not pods:
         return {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=log_workers(len(pods))) as pool:
-        return dict(pool.map(fetch, pods))
+        logs = dict(pool.map(fetch, pods))
+    if missing:
+        missing.sort()
+        print("warning: no log for %d pod(s), saved empty; first: %s: %s" % (len(missing), missing[0][0],
+                                                                             missing[0][1]), file=sys.stderr)
+    return logs
 
 
 def save_events(cluster, namespace, folder):
@@ -1425,25 +1615,34 @@ def save_events(cluster, namespace, folder):
         cluster.read("-n", namespace, "get", "events", "--sort-by=.metadata.creationTimestamp"))
 
 
-def save_state(cluster, namespace, job_name, folder, job=None):
-    """job.json and pods.json as the API server has them now; returns (job, pods)."""
+def save_state(cluster, namespace, job_name, folder, job=None, watched=None):
+    """job.json and pods.json as the API server has them now, plus the last watched state of
+    every pod the API no longer has (deleted by the Job controller or an eviction); returns
+    (job, pods, names of the pods known only from the watch)."""
     if job is None:
         job = json.loads(cluster.read("-n", namespace, "get", "job", job_name, "-o", "json"))
     pods = json.loads(cluster.read("-n", namespace, "get", "pods", "-l", "job-name=" + job_name,
                                    "-o", "json"))["items"]
+    listed = {pod["metadata"]["name"] for pod in pods}
+    gone = sorted(name for name in (watched or {}) if name not in listed)
+    pods += [watched[name] for name in gone]
+    pods.sort(key=lambda pod: (pod["metadata"].get("creationTimestamp", ""), pod["metadata"]["name"]))
     write_json(folder / "job.json", job)
     write_json(folder / "pods.json", pods)
-    return job, pods
+    return job, pods, gone
 
 
-def save_what_is_known(cluster, namespace, job_name, folder):
-    """After Ctrl-C: keep the Job, its pods, events and logs, as far as they can be had."""
+def save_what_is_known(cluster, namespace, job_name, folder, progress=None):
+    """After Ctrl-C or SIGTERM: keep the Job, its pods, events and logs, as far as they can be had."""
     print("Interrupted: saving what is known in %s (Ctrl-C again to stop at once)..." % folder, file=sys.stderr)
+    watched = progress.pods if progress is not None else {}
     try:
-        _, pods = save_state(cluster, namespace, job_name, folder)
+        _, pods, _ = save_state(cluster, namespace, job_name, folder, watched=watched)
         save_events(cluster, namespace, folder)
         fetch_logs(cluster, namespace, folder, pods)
     except DemoError as error:
+        if watched and not (folder / "pods.json").exists():
+            write_json(folder / "pods.json", sorted(watched.values(), key=lambda pod: pod["metadata"]["name"]))
         print("warning: could not save everything: %s" % error, file=sys.stderr)
 
 
@@ -1475,42 +1674,57 @@ def finish_job(args, cluster, namespace, job_name, folder, started, run_info, no
         progress.absorb_pods()
     except KeyboardInterrupt:
         progress.stop()
-        save_what_is_known(cluster, namespace, job_name, folder)
+        save_what_is_known(cluster, namespace, job_name, folder, progress)
         raise
     finally:
         progress.stop()
-    write_json(folder / "run.json", run_info)
     write_json(folder / "observed.json", progress.observed)
-    _, pods = save_state(cluster, namespace, job_name, folder, live)
+    try:
+        _, pods, gone = save_state(cluster, namespace, job_name, folder, live, progress.pods)
+    except DemoError as error:
+        # The watches already hold the Job and every pod: a failing read must not lose them.
+        write_json(folder / "job.json", live)
+        write_json(folder / "pods.json", sorted(progress.pods.values(), key=lambda pod: pod["metadata"]["name"]))
+        run_info["pods_seen_only_by_watch"] = sorted(progress.pods)
+        write_json(folder / "run.json", run_info)
+        raise DemoError("%s; the Job and its pods were saved as the watches last saw them (job.json, pods.json in "
+                        "%s): the results can be recomputed once the cluster answers" % (error, folder)) from None
+    run_info["pods_seen_only_by_watch"] = gone
+    write_json(folder / "run.json", run_info)
     save_node_summaries(nodes, pods, folder)
     where = "diagnostics saved in %s (job.json, pods.json, events.txt, pod logs)" % folder
     custom = run_info.get("custom_episode")
     if blocked or outcome is None or (outcome != "Complete" and not custom):
         save_events(cluster, namespace, folder)
-        logs = fetch_logs(cluster, namespace, folder, pods)
+        logs = fetch_logs(cluster, namespace, folder, [pod for pod in pods if pod["metadata"]["name"] not in gone])
         if blocked:
             raise DemoError("%s; stopped early instead of waiting for the deadline; %s" % (blocked, where))
+        not_started = why_not_started(pods, progress.failed_creates)
+        why = "; pods not running: %s" % "; ".join(not_started[:3]) if not_started else ""
         if outcome is None:
-            raise BatchTimeout("Job %s did not finish within the client's %d s wait; %s"
-                               % (job_name, wait_seconds, where))
-        failed = job_condition(live, "Failed")
+            raise BatchTimeout("Job %s did not finish within the client's %d s wait%s; %s"
+                               % (job_name, wait_seconds, why, where))
+        failed = job_condition(live, "Failed") or job_condition(live, "FailureTarget")
         message = "Job %s failed (%s: %s)" % (job_name, failed.get("reason"), failed.get("message"))
         details = describe_failed_pods(pods, [logs.get(pod["metadata"]["name"], "") for pod in pods])
         if details:
             message += "; " + "; ".join(details[:3])
             if len(details) > 3:
                 message += "; and %d more failed pods" % (len(details) - 3)
+        elif why:
+            message += why
         error_type = BatchTimeout if failed.get("reason") == "DeadlineExceeded" else BatchFailed
         raise error_type("%s; %s" % (message, where))
     # Episodes whose termination message does not hold their events are validated from logs,
     # and a failed attempt's log says why it failed.
-    fetch_logs(cluster, namespace, folder, [pod for pod in pods if episode_events(pod, "")[1] == "log"
-                                            or pod.get("status", {}).get("phase") != "Succeeded"])
+    fetch_logs(cluster, namespace, folder, [pod for pod in pods if pod["metadata"]["name"] not in gone and (
+        episode_events(pod, "")[1] == "log" or pod.get("status", {}).get("phase") != "Succeeded")])
 
     def archive():
         """Every episode's log not saved yet, and the events."""
         fetch_logs(cluster, namespace, folder,
-                   [pod for pod in pods if not (folder / (pod["metadata"]["name"] + ".log")).exists()])
+                   [pod for pod in pods if not (folder / (pod["metadata"]["name"] + ".log")).exists()
+                    and pod["metadata"]["name"] not in gone])
         save_events(cluster, namespace, folder)
 
     report = write_results(folder, where, before_failing=archive)
@@ -1579,17 +1793,36 @@ def cmd_run(args):
         Watch.stop_all()
 
 
+def tolerates(tolerations, taint):
+    """Kubernetes' Toleration.ToleratesTaint: an empty effect matches every effect, and
+    `Exists` without a key matches every taint."""
+    for toleration in tolerations:
+        if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+            continue
+        if toleration.get("operator", "Equal") == "Exists":
+            if not toleration.get("key") or toleration["key"] == taint.get("key"):
+                return True
+        elif toleration.get("key") == taint.get("key") and toleration.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
 def usable_nodes(nodes, runtime_class):
-    """Nodes the episode pods can land on: schedulable, Ready, no taint they do not tolerate,
-    and matching the RuntimeClass's nodeSelector."""
-    selector = ((runtime_class or {}).get("scheduling") or {}).get("nodeSelector") or {}
+    """Nodes the episode pods can land on: schedulable, Ready, every NoSchedule/NoExecute taint
+    tolerated, and matching the RuntimeClass's nodeSelector. Admission adds the RuntimeClass's
+    `scheduling.tolerations` to every pod (k8s-samples fact 31), so dedicated sandbox pools
+    tainted for that class count."""
+    scheduling = (runtime_class or {}).get("scheduling") or {}
+    selector = scheduling.get("nodeSelector") or {}
+    tolerations = scheduling.get("tolerations") or []
     usable = []
     for node in nodes:
         labels = node["metadata"].get("labels", {})
         ready = any(c.get("type") == "Ready" and c.get("status") == "True"
                     for c in node.get("status", {}).get("conditions", []))
-        tainted = any(t.get("effect") in ("NoSchedule", "NoExecute") for t in node.get("spec", {}).get("taints", []))
-        if ready and not tainted and not node.get("spec", {}).get("unschedulable") and all(
+        untolerated = [t for t in node.get("spec", {}).get("taints") or []
+                       if t.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, t)]
+        if ready and not untolerated and not node.get("spec", {}).get("unschedulable") and all(
                 labels.get(key) == value for key, value in selector.items()):
             usable.append(node)
     return usable
@@ -1664,11 +1897,11 @@ def run_experiment(args, cluster, output, receipt):
         nodes = json.loads(cluster.read("get", "nodes", "-o", "json"))["items"]
     except KubectlError as error:
         nodes = None
-        write_json(output / "nodes.json", {"error": last_line(error.stderr) or str(error)})
+        write_json(output / "nodes.json", {"error": meaningful_line(error.stderr) or str(error)})
         if args.prewarm:
             raise DemoError("--prewarm needs to list the nodes, and kubectl could not: %s"
-                            % last_line(error.stderr)) from None
-        note("preflight skipped: cannot list nodes (%s)" % last_line(error.stderr))
+                            % meaningful_line(error.stderr)) from None
+        note("preflight skipped: cannot list nodes (%s)" % meaningful_line(error.stderr))
     if nodes is not None:
         fit, arithmetic = preflight(args.parallelism, runtime_class, nodes)
         if fit == 0 and not args.force:
@@ -1747,8 +1980,12 @@ def conclude(report):
     infrastructure failure (custom episodes only: their results are written regardless)."""
     print(json.dumps(summary_view(report), indent=2))
     for finding in report["clock_skew"]["findings"]:
-        print("warning: clock skew: pod %s: %s is %.3f s earlier than %s" % (
-            finding["pod"], finding["event"], finding["by_seconds"], finding["earlier_than"]), file=sys.stderr)
+        print("warning: clock skew: %s (%d episode(s), e.g. pod %s; bound: %s)" % (
+            skew_phrase(finding), finding["pods"], finding["example_pod"], finding["bound"]), file=sys.stderr)
+    if report["clock_skew"].get("headline_withheld"):
+        print("warning: batch_to_all_ready_seconds, batch_to_all_rewards_seconds and pod_to_ready_* are null in "
+              "results.json: they compare the episode clock with the API server's, and %s"
+              % report["clock_skew"]["headline_withheld"], file=sys.stderr)
     failures = report.get("infrastructure_failures") or []
     if failures:
         print("warning: %d of %d episodes are infrastructure failures, not samples (listed in results.json); "
@@ -1774,8 +2011,8 @@ def run_prewarm(args, cluster, output, receipt, all_nodes, nodes, prepare):
     """One warm-up episode pinned to each usable node, before the measured rounds; validated
     like any episode, kept in prewarm/, and excluded from every figure."""
     if not nodes:
-        raise DemoError("--prewarm: no usable node for the episode pods (schedulable, Ready, untainted, matching "
-                        "the RuntimeClass)")
+        raise DemoError("--prewarm: no usable node for the episode pods (schedulable, Ready, taints tolerated, "
+                        "matching the RuntimeClass)")
     runtime = None if args.no_runtime_class else args.runtime
     base = output / "prewarm"
     base.mkdir()
@@ -1787,7 +2024,9 @@ def run_prewarm(args, cluster, output, receipt, all_nodes, nodes, prepare):
                            indexed=bool(args.episode), retries=args.retries, tasks=args.tasks_list is not None)
         job["metadata"]["name"] = "prewarm-%d" % index
         job["metadata"]["labels"]["app.kubernetes.io/component"] = "prewarm"
-        job["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": name}
+        # The node's own hostname label: it usually equals the node's name, but need not (fact 31).
+        hostname = node["metadata"].get("labels", {}).get("kubernetes.io/hostname", name)
+        job["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": hostname}
         folder = base / name
         info = prepare(folder, 1, {"prewarm_node": name})
         progress = JobProgress(cluster, receipt["namespace"], job["metadata"]["name"])
@@ -1917,16 +2156,17 @@ def ownership_mismatches(kind, live, expected):
 
 
 def delete_retrying(cluster, *parts):
-    """A delete, retried while the failure is transient; NotFound after a retry means done."""
-    for attempt, delay in enumerate(RETRY_DELAYS_SECONDS + (None,)):
+    """A delete, retried while the failure is transient. NotFound means done: the object was
+    checked just before, so another cleanup or a committed earlier attempt removed it."""
+    for delay in RETRY_DELAYS_SECONDS + (None,):
         try:
             return cluster.kubectl(*parts)
         except KubectlError as error:
-            if attempt and error.not_found:
+            if error.not_found:
                 return ""
             if delay is None or not is_transient(error):
                 raise
-            note("kubectl %s: %s; retrying in %s s" % (" ".join(parts[:4]), last_line(error.stderr), delay))
+            note("kubectl %s: %s; retrying in %s s" % (" ".join(parts[:4]), meaningful_line(error.stderr), delay))
             time.sleep(delay)
 
 
@@ -1980,6 +2220,11 @@ def cleanup_one(output):
                                     {"uid": receipt["uid"], "label " + RUN_LABEL: run_id})
     if problems:
         raise DemoError("ownership check failed, refusing cleanup: " + "; ".join(problems))
+    if live["metadata"].get("deletionTimestamp"):
+        # Already Terminating (an interrupted cleanup, another cleanup, a committed retry): the
+        # deletion of this very namespace is under way, so waiting for it is the whole job.
+        note("Namespace %s is already being deleted; waiting for it to go..." % namespace)
+        return wait_for_namespace(cluster, namespace)
 
     # Every Job in the namespace must be one the receipt (or the saved job.json) names.
     recorded = dict(receipt.get("jobs") or {})
@@ -2004,8 +2249,18 @@ def cleanup_one(output):
     if live_jobs:
         wait_until_gone(cluster, "Jobs or their pods in %s" % namespace, ("-n", namespace, "jobs"),
                         CLEANUP_WAIT_SECONDS)
-    delete_retrying(cluster, "delete", "namespace", namespace, "--wait=false")
+    try:
+        delete_retrying(cluster, "delete", "namespace", namespace, "--wait=false")
+    except KubectlError as error:
+        # A second DELETE of a Terminating namespace is refused with 409 Conflict (k8s-samples
+        # fact 24); its UID was checked above, so its deletion is in progress: wait for it.
+        if "(Conflict)" not in error.stderr or "ensuring all content is removed" not in error.stderr:
+            raise
     note("Deleting namespace %s..." % namespace)
+    return wait_for_namespace(cluster, namespace)
+
+
+def wait_for_namespace(cluster, namespace):
     wait_until_gone(cluster, "Namespace %s (inspect its finalizers)" % namespace,
                     ("namespace", namespace), CLEANUP_WAIT_SECONDS)
     print("Deleted test namespace:", namespace)
@@ -2124,7 +2379,8 @@ def build_parser():
                "  3    timed out (Job deadline, client wait, cleanup wait)\n"
                "  4    batch failed or validation failed\n"
                "  5    custom episodes: results written, some episodes are infrastructure failures\n"
-               "  130  interrupted\n\n"
+               "  130  interrupted (Ctrl-C)\n"
+               "  143  terminated (SIGTERM)\n\n"
                "environment: KUBECTL overrides the kubectl program.",
     )
     parser.add_argument("--version", action="version", version="%(prog)s " + __version__)
@@ -2293,13 +2549,27 @@ def parse_args(argv):
     return args
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: handled like Ctrl-C (save what is known, print the cleanup command), exit 143."""
+
+
+def on_sigterm(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM stops at once
+    raise Terminated()
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_sigterm)
     try:
         return args.handler(args)
     except DemoError as error:
         print("Error: %s" % error, file=sys.stderr)
         return error.exit_code
+    except Terminated:
+        print("Error: terminated (SIGTERM)", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         print("Error: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -6,6 +6,10 @@ crash      ready, then exit 3 without a reward
 malformed  ready, then a reward that is not a number
 no_ready   reward only
 crash_once crash if `marker` does not exist yet (creating it), else like ok: a flaky episode
+
+"termination_message": true also writes the events to the termination-message file.
+"on_sigterm": "exit" installs a SIGTERM handler that exits 143 (without it, a `python` that is
+a container's PID 1 does not see SIGTERM at all).
 """
 import json
 import os
@@ -15,12 +19,22 @@ import time
 started_at = time.time()
 
 
+EVENTS = []
+
+
 def emit(event, **fields):
-    print(json.dumps(dict(event=event, at=time.time(), episode_id=os.environ["EPISODE_ID"], **fields)), flush=True)
+    EVENTS.append(json.dumps(dict(event=event, at=time.time(), episode_id=os.environ["EPISODE_ID"], **fields)))
+    print(EVENTS[-1], flush=True)
+    if task.get("termination_message"):
+        with open(os.environ.get("RL_TERMINATION_LOG", "/dev/termination-log"), "w") as message:
+            message.write("\n".join(EVENTS) + "\n")
 
 
 with open(os.environ["TASK_FILE"]) as task_file:
     task = json.load(task_file)
+if task.get("on_sigterm") == "exit":
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 print("episode %s starting task %s" % (os.environ["EPISODE_ID"], task.get("id")), flush=True)
 mode = task.get("mode", "ok")
 if mode != "no_ready":

@@ -33,12 +33,9 @@ GROUP = {"jobs": ".batch", "runtimeclasses": ".node.k8s.io", "networkpolicies": 
 SINGULAR = {"namespaces": "namespace", "pods": "pod", "jobs": "job", "configmaps": "configmap",
             "events": "event", "runtimeclasses": "runtimeclass", "nodes": "node",
             "networkpolicies": "networkpolicy"}
-KEY_ORDER = ["apiVersion", "kind", "metadata", "involvedObject", "reason", "message", "source",
-             "firstTimestamp", "lastTimestamp", "count", "type", "eventTime", "reportingComponent",
-             "reportingInstance", "handler", "overhead", "scheduling", "data", "spec", "status"]
 VALUE_FLAGS = {"-n", "--namespace", "--context", "--request-timeout", "-o", "--output", "-l",
                "--selector", "-f", "--filename", "-c", "--container", "--cascade", "--wait",
-               "--sort-by", "--kubeconfig"}
+               "--sort-by", "--kubeconfig", "--field-selector"}
 
 
 class Failure(Exception):
@@ -108,30 +105,20 @@ def call(request, timeout):
 class ApiFailure(Failure):
     def __init__(self, status):
         self.status = status
-        super().__init__("Error from server (%s): %s" % (status["reason"], status["message"]))
-
-
-POD_STATUS_ORDER = ["phase", "conditions", "message", "reason", "hostIP", "hostIPs", "podIP", "podIPs",
-                    "startTime", "containerStatuses", "qosClass"]
-
-
-def by_order(obj, order):
-    keys = sorted(obj, key=lambda k: order.index(k) if k in order else len(order))
-    return {k: obj[k] for k in keys}
+        # kubectl's StandardErrorMessage: a Status without a reason prints no parentheses
+        # ("Error from server: etcdserver: leader changed", k8s-samples fact 27).
+        reason = " (%s)" % status["reason"] if status.get("reason") else ""
+        super().__init__("Error from server%s: %s" % (reason, status["message"]))
 
 
 def ordered(obj):
-    """Go struct field order, as `kubectl -o json` prints it."""
-    if not isinstance(obj, dict):
-        return obj
-    obj = by_order(obj, KEY_ORDER)
-    if obj.get("kind") == "Pod" and isinstance(obj.get("status"), dict):
-        obj["status"] = by_order(obj["status"], POD_STATUS_ORDER)
+    """kubectl decodes resources into unstructured maps, and Go's encoder sorts map keys: `get -o
+    json` (and `get -w -o json`) prints keys sorted at every level (k8s-samples README, fact 1)."""
     return obj
 
 
 def dump(obj):
-    return json.dumps(obj, indent=4) + "\n"
+    return json.dumps(obj, indent=4, sort_keys=True) + "\n"
 
 
 def age(stamp):
@@ -225,15 +212,21 @@ def resource_name(token):
 
 
 def watch_stream(resource, name, flags, namespace, out, since, timeout):
-    """`get -w -o json`: print each changed object as it changes, until the request timeout."""
+    """`get -w -o json`: print each changed object as it changes, until the request timeout or
+    until the server ends the watch. kubectl ignores the end of the stream and exits 0; an
+    ERROR event's Status object is printed on stdout like any object (k8s-samples fact 25)."""
     ends = time.time() + timeout if flags.get("--request-timeout") not in (None, "0") else None
+    started = time.time()
     while ends is None or time.time() < ends:
         answer = call({"verb": "watch", "resource": resource, "namespace": namespace, "name": name,
-                       "selector": flags.get("-l"), "since": since}, 60)
+                       "selector": flags.get("-l"), "since": since, "started": started}, 60)
         for obj in answer["items"]:
             out.write(dump(ordered(obj)))
-            since = max(int(since), int(obj["metadata"]["resourceVersion"]))
+            if obj.get("kind") != "Status":
+                since = max(int(since), int(obj["metadata"]["resourceVersion"]))
         out.flush()
+        if answer.get("ended"):
+            return
 
 
 def cmd_get(positionals, flags, namespace, timeout, out):
@@ -264,7 +257,8 @@ def cmd_get(positionals, flags, namespace, timeout, out):
             raise
     else:
         objs = call({"verb": "list", "resource": resource, "namespace": namespace,
-                     "selector": flags.get("-l")}, timeout)["items"]
+                     "selector": flags.get("-l"), "fieldSelector": flags.get("--field-selector")},
+                    timeout)["items"]
         if "--sort-by" in flags:
             objs.sort(key=sort_key(flags["--sort-by"]))
     if output == "json":
@@ -305,8 +299,8 @@ def cmd_create(positionals, flags, namespace, timeout, out, stdin_text):
         try:
             created = call({"verb": "create", "resource": resource, "namespace": target_ns, "body": item}, timeout)
         except ApiFailure as failure:
-            errors.append('Error from server (%s): error when creating "STDIN": %s'
-                          % (failure.status["reason"], failure.status["message"]))
+            reason = " (%s)" % failure.status["reason"] if failure.status.get("reason") else ""
+            errors.append('Error from server%s: error when creating "STDIN": %s' % (reason, failure.status["message"]))
             continue
         if flags.get("-o") == "json":
             out.write(dump(ordered(created)))
@@ -423,7 +417,9 @@ def main(argv):
     if context and context not in config.get("contexts", []):
         raise Failure("Error in configuration: context was not found for specified context: %s" % context)
     if not context:
-        raise Failure("error: current-context is not set")
+        # With no context at all kubectl falls back to localhost:8080 (k8s-samples fact 30).
+        raise Failure("The connection to the server localhost:8080 was refused - did you specify the right "
+                      "host or port?")
     timeout = parse_timeout(flags.get("--request-timeout"))
     namespace = "*" if flags.get("-A") == "true" or flags.get("--all-namespaces") == "true" else flags.get("-n", "default")
     verb, rest = (positionals[0], positionals[1:]) if positionals else (None, [])

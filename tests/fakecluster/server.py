@@ -38,6 +38,30 @@ DEFAULT_CONFIG = {
     "forbid": [],
     # delays in seconds (real clusters take a moment; tests keep them short)
     "namespaceDeletionSeconds": 0.3,
+    # The ServiceAccount controller makes `default` in a new namespace this long after it is
+    # created; pods created before are refused (k8s-samples fact 26).
+    "serviceAccountDelaySeconds": 0.2,
+    # A ResourceQuota that a policy controller puts in every new namespace, e.g.
+    # {"name": "pod-quota", "pods": 3}: pods over it are refused until quota frees (fact 26).
+    "namespaceQuota": None,
+    # Every kubectl watch ends after this many seconds: {"afterSeconds": 2, "with": "close"} (the
+    # stream just ends) or "expired" (an ERROR event with a 410 Status first; fact 25).
+    "watchEnds": None,
+    # "auto": run each container in its own mount namespace with its volumes at their pod paths
+    # (/workspace, /demo, /dev/termination-log) when this process may (root, unshare); "off":
+    # translate paths instead (RL_WORKSPACE, RL_TERMINATION_LOG).
+    "podMountNamespaces": "auto",
+    # Timing: "default" (fast), or "vm-sandbox": sandbox start 2-5 s, the kubelet's ~1 s status
+    # lag, the Job controller's 1 s batching (see PROFILES).
+    "profile": "default",
+}
+
+PROFILES = {
+    "default": {"sandboxStartSeconds": [0.0, 0.0], "kubeletStatusLagSeconds": 0.0, "jobSyncBatchSeconds": 0.0},
+    # A VM-sandbox cluster (Kata, micro-VMs): the sandbox takes seconds to boot; the kubelet's
+    # status manager reports a container's exit about a second later; the Job controller
+    # batches pod updates for one second (syncJobBatchPeriod in job_controller.go).
+    "vm-sandbox": {"sandboxStartSeconds": [2.0, 5.0], "kubeletStatusLagSeconds": 1.0, "jobSyncBatchSeconds": 1.0},
 }
 
 RESOURCES = {
@@ -143,6 +167,99 @@ def parse_quantity(value):
     return float(value)
 
 
+# Field selectors the API server supports, beyond metadata.name/namespace (events: the
+# fields of pkg/registry/core/event/strategy.go ToSelectableFields; pods: a subset).
+FIELD_LABELS = {
+    "events": ("involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
+               "involvedObject.apiVersion", "involvedObject.resourceVersion", "involvedObject.fieldPath",
+               "reason", "reportingComponent", "source", "type"),
+    "pods": ("spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
+             "status.phase", "status.podIP", "status.nominatedNodeName"),
+}
+
+
+def field_of(obj, path):
+    if path == "source":
+        return (obj.get("source") or {}).get("component", "")
+    value = obj
+    for part in path.split("."):
+        value = value.get(part, "") if isinstance(value, dict) else ""
+    return value
+
+
+def tolerates(tolerations, taint):
+    """v1 Toleration.ToleratesTaint: effect empty = every effect; Exists with no key = every taint."""
+    for toleration in tolerations or []:
+        if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+            continue
+        if toleration.get("operator", "Equal") == "Exists":
+            if not toleration.get("key") or toleration["key"] == taint.get("key"):
+                return True
+        elif toleration.get("key") == taint.get("key") and toleration.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def pod_mount_namespaces_available(setting):
+    """Per-pod mount namespaces need root and util-linux `unshare`; "auto" uses them when they work."""
+    if setting == "off":
+        return False
+    works = os.geteuid() == 0 and shutil.which("unshare") and shutil.which("chroot") and subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "true"], capture_output=True).returncode == 0
+    if setting == "on" and not works:
+        raise SystemExit("podMountNamespaces is on, but unshare --mount does not work here (needs root)")
+    return bool(works)
+
+
+def handles_sigterm(pid):
+    """Whether the process has a SIGTERM handler (SigCgt in /proc/PID/status, bit 15 - 1)."""
+    try:
+        for line in Path("/proc/%d/status" % pid).read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+# Run as `sh -c POD_ROOT_SCRIPT pod-root ROOT BINDS COMMAND...` inside `unshare --mount`: a
+# tmpfs root holding the host's top-level directories (bind-mounted), a minimal /dev, and the
+# BINDS (lines "rw|ro<TAB>source<TAB>path"); then the command runs chrooted there, cwd /.
+POD_ROOT_SCRIPT = r"""set -e
+root=$1; binds=$2; shift 2
+container_path=$PATH; PATH=/usr/sbin:/usr/bin:/sbin:/bin
+chroot_program=$(command -v chroot)
+mount -t tmpfs -o mode=755 pod-root "$root"
+for entry in /* /.[!.]*; do
+  name=${entry#/}
+  case "$name" in dev|proc|sys|"*"|".[!.]*") continue;; esac
+  if [ -L "$entry" ]; then ln -s "$(readlink "$entry")" "$root/$name"
+  elif [ -d "$entry" ]; then mkdir "$root/$name"; mount --rbind "$entry" "$root/$name"
+  fi
+done
+mkdir "$root/proc" "$root/sys" "$root/dev"
+mount --rbind /proc "$root/proc"; mount --rbind /sys "$root/sys"
+mount -t tmpfs -o mode=755 pod-dev "$root/dev"
+for node in null zero full random urandom tty; do
+  [ -e "/dev/$node" ] || continue
+  touch "$root/dev/$node"; mount --bind "/dev/$node" "$root/dev/$node"
+done
+mkdir "$root/dev/shm" "$root/dev/pts"; mount -t tmpfs shm "$root/dev/shm"
+ln -s /proc/self/fd "$root/dev/fd"; ln -s /proc/self/fd/0 "$root/dev/stdin"
+ln -s /proc/self/fd/1 "$root/dev/stdout"; ln -s /proc/self/fd/2 "$root/dev/stderr"
+tab=$(printf '\t')
+printf '%s\n' "$binds" | while IFS=$tab read -r mode source target; do
+  [ -n "$target" ] || continue
+  if [ -d "$source" ]; then mkdir -p "$root$target"
+  else mkdir -p "$(dirname "$root$target")"; touch "$root$target"; fi
+  mount --bind "$source" "$root$target"
+  if [ "$mode" = ro ]; then mount -o remount,bind,ro "$root$target"; fi
+done
+PATH=$container_path
+exec "$chroot_program" "$root" "$@"
+"""
+
+
 def field_value(pod, path, node):
     """The downward API: metadata.name, .namespace, .uid, spec.nodeName, labels['k'], annotations['k']."""
     match = re.match(r"metadata\.(labels|annotations)\['(.+)'\]$", path)
@@ -179,6 +296,10 @@ class Cluster:
         self.history = []  # (resourceVersion, resource, state) of every write and removal, for watches
         self.evicted_nodes = set()
         self.event_index = {}  # (namespace, object uid, reason, message) -> event, to aggregate repeats
+        self.namespace_born = {}  # namespace -> when it was created (its ServiceAccount comes later)
+        self.timing = dict(PROFILES[config.get("profile", "default")], **config.get("timing", {}))
+        self.job_synced = {}  # job uid -> when the Job controller last synced it (batching)
+        self.mount_namespaces = pod_mount_namespaces_available(config.get("podMountNamespaces", "auto"))
         self.stop = threading.Event()
         with self.lock:
             self.seed_objects()
@@ -214,6 +335,10 @@ class Cluster:
             del self.history[:50000]
         self.changed.notify_all()
 
+    def node_now(self, node):
+        """The node's own clock (kubelet timestamps): the API server's plus the node's offset."""
+        return time.time() + float(self.node_config(node).get("clockOffsetSeconds", 0) or 0)
+
     def new_metadata(self, metadata, namespace):
         meta = dict(metadata)
         if not meta.get("name") and meta.get("generateName"):
@@ -227,7 +352,8 @@ class Cluster:
     def seed_objects(self):
         for node in self.config["nodes"]:
             meta = self.new_metadata({"name": node["name"], "labels": {
-                "kubernetes.io/hostname": node["name"], "kubernetes.io/os": "linux",
+                # usually the node's name, but not always (--hostname-override; fact 31)
+                "kubernetes.io/hostname": node.get("hostname", node["name"]), "kubernetes.io/os": "linux",
                 **node.get("labels", {})}}, "")
             allocatable = {"cpu": node.get("cpu", "8"), "memory": node.get("memory", "16Gi"),
                            "pods": str(node.get("pods", 110))}
@@ -256,6 +382,7 @@ class Cluster:
             self.put("runtimeclasses", obj)
         for name in ("default", "kube-system"):
             self.create_namespace({"metadata": {"name": name}})
+            self.namespace_born[name] = 0.0
 
     # ---------------------------------------------------------------- API verbs
 
@@ -290,15 +417,20 @@ class Cluster:
         if name and self.get(resource, namespace, name) is not None:
             raise ApiError(409, "AlreadyExists", '%s%s "%s" already exists' % (resource, RESOURCES[resource][3], name))
         if resource == "namespaces":
-            return self.create_namespace(body)
+            created = self.create_namespace(body)
+            self.namespace_born[created["metadata"]["name"]] = time.time()
+            return created
         obj = json.loads(json.dumps(body))
         obj["apiVersion"], obj["kind"] = api_version, kind
+        # Mutating admission runs before the name is generated, so its refusals name the pod by
+        # its generateName prefix (`pods "rollout-" is forbidden`, k8s-samples fact 26).
+        requested_name = name or obj.get("metadata", {}).get("generateName", "")
         obj["metadata"] = self.new_metadata(obj.get("metadata", {}), namespace)
         if resource == "jobs":
             self.default_job(obj)
         elif resource == "pods":
             self.mutate_pod(obj)
-            self.admit_pod(obj)
+            self.admit_pod(obj, requested_name)
         self.put(resource, obj)
         return obj
 
@@ -330,7 +462,9 @@ class Cluster:
         spec.setdefault("completions", 1)
         spec.setdefault("manualSelector", False)
         spec.setdefault("parallelism", 1)
-        spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
+        # With a podFailurePolicy only `Failed` is allowed, and it is the default (job validation,
+        # KEP-3939): a terminating pod is replaced only once it has failed. Otherwise at once.
+        spec.setdefault("podReplacementPolicy", "Failed" if spec.get("podFailurePolicy") else "TerminatingOrFailed")
         spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
         spec.setdefault("suspend", False)
         template = spec.setdefault("template", {})
@@ -355,21 +489,31 @@ class Cluster:
                                "create_failures": 0, "indexes_succeeded": set(), "indexes_failed": set(),
                                "index_failures": {}, "index_retry_at": {}}
 
-    def admit_pod(self, pod):
-        """RuntimeClass admission (reject unknown classes, copy overhead and scheduling), then PodSecurity."""
-        spec = pod["spec"]
+    def admit_pod(self, pod, requested_name):
+        """The admission chain for a pod, in the API server's plugin order: ServiceAccount,
+        RuntimeClass (both mutating: refusals name the generateName prefix), PodSecurity
+        (validating: the generated name), ResourceQuota (prefix, as recorded in fact 26)."""
+        spec, namespace = pod["spec"], pod["metadata"]["namespace"]
+        born = self.namespace_born.get(namespace, 0.0)
+        if time.time() - born < self.config.get("serviceAccountDelaySeconds", 0):
+            raise ApiError(403, "Forbidden", 'pods "%s" is forbidden: error looking up service account %s/default: '
+                           'serviceaccount "default" not found' % (requested_name, namespace))
         rc_name = spec.get("runtimeClassName")
         if rc_name:
             rc = self.get("runtimeclasses", "", rc_name)
             if rc is None:
                 raise ApiError(403, "Forbidden", 'pods "%s" is forbidden: pod rejected: RuntimeClass "%s" '
-                               'not found' % (pod["metadata"]["name"], rc_name))
+                               'not found' % (requested_name, rc_name))
             if "overhead" in rc:
                 spec["overhead"] = dict(rc["overhead"].get("podFixed", {}))
             selector = rc.get("scheduling", {}).get("nodeSelector")
             if selector:
                 spec["nodeSelector"] = {**spec.get("nodeSelector", {}), **selector}
-        ns_labels = self.get("namespaces", "", pod["metadata"]["namespace"])["metadata"].get("labels", {})
+            # setScheduling: the class's tolerations are added to the pod's (fact 31)
+            for toleration in rc.get("scheduling", {}).get("tolerations") or []:
+                if toleration not in spec.setdefault("tolerations", []):
+                    spec["tolerations"].append(dict(toleration))
+        ns_labels = self.get("namespaces", "", namespace)["metadata"].get("labels", {})
         level = ns_labels.get(PSA_ENFORCE)
         if level == "restricted":
             violations = restricted_violations(spec)
@@ -377,16 +521,25 @@ class Cluster:
                 raise ApiError(403, "Forbidden", 'pods "%s" is forbidden: violates PodSecurity "restricted:%s": %s'
                                % (pod["metadata"]["name"], ns_labels.get(PSA_ENFORCE_VERSION, "latest"),
                                   ", ".join(violations)))
+        quota = self.config.get("namespaceQuota")
+        if quota and born:
+            used = sum(1 for other in self.items("pods", namespace)
+                       if other["status"].get("phase") not in ("Succeeded", "Failed"))
+            if used + 1 > quota["pods"]:
+                raise ApiError(403, "Forbidden", 'pods "%s" is forbidden: exceeded quota: %s, requested: pods=1, '
+                               'used: pods=%d, limited: pods=%d' % (requested_name, quota.get("name", "pod-quota"),
+                                                                    used, quota["pods"]))
         spec.setdefault("enableServiceLinks", True)
         spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
         spec.setdefault("priority", 0)
         spec.setdefault("serviceAccount", "default")
         spec.setdefault("serviceAccountName", "default")
-        spec.setdefault("tolerations", [
-            {"effect": "NoExecute", "key": "node.kubernetes.io/not-ready", "operator": "Exists",
-             "tolerationSeconds": 300},
-            {"effect": "NoExecute", "key": "node.kubernetes.io/unreachable", "operator": "Exists",
-             "tolerationSeconds": 300}])
+        # DefaultTolerationSeconds: not-ready/unreachable for 300 s, unless already tolerated
+        tolerations = spec.setdefault("tolerations", [])
+        for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
+            if not any(t.get("key") == key for t in tolerations):
+                tolerations.append({"effect": "NoExecute", "key": key, "operator": "Exists",
+                                    "tolerationSeconds": 300})
         pod["metadata"]["generation"] = 1
         pod["status"] = {"phase": "Pending", "qosClass": "Burstable"}
 
@@ -397,20 +550,33 @@ class Cluster:
             raise not_found(resource, name)
         return obj
 
-    def api_list(self, resource, namespace, selector):
+    def api_list(self, resource, namespace, selector, field_selector=None):
         self.check_rbac("list", resource, namespace)
+        fields = [part.split("=", 1) for part in (field_selector or "").split(",") if part]
+        for key, _ in fields:
+            if key not in FIELD_LABELS.get(resource, ()) and key not in ("metadata.name", "metadata.namespace"):
+                raise ApiError(400, "BadRequest", 'Unable to find "%s, Resource=%s" that match label selector "%s", '
+                               'field selector "%s": field label not supported: %s' % (
+                                   ("" if "/" in RESOURCES[resource][0] else "/") + RESOURCES[resource][0], resource,
+                                   selector or "", field_selector, key))
         terms = [part.split("=", 1) if "=" in part else [part, None] for part in (selector or "").split(",") if part]
         scope = None if namespace == "*" or not RESOURCES[resource][2] else namespace
         found = self.items(resource, scope)
 
         def matches(obj):
             labels = obj["metadata"].get("labels", {})
-            return all(key in labels if value is None else labels.get(key) == value for key, value in terms)
+            return all(key in labels if value is None else labels.get(key) == value for key, value in terms) and \
+                all(str(field_of(obj, key)) == value for key, value in fields)
         return [obj for obj in found if matches(obj)]
 
     def api_delete(self, resource, namespace, name, propagation):
         self.check_rbac("delete", resource, namespace, name)
         obj = self.api_get(resource, namespace, name)
+        if obj["metadata"].get("deletionTimestamp") and resource == "namespaces":
+            # A second DELETE of a Terminating namespace is refused (k8s-samples fact 24).
+            raise ApiError(409, "Conflict", 'Operation cannot be fulfilled on namespaces "%s": The system is ensuring '
+                           'all content is removed from this namespace.  Upon completion, this namespace will '
+                           'automatically be purged by the system.' % name)
         if obj["metadata"].get("deletionTimestamp"):
             return obj
         obj["metadata"]["deletionTimestamp"] = now_rfc3339()
@@ -559,6 +725,10 @@ class Cluster:
             if job["metadata"].get("deletionTimestamp"):
                 continue
             book = self.job_books[job["metadata"]["uid"]]
+            batch = self.timing["jobSyncBatchSeconds"]
+            if batch and time.time() - self.job_synced.get(job["metadata"]["uid"], 0.0) < batch:
+                continue  # pod updates wait for the next batched sync of their Job
+            self.job_synced[job["metadata"]["uid"]] = time.time()
             spec, status = job["spec"], job["status"]
             indexed = spec.get("completionMode") == "Indexed"
             conditions = status.get("conditions", [])
@@ -625,15 +795,17 @@ class Cluster:
                     self.record_event(job, "Normal", "Completed", "Job completed")
                     changed = True
             elif time.time() >= book["create_backoff_until"]:
+                # TerminatingOrFailed replaces a terminating pod at once; Failed waits for it.
+                occupying = active + (terminating if spec["podReplacementPolicy"] == "Failed" else [])
                 if indexed:
                     busy = {int(p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"])
-                            for p in active + terminating}
+                            for p in occupying}
                     ready = [i for i in range(spec["completions"]) if i not in book["indexes_succeeded"]
                              and i not in book["indexes_failed"] and i not in busy
                              and time.time() >= book["index_retry_at"].get(i, 0)]
-                    indexes = ready[:max(0, spec["parallelism"] - len(active))]
+                    indexes = ready[:max(0, spec["parallelism"] - len(occupying))]
                 else:
-                    want = min(spec["parallelism"], spec["completions"] - succeeded) - len(active)
+                    want = min(spec["parallelism"], spec["completions"] - succeeded) - len(occupying)
                     indexes = [None] * max(0, want)
                 if indexes:
                     self.create_job_pods(job, indexes, book)
@@ -727,7 +899,8 @@ class Cluster:
         if node.get("spec", {}).get("unschedulable"):
             return "node(s) were unschedulable"
         for taint in node.get("spec", {}).get("taints", []):
-            if taint.get("effect") in ("NoSchedule", "NoExecute"):
+            if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(
+                    pod["spec"].get("tolerations"), taint):
                 return "node(s) had untolerated taint {%s: %s}" % (taint["key"], taint.get("value", ""))
         labels = node["metadata"].get("labels", {})
         if any(labels.get(k) != v for k, v in pod["spec"].get("nodeSelector", {}).items()):
@@ -791,17 +964,19 @@ class Cluster:
         return {}
 
     def set_condition(self, pod, type_, status, reason=None):
+        """A condition the kubelet writes: its time comes from the node's clock."""
+        at = self.node_now(pod["spec"]["nodeName"])
         conditions = pod["status"].setdefault("conditions", [])
         for condition in conditions:
             if condition["type"] == type_:
                 if condition["status"] != status or condition.get("reason") != reason:
                     condition["status"] = status
-                    condition["lastTransitionTime"] = now_rfc3339()
+                    condition["lastTransitionTime"] = now_rfc3339(at)
                     condition.pop("reason", None)
                     if reason:
                         condition["reason"] = reason
                 return
-        condition = {"type": type_, "status": status, "lastProbeTime": None, "lastTransitionTime": now_rfc3339()}
+        condition = {"type": type_, "status": status, "lastProbeTime": None, "lastTransitionTime": now_rfc3339(at)}
         if reason:
             condition["reason"] = reason
         conditions.append(condition)
@@ -809,6 +984,7 @@ class Cluster:
         conditions.sort(key=lambda c: order.index(c["type"]) if c["type"] in order else 99)
 
     def kubelet(self):
+        lag = self.timing["kubeletStatusLagSeconds"]
         for pod in self.items("pods"):
             node = pod["spec"].get("nodeName")
             if not node:
@@ -821,13 +997,25 @@ class Cluster:
             if pod["status"]["phase"] in ("Succeeded", "Failed"):
                 continue
             if record is None:
-                self.start_pod(pod, node)
+                low, high = self.timing["sandboxStartSeconds"]
+                self.processes[uid] = {"process": None, "log_path": None,
+                                       "sandbox_ready_at": time.time() + random.uniform(low, high)}
+            elif record.get("sandbox_ready_at") is not None:
+                if time.time() >= record["sandbox_ready_at"]:
+                    self.start_pod(pod, node)
             elif record.get("process") is not None and record["process"].poll() is not None:
-                self.container_exited(pod, record)
+                # The status manager reports an exit a moment later (the kubelet's status lag).
+                record.setdefault("exit_seen", (time.time(), self.node_now(node)))
+                if time.time() - record["exit_seen"][0] >= lag:
+                    self.container_exited(pod, record, finished_at=record["exit_seen"][1])
             elif record.get("synthetic_end") is not None and time.time() >= record["synthetic_end"]:
                 self.finish_synthetic_episode(pod, record)
             elif record.get("evict_at") is not None and time.time() >= record["evict_at"]:
                 self.evict(pod, record)
+            elif record.get("api_evict_at") is not None and time.time() >= record["api_evict_at"]:
+                self.evict_through_api(pod, record)
+            elif record.get("pull_failed_at") is not None and time.time() - record["pull_failed_at"] >= 1.0:
+                self.image_pull_backoff(pod, record)
 
     def image_info(self, image):
         return self.config["images"].get(image)
@@ -851,20 +1039,22 @@ class Cluster:
         self.set_condition(pod, "ContainersReady", "False", "ContainersNotReady")
         pod["status"]["hostIP"] = "172.18.0.%d" % (2 + [n["name"] for n in self.config["nodes"]].index(node))
         pod["status"]["hostIPs"] = [{"ip": pod["status"]["hostIP"]}]
-        pod["status"].setdefault("startTime", now_rfc3339())
+        pod["status"].setdefault("startTime", now_rfc3339(self.node_now(node)))
         info = self.image_info(image)
         if info is None:
+            registry = 'failed to pull and unpack image "%s": failed to resolve reference "%s": %s: not found' % (
+                self.normalized_image(image), self.normalized_image(image), self.normalized_image(image))
             pod["status"]["containerStatuses"] = [{
                 "image": image, "imageID": "", "lastState": {}, "name": container["name"], "ready": False,
-                "restartCount": 0, "started": False,
-                "state": {"waiting": {"reason": "ErrImagePull",
-                                      "message": 'failed to pull and unpack image "%s": failed to resolve '
-                                                 'reference "%s": not found' % (self.normalized_image(image),
-                                                                                self.normalized_image(image))}}}]
+                "restartCount": 0, "started": False, "state": {"waiting": {"reason": "ErrImagePull",
+                                                                           "message": registry}}}]
             self.put("pods", pod)
             self.record_event(pod, "Normal", "Pulling", 'Pulling image "%s"' % image, "kubelet", node)
+            self.record_event(pod, "Warning", "Failed", 'Failed to pull image "%s": %s' % (image, registry),
+                              "kubelet", node)
             self.record_event(pod, "Warning", "Failed", "Error: ErrImagePull", "kubelet", node)
-            self.processes[uid] = {"process": None, "log_path": None}
+            self.processes[uid] = {"process": None, "log_path": None, "pull_failed_at": time.time(),
+                                   "registry_message": registry}
             return
         pod_dir = self.dir / "pods" / uid
         pod_dir.mkdir(parents=True, exist_ok=True)
@@ -893,6 +1083,7 @@ class Cluster:
                     (path / key).write_text(value)
             volumes[volume["name"]] = path
         mounts = {m["mountPath"]: volumes[m["name"]] for m in container.get("volumeMounts", [])}
+        read_only = {m["mountPath"] for m in container.get("volumeMounts", []) if m.get("readOnly")}
         bin_dir = pod_dir / "bin"
         bin_dir.mkdir(parents=True, exist_ok=True)
         os.symlink(info["python"], bin_dir / "python")
@@ -909,47 +1100,74 @@ class Cluster:
             else:
                 continue
             defined[var["name"]] = env[var["name"]] = value
-        # A local process has no mount namespace: paths under a mount, in the environment and in
-        # the command, are translated to the volume's folder.
-        for name, value in list(env.items()):
-            for mount_path, local in mounts.items():
-                if value == mount_path or value.startswith(mount_path + "/"):
-                    env[name] = str(local) + value[len(mount_path):]
-        if "/workspace" in mounts:
-            env["RL_WORKSPACE"] = str(mounts["/workspace"])
         offset = self.node_config(node).get("clockOffsetSeconds")
         if offset:
             # A node whose clock differs from the API server's: shift time.time() in the container.
             (pod_dir / "clock").mkdir(exist_ok=True)
             (pod_dir / "clock" / "sitecustomize.py").write_text(
                 "import time\n_real = time.time\ntime.time = lambda: _real() + %r\n" % float(offset))
-            env["PYTHONPATH"] = str(pod_dir / "clock")
-        argv = []
-        for arg in container.get("command", []) + container.get("args", []):
-            for mount_path, local in mounts.items():
-                if arg == mount_path or arg.startswith(mount_path + "/"):
-                    arg = str(local) + arg[len(mount_path):]
-            argv.append(arg)
-        if argv and argv[0] == "python":
-            argv[0] = str(bin_dir / "python")
-        workdir = mounts.get("/workspace", pod_dir)
-        # The kubelet mounts a writable file at terminationMessagePath and reads it after exit.
-        env["RL_TERMINATION_LOG"] = str(termination_path)
+        argv = list(container.get("command", []) + container.get("args", []))
+        termination_path.write_text("")
+        if self.mount_namespaces:
+            # The container sees its volumes at their pod paths, as in a real pod: its own mount
+            # namespace, a root assembled from the host's directories, the volumes and the
+            # termination-message file bind-mounted in (pod_root_script).
+            env["PATH"] = "/.kubelet/bin:/usr/local/bin:/usr/bin:/bin"
+            if offset:
+                env["PYTHONPATH"] = "/.kubelet/clock"
+            binds = [(str(bin_dir), "/.kubelet/bin", True)]
+            if offset:
+                binds.append((str(pod_dir / "clock"), "/.kubelet/clock", True))
+            binds += [(str(local), path, path in read_only) for path, local in mounts.items()]
+            binds.append((str(termination_path), container.get("terminationMessagePath", "/dev/termination-log"),
+                          False))
+            (pod_dir / "root").mkdir(exist_ok=True)
+            lines = "\n".join("%s\t%s\t%s" % ("ro" if ro else "rw", source, path) for source, path, ro in binds)
+            argv = [shutil.which("unshare"), "--mount", "--propagation", "private", "/bin/sh", "-c", POD_ROOT_SCRIPT,
+                    "pod-root", str(pod_dir / "root"), lines] + argv
+            workdir = pod_dir
+        else:
+            # No mount namespace here: paths under a mount, in the environment and in the
+            # command, are translated to the volume's folder, and the episode is told where its
+            # workspace and termination-message file are.
+            for name, value in list(env.items()):
+                for mount_path, local in mounts.items():
+                    if value == mount_path or value.startswith(mount_path + "/"):
+                        env[name] = str(local) + value[len(mount_path):]
+            if "/workspace" in mounts:
+                env["RL_WORKSPACE"] = str(mounts["/workspace"])
+            if offset:
+                env["PYTHONPATH"] = str(pod_dir / "clock")
+            translated = []
+            for arg in argv:
+                for mount_path, local in mounts.items():
+                    if arg == mount_path or arg.startswith(mount_path + "/"):
+                        arg = str(local) + arg[len(mount_path):]
+                translated.append(arg)
+            argv = translated
+            if argv and argv[0] == "python":
+                argv[0] = str(bin_dir / "python")
+            workdir = mounts.get("/workspace", pod_dir)
+            env["RL_TERMINATION_LOG"] = str(termination_path)
         restart_fault = self.node_config(node).get("restartContainersOnce", False)
-        evict_at = None
+        evict_at = api_evict_at = None
         if self.node_config(node).get("evictFirstPod") and node not in self.evicted_nodes:
             self.evicted_nodes.add(node)  # fault: memory pressure on this node evicts its first pod
             evict_at = time.time() + 0.3
+        if self.node_config(node).get("apiEvictFirstPodAfterSeconds") is not None and node not in self.evicted_nodes:
+            self.evicted_nodes.add(node)  # fault: a drain evicts this node's first pod through the Eviction API
+            api_evict_at = time.time() + self.node_config(node)["apiEvictFirstPodAfterSeconds"]
         process = self.spawn(argv, env, workdir, log_path, truncate=True)
         self.processes[uid] = {"process": process, "log_path": log_path, "argv": argv, "env": env,
                                "workdir": workdir, "container_id": container_id,
                                "termination_path": termination_path,
                                "restart_once": restart_fault, "restarts": 0, "evict_at": evict_at,
+                               "api_evict_at": api_evict_at,
                                "log_drop_first_lines": self.node_config(node).get("logDropFirstLines", 0)}
         self.mark_running(pod, node, container, image, digest, container_id)
 
     def mark_running(self, pod, node, container, image, digest, container_id):
-        started = now_rfc3339()
+        started = now_rfc3339(self.node_now(node))
         repo = self.normalized_image(image).rsplit(":", 1)[0]
         pod["status"]["containerStatuses"] = [{
             "containerID": container_id, "image": self.normalized_image(image),
@@ -998,23 +1216,47 @@ class Cluster:
         pod["status"]["reason"] = "Evicted"
         pod["status"]["message"] = message
         pod["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True", "lastProbeTime": None,
-                                            "lastTransitionTime": now_rfc3339(), "reason": "TerminationByKubelet",
-                                            "message": message})
+                                            "lastTransitionTime": now_rfc3339(self.node_now(pod["spec"]["nodeName"])),
+                                            "reason": "TerminationByKubelet", "message": message})
         self.put("pods", pod)
         self.record_event(pod, "Warning", "Evicted", message, "kubelet", pod["spec"]["nodeName"])
+
+    def evict_through_api(self, pod, record):
+        """An Eviction API call (kubectl drain): the API server adds DisruptionTarget
+        (EvictionByEvictionAPI) and deletes the pod with its grace period. The container gets
+        SIGTERM only if it handles it (PID 1); one that finishes inside the grace period
+        still ends Succeeded (pkg/registry/core/pod/storage/eviction.go, kubelet terminal phase)."""
+        record["api_evict_at"] = None
+        pod["status"].setdefault("conditions", []).append({
+            "type": "DisruptionTarget", "status": "True", "lastProbeTime": None, "lastTransitionTime": now_rfc3339(),
+            "reason": "EvictionByEvictionAPI", "message": "Eviction API: evicting"})
+        self.begin_pod_termination(pod)
+        self.put("pods", pod)
+
+    def image_pull_backoff(self, pod, record):
+        """After a failed pull the kubelet backs off: the waiting reason becomes ImagePullBackOff."""
+        record["pull_failed_at"] = None
+        image, node = pod["spec"]["containers"][0]["image"], pod["spec"]["nodeName"]
+        pod["status"]["containerStatuses"][0]["state"] = {"waiting": {
+            "reason": "ImagePullBackOff",
+            "message": 'Back-off pulling image "%s": ErrImagePull: %s' % (image, record["registry_message"])}}
+        self.put("pods", pod)
+        self.record_event(pod, "Normal", "BackOff", 'Back-off pulling image "%s"' % image, "kubelet", node)
+        self.record_event(pod, "Warning", "Failed", "Error: ImagePullBackOff", "kubelet", node)
 
     def spawn(self, argv, env, workdir, log_path, truncate):
         with open(log_path, "w" if truncate else "a") as log:
             return subprocess.Popen(argv, env=env, cwd=str(workdir), stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
 
-    def container_exited(self, pod, record, code=None):
+    def container_exited(self, pod, record, code=None, finished_at=None):
         code = record["process"].returncode if code is None else code
+        node = pod["spec"]["nodeName"]
         status = pod["status"]["containerStatuses"][0]
-        started = status["state"].get("running", {}).get("startedAt", now_rfc3339())
+        started = status["state"].get("running", {}).get("startedAt", now_rfc3339(self.node_now(node)))
         terminated = {"containerID": record["container_id"], "exitCode": code if code >= 0 else 128 - code,
-                      "finishedAt": now_rfc3339(), "reason": "Completed" if code == 0 else "Error",
-                      "startedAt": started}
+                      "finishedAt": now_rfc3339(finished_at or self.node_now(node)),
+                      "reason": "Completed" if code == 0 else "Error", "startedAt": started}
         termination = record.get("termination_path")
         if self.node_config(pod["spec"]["nodeName"]).get("dropTerminationMessages"):
             termination = None  # fault: a runtime that does not return termination messages
@@ -1033,7 +1275,8 @@ class Cluster:
                                            truncate=True)
             status["lastState"] = {"terminated": terminated}
             status["restartCount"] = 1
-            status["state"] = {"running": {"startedAt": now_rfc3339()}}
+            status["state"] = {"running": {"startedAt": now_rfc3339(self.node_now(node))}}
+            record.pop("exit_seen", None)
             self.put("pods", pod)
             return
         status.update(ready=False, started=False, state={"terminated": terminated})
@@ -1047,21 +1290,34 @@ class Cluster:
         record["process"] = None
         self.put("pods", pod)
 
-    def begin_pod_termination(self, pod):
+    def begin_pod_termination(self, pod, grace=None):
+        """A graceful delete: deletionTimestamp is when the grace period ends. The runtime sends
+        SIGTERM to the container's PID 1, which the kernel drops unless PID 1 handles it (a
+        `python` that installs no handler keeps running), and SIGKILL when the period is over."""
         if not pod["metadata"].get("deletionTimestamp"):
-            pod["metadata"]["deletionTimestamp"] = now_rfc3339()
-            pod["metadata"]["deletionGracePeriodSeconds"] = pod["spec"].get("terminationGracePeriodSeconds", 30)
-        record = self.processes.get(pod["metadata"]["uid"])
-        if record and record.get("process") is not None and record["process"].poll() is None:
-            try:
-                os.killpg(record["process"].pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            grace = pod["spec"].get("terminationGracePeriodSeconds", 30) if grace is None else grace
+            pod["metadata"]["deletionTimestamp"] = now_rfc3339(time.time() + grace)
+            pod["metadata"]["deletionGracePeriodSeconds"] = grace
+            record = self.processes.get(pod["metadata"]["uid"])
+            if record is not None:
+                record["kill_at"] = time.time() + grace
+                process = record.get("process")
+                if process is not None and process.poll() is None and handles_sigterm(process.pid):
+                    try:
+                        os.kill(process.pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
 
     def finish_pod_termination(self, pod, record):
         process = (record or {}).get("process")
         if process is not None and process.poll() is None:
-            return  # still shutting down
+            if time.time() < record.get("kill_at", 0):
+                return  # still inside its grace period
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
         if process is not None:
             self.container_exited(pod, record)
         elif (record or {}).get("synthetic_end") is not None:
@@ -1072,8 +1328,10 @@ class Cluster:
         if any(f == "batch.kubernetes.io/job-tracking" for f in pod["metadata"].get("finalizers", [])):
             owner = pod["metadata"]["ownerReferences"][0]["uid"]
             book = self.job_books.get(owner)
-            if book is not None:
-                book["failed" if pod["status"]["phase"] == "Failed" else "succeeded"].add(pod["metadata"]["uid"])
+            job = next((j for j in self.items("jobs", pod["metadata"]["namespace"])
+                        if j["metadata"]["uid"] == owner), None)
+            if book is not None and job is not None:
+                self.count_finished_pod(job, pod, book)
         self.remove("pods", pod)
         self.processes.pop(pod["metadata"]["uid"], None)
         shutil.rmtree(self.dir / "pods" / pod["metadata"]["uid"], ignore_errors=True)
@@ -1126,14 +1384,45 @@ class Cluster:
 # -------------------------------------------------------------------- RPC server
 
 
+FAULTS = {
+    # kind: (HTTP code, Status reason, message); "" reason prints as `Error from server: ...`
+    "internal": (500, "InternalError", 'an error on the server ("") has prevented the request from succeeding'),
+    "timeout": (504, "Timeout", "the server was unable to return a response in the time allotted, but may still "
+                                "be processing the request"),
+    "etcd-leader-changed": (500, "", "etcdserver: leader changed"),
+    "etcd-timeout": (500, "", "etcdserver: request timed out"),
+    "etcd-too-many-requests": (429, "", "etcdserver: too many requests"),
+}
+
+
 def inject_fault(cluster, request):
-    """Transient failures configured in cluster.json (`transientFailures`), consumed in order."""
+    """Transient failures configured in cluster.json (`transientFailures`), consumed in order:
+    {"verb": "get", "resource": "jobs", "times": 2, "kind": "etcd-leader-changed",
+     "afterCommit": false, "afterJobComplete": false}. afterCommit: a write is carried out and
+    then answered with the error (the client cannot tell). afterJobComplete: armed only once a
+    Job has its Complete or Failed condition. Returns (kind, after_commit) or None."""
     for fault in cluster.faults:
-        if fault.get("times", 0) > 0 and fault.get("verb") == request["verb"] and \
-                fault.get("resource") in (None, request.get("resource")):
-            fault["times"] -= 1
-            return fault.get("kind", "internal")
+        if fault.get("times", 0) <= 0 or fault.get("verb") not in (None, request["verb"]) or \
+                fault.get("resource") not in (None, request.get("resource")):
+            continue
+        if fault.get("afterJobComplete") and not any(
+                c.get("type") in ("Complete", "Failed") for job in cluster.items("jobs")
+                for c in job.get("status", {}).get("conditions", [])):
+            continue
+        fault["times"] -= 1
+        kind = fault.get("kind", "internal")
+        if kind == "timeout-after-commit":  # the original spelling
+            return "timeout", True
+        return kind, bool(fault.get("afterCommit"))
     return None
+
+
+def fault_error(kind, request):
+    code, reason, message = FAULTS[kind]
+    if kind == "timeout" and request.get("resource"):
+        message += " (%s %s%s)" % ({"create": "post", "delete": "delete"}.get(request["verb"], "get"),
+                                   request["resource"], RESOURCES[request["resource"]][3])
+    return ApiError(code, reason, message)
 
 
 def watch(cluster, request):
@@ -1159,45 +1448,63 @@ def watch(cluster, request):
         return found[::-1]
 
     deadline = time.time() + 20
+    ends = cluster.config.get("watchEnds")
+    end_at = request.get("started", time.time()) + ends["afterSeconds"] if ends else None
+    if end_at is not None:
+        deadline = min(deadline, end_at)
     with cluster.lock:
         items = matching()
         while not items and time.time() < deadline and not cluster.stop.is_set():
-            cluster.changed.wait(timeout=deadline - time.time())
+            cluster.changed.wait(timeout=max(0.0, deadline - time.time()))
             items = matching()
-        return {"items": items, "resourceVersion": str(cluster.resource_version)}
+        answer = {"items": items, "resourceVersion": str(cluster.resource_version)}
+        if end_at is not None and time.time() >= end_at:
+            # The server ends the watch: silently, or with an ERROR event (fact 25).
+            answer["ended"] = ends.get("with", "close")
+            if answer["ended"] == "expired":
+                answer["items"].append({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                        "message": "too old resource version: %d (%d)" % (
+                                            since, cluster.resource_version), "reason": "Expired", "code": 410})
+        return answer
 
 
 def dispatch(cluster, request):
     verb = request["verb"]
-    resource, namespace, name = request.get("resource"), request.get("namespace"), request.get("name")
-    if verb == "watch":
-        return watch(cluster, request)
     with cluster.lock:
-        fault = inject_fault(cluster, request)
-        if fault == "internal":
-            raise ApiError(500, "InternalError", 'an error on the server ("") has prevented the request from '
-                           'succeeding')
-        if verb == "create":
-            created = cluster.api_create(resource, namespace, request["body"])
-            if fault == "timeout-after-commit":
-                raise ApiError(504, "Timeout", "the server was unable to return a response in the time allotted, "
-                               "but may still be processing the request (post %s%s)" % (resource, RESOURCES[resource][3]))
-            return created
-        if verb == "get":
-            return cluster.api_get(resource, namespace, name)
-        if verb == "list":
-            return {"items": cluster.api_list(resource, namespace, request.get("selector")),
-                    "resourceVersion": str(cluster.resource_version)}
-        if verb == "delete":
-            return cluster.api_delete(resource, namespace, name, request.get("propagation", "Background"))
-        if verb == "label":
-            return cluster.api_label(resource, namespace, name, request["labels"], request.get("overwrite"))
-        if verb == "logs":
-            return {"log": cluster.api_logs(namespace, name, request.get("container"))}
-        if verb == "version":
-            return {"gitVersion": cluster.config["kubernetesVersion"]}
-        if verb == "config":
-            return cluster.config
+        fault = inject_fault(cluster, request) if verb != "config" else None
+    if fault and not fault[1]:
+        raise fault_error(fault[0], request)
+    if verb == "watch":
+        answer = watch(cluster, request)
+    else:
+        with cluster.lock:
+            answer = serve_verb(cluster, request)
+    if fault:  # after the commit: the change is made, the client hears an error
+        raise fault_error(fault[0], request)
+    return answer
+
+
+def serve_verb(cluster, request):
+    verb = request["verb"]
+    resource, namespace, name = request.get("resource"), request.get("namespace"), request.get("name")
+    if verb == "create":
+        return cluster.api_create(resource, namespace, request["body"])
+    if verb == "get":
+        return cluster.api_get(resource, namespace, name)
+    if verb == "list":
+        return {"items": cluster.api_list(resource, namespace, request.get("selector"),
+                                          request.get("fieldSelector")),
+                "resourceVersion": str(cluster.resource_version)}
+    if verb == "delete":
+        return cluster.api_delete(resource, namespace, name, request.get("propagation", "Background"))
+    if verb == "label":
+        return cluster.api_label(resource, namespace, name, request["labels"], request.get("overwrite"))
+    if verb == "logs":
+        return {"log": cluster.api_logs(namespace, name, request.get("container"))}
+    if verb == "version":
+        return {"gitVersion": cluster.config["kubernetesVersion"]}
+    if verb == "config":
+        return cluster.config
     raise ApiError(400, "BadRequest", "unknown verb %r" % verb)
 
 
@@ -1208,6 +1515,7 @@ def serve(state_dir):
     if config_path.exists():
         config.update(json.loads(config_path.read_text()))
     cluster = Cluster(state_dir, config)
+    print("pod mount namespaces: %s" % ("on" if cluster.mount_namespaces else "off"), flush=True)
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self):

@@ -1,0 +1,400 @@
+"""What real clusters do that a kind simulation forgets (issue "Survive a real cluster"):
+refusals that pass on their own, watches that end, 409s, grace periods, etcd errors, taints,
+skewed node clocks, slow VM sandboxes, evictions, signals. Each test runs the real script
+through the simulated cluster configured the way a real cluster behaves."""
+
+import json
+import os
+from pathlib import Path
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, SCRIPT
+from fakecluster import FakeCluster
+from test_e2e import cluster_with_image
+
+EPISODE = str(ROOT / "tests" / "episodes" / "scripted.py")
+
+
+def read(path):
+    return json.loads(Path(path).read_text())
+
+
+def write_tasks(path, tasks):
+    path.write_text("".join(json.dumps(task) + "\n" for task in tasks))
+    return str(path)
+
+
+# ---------------------------------------------------------------- 1. refusals that pass
+
+
+def test_serviceaccount_lag_in_a_new_namespace_does_not_stop_the_run(make_cluster, run_tool, tmp_path):
+    # The namespace's `default` ServiceAccount appears 4 s late, on a VM-sandbox timing profile:
+    # every pod creation is refused for longer than the stall check's 3 s.
+    cluster = make_cluster({"serviceAccountDelaySeconds": 4, "profile": "vm-sandbox"})
+    result = run_tool("run", "--count", "3", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    assert read(tmp_path / "out" / "results.json")["successful_episodes"] == 3
+    events = (tmp_path / "out" / "events.txt").read_text()
+    assert 'is forbidden: error looking up service account' in events
+    assert 'pods "rollout-" is forbidden' in events  # admission names the generateName prefix
+
+
+def test_full_resource_quota_waits_for_quota_to_free(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"namespaceQuota": {"name": "pod-quota", "pods": 2}})
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": i, "sleep": 3} for i in range(4)])
+    result = run_tool("run", "--episode", EPISODE, "--tasks", tasks, "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    assert read(tmp_path / "out" / "results.json")["successful_episodes"] == 4
+    assert "exceeded quota: pod-quota, requested: pods=1, used: pods=2, limited: pods=2" in (
+        tmp_path / "out" / "events.txt").read_text()
+
+
+def test_a_refusal_followed_by_a_created_pod_is_not_blocking(tool):
+    refused = {"reason": "FailedCreate", "lastTimestamp": "2026-11-30T10:00:01Z",
+               "message": 'Error creating: pods "rollout-" is forbidden: pod rejected: RuntimeClass "kata" not found'}
+    later_pod = {"metadata": {"name": "rollout-abcde", "creationTimestamp": "2026-11-30T10:00:02Z"}, "status": {}}
+    assert tool.blocking_reason([refused], [later_pod]) is None
+    assert tool.blocking_reason([refused], []).startswith("the cluster refused to create the episode pods")
+
+
+def test_refusals_that_pass_on_their_own_are_not_blocking(tool):
+    for message in ('pods "rollout-" is forbidden: error looking up service account ns/default: serviceaccount '
+                    '"default" not found',
+                    'pods "rollout-" is forbidden: exceeded quota: q, requested: pods=1, used: pods=2, limited: pods=2'):
+        event = {"reason": "FailedCreate", "lastTimestamp": "2026-11-30T10:00:01Z", "message": "Error creating: " + message}
+        assert tool.blocking_reason([event], []) is None
+
+
+# ---------------------------------------------------------------- 2. watches that end
+
+
+@pytest.mark.parametrize("ending", ["expired", "close"])
+def test_watches_that_end_do_not_break_the_run(make_cluster, run_tool, tmp_path, ending):
+    cluster = make_cluster({"watchEnds": {"afterSeconds": 0.5, "with": ending}, "profile": "vm-sandbox"})
+    result = run_tool("run", "--count", "3", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    assert read(tmp_path / "out" / "results.json")["successful_episodes"] == 3
+
+
+# ---------------------------------------------------------------- 3. namespaces already terminating
+
+
+def finished_run(make_cluster, run_tool, tmp_path, **config):
+    cluster = make_cluster(config)
+    result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    return cluster, read(tmp_path / "out" / "receipt.json")["namespace"]
+
+
+def test_cleanup_waits_for_a_namespace_that_is_already_terminating(make_cluster, run_tool, tmp_path):
+    cluster, namespace = finished_run(make_cluster, run_tool, tmp_path, namespaceDeletionSeconds=2)
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+    result = run_tool("cleanup", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    assert "Deleted test namespace: %s" % namespace in result.stdout
+    assert cluster.kubectl("get", "namespace", namespace, "--ignore-not-found", "-o", "name").stdout == ""
+
+
+def test_cleanup_survives_a_committed_delete_answered_with_an_error(make_cluster, run_tool, tmp_path):
+    # The first DELETE is carried out, then answered with an etcd error; the retry meets 409.
+    cluster, namespace = finished_run(make_cluster, run_tool, tmp_path, namespaceDeletionSeconds=2, transientFailures=[
+        {"verb": "delete", "resource": "namespaces", "times": 1, "kind": "etcd-timeout", "afterCommit": True}])
+    result = run_tool("cleanup", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    assert "Deleted test namespace: %s" % namespace in result.stdout
+
+
+def test_two_cleanups_at_once_both_succeed(make_cluster, tmp_path):
+    cluster = make_cluster({"namespaceDeletionSeconds": 2})
+    subprocess.run([sys.executable, str(SCRIPT), "run", "--count", "2", "--output", "out"], cwd=str(tmp_path),
+                   env=cluster.env(), capture_output=True, timeout=120, check=True)
+    cleanups = [subprocess.Popen([sys.executable, str(SCRIPT), "cleanup", "--output", "out"], cwd=str(tmp_path),
+                                 env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for _ in range(2)]
+    outputs = [process.communicate(timeout=120) for process in cleanups]
+    assert [process.returncode for process in cleanups] == [0, 0], outputs
+
+
+# ---------------------------------------------------------------- 4. tainted sandbox pools
+
+
+SANDBOX_TAINT = {"key": "sandbox.gke.io/runtime", "value": "gvisor", "effect": "NoSchedule"}
+SANDBOX_POOL = {"runtimeClasses": [{"name": "gvisor", "handler": "runsc", "scheduling": {
+    "nodeSelector": {"sandbox.gke.io/runtime": "gvisor"},
+    "tolerations": [{"key": "sandbox.gke.io/runtime", "operator": "Equal", "value": "gvisor",
+                     "effect": "NoSchedule"}]}}],
+    "nodes": [{"name": "pool-node-1", "hostname": "ip-10-0-0-1", "labels": {"sandbox.gke.io/runtime": "gvisor"},
+               "taints": [SANDBOX_TAINT]},
+              {"name": "general-1", "taints": [{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}]}]}
+
+
+def test_a_tainted_pool_the_runtime_class_tolerates_passes_preflight_and_prewarms(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster(SANDBOX_POOL)
+    result = run_tool("run", "--runtime", "gvisor", "--count", "2", "--prewarm", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    assert "no usable node" not in result.stderr
+    assert read(tmp_path / "out" / "run.json")["preflight"]["pods_that_fit_at_once"] > 0
+    prewarm = read(tmp_path / "out" / "prewarm" / "pool-node-1" / "job-submitted.json")
+    # pinned by the node's own hostname label, which differs from its name here
+    assert prewarm["spec"]["template"]["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "ip-10-0-0-1"}
+    assert read(tmp_path / "out" / "results.json")["nodes"] == {"pool-node-1": 2}
+
+
+def test_preflight_refuses_taints_nothing_tolerates(tool):
+    node = {"metadata": {"name": "n", "labels": {}}, "spec": {"taints": [SANDBOX_TAINT]},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}], "allocatable": {"cpu": "8", "memory": "8Gi"}}}
+    assert tool.usable_nodes([node], None) == []
+    runtime_class = {"scheduling": {"tolerations": [{"key": "sandbox.gke.io/runtime", "operator": "Exists"}]}}
+    assert tool.usable_nodes([node], runtime_class) == [node]
+
+
+# ---------------------------------------------------------------- 5. etcd errors and unknown outcomes
+
+
+def test_etcd_errors_on_reads_after_completion_are_retried(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"transientFailures": [
+        {"verb": "list", "resource": "pods", "times": 2, "kind": "etcd-leader-changed", "afterJobComplete": True}]})
+    result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    assert "etcdserver: leader changed; retrying" in result.stderr
+
+
+def test_reads_failing_after_completion_keep_what_the_watches_saw(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"transientFailures": [
+        {"verb": "list", "resource": "pods", "times": 6, "kind": "etcd-leader-changed", "afterJobComplete": True}]})
+    result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
+    assert result.code == 1, result
+    assert "saved as the watches last saw them" in result.stderr
+    assert "Clean up with:" in result.stderr
+    out = tmp_path / "out"
+    assert read(out / "job.json")["status"]["succeeded"] == 2
+    assert len(read(out / "pods.json")) == 2
+    assert all(pod["status"]["phase"] == "Succeeded" for pod in read(out / "pods.json"))
+
+
+def test_a_create_answered_with_an_etcd_error_after_commit_is_adopted(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"transientFailures": [
+        {"verb": "create", "resource": "namespaces", "times": 1, "kind": "etcd-leader-changed", "afterCommit": True}]})
+    result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    receipt = read(tmp_path / "out" / "receipt.json")
+    assert receipt["uid"] == cluster.get_json("namespace", receipt["namespace"])["metadata"]["uid"]
+
+
+# ---------------------------------------------------------------- 6, 7. deadlines and why
+
+
+def test_deadline_ends_the_run_at_failure_target_not_after_the_grace_period(make_cluster, run_tool, tmp_path):
+    # `sleep` as the container's PID 1 ignores SIGTERM: the pods take their full 30 s grace period.
+    cluster = cluster_with_image(make_cluster, tmp_path, "slow:1", "exec sleep 60")
+    started = time.monotonic()
+    result = run_tool("run", "--count", "2", "--image", "slow:1", "--timeout", "2", "--output", "out", cluster=cluster)
+    elapsed = time.monotonic() - started
+    assert result.code == 3, result
+    assert "Job rollout failed (DeadlineExceeded: Job was active longer than specified deadline)" in result.stderr
+    assert "client's" not in result.stderr
+    assert elapsed < 25, elapsed  # the client's own wait is 32 s; FailureTarget comes at 2 s
+    job = read(tmp_path / "out" / "job.json")
+    assert [c["type"] for c in job["status"]["conditions"]] == ["FailureTarget"]
+
+
+def test_an_unpullable_image_timeout_names_the_pull_error_and_keeps_the_pods(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster()
+    result = run_tool("run", "--count", "2", "--image", "nosuch:1", "--timeout", "3", "--output", "out",
+                      cluster=cluster)
+    assert result.code == 3, result
+    # the waiting reason flips from ErrImagePull to ImagePullBackOff a moment after the failed pull
+    assert re.search(r'pods not running: (ErrImagePull: failed to pull and unpack image "docker.io/library/nosuch:1"|'
+                     r'ImagePullBackOff: Back-off pulling image "nosuch:1")', result.stderr), result.stderr
+    pods = read(tmp_path / "out" / "pods.json")
+    assert len(pods) == 2  # the Job controller deleted them; the watch kept their last state
+    assert "pods_seen_only_by_watch" in read(tmp_path / "out" / "run.json")
+
+
+def test_an_unschedulable_batch_timeout_names_the_scheduler_message(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"nodes": [{"name": "tiny", "cpu": "50m", "memory": "1Gi"}]})
+    result = run_tool("run", "--count", "2", "--timeout", "3", "--force", "--output", "out", cluster=cluster)
+    assert result.code == 3, result
+    assert "FailedScheduling: 0/1 nodes are available: 1 Insufficient cpu." in result.stderr
+
+
+# ---------------------------------------------------------------- 8, 9. clocks
+
+
+@pytest.mark.parametrize("offset", [-8, 5])
+def test_a_skewed_node_clock_fails_validation_naming_the_node_and_size(make_cluster, run_tool, tmp_path, offset):
+    cluster = make_cluster({"nodes": [{"name": "kind-worker", "clockOffsetSeconds": offset}]})
+    result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
+    assert result.code == 4, result
+    direction = "behind" if offset < 0 else "ahead of"
+    found = re.search(r"the episode clock on node kind-worker is at least ([0-9.]+) s %s the API server" % direction,
+                      result.stderr)
+    assert found, result.stderr
+    # a lower bound: the API's whole seconds and the episode's own run time make it smaller
+    assert abs(offset) - 2.5 <= float(found.group(1)) <= abs(offset)
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_custom_episodes_on_a_skewed_node_never_report_a_negative_batch_time(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"nodes": [{"name": "kind-worker", "clockOffsetSeconds": -5}]})
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": i} for i in range(2)])
+    result = run_tool("run", "--episode", EPISODE, "--tasks", tasks, "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    results = read(tmp_path / "out" / "results.json")
+    assert results["batch_to_all_ready_seconds"] is None
+    assert results["pod_to_ready_p50_seconds"] is None
+    assert "the episode clock on node kind-worker is at least 4" in results["clock_skew"]["headline_withheld"]
+    finding = results["clock_skew"]["findings"][0]
+    assert (finding["node"], finding["clock"], finding["direction"]) == ("kind-worker", "episode", "behind")
+    assert "bound" in finding
+    assert "warning: clock skew: the episode clock on node kind-worker is at least 4" in result.stderr
+
+
+def test_pod_scheduled_is_on_the_api_server_clock(tool):
+    definition = tool.phase_definition("scheduling")
+    assert (definition["clocks"], definition["mixed_clocks"]) == (["api-server"], False)
+
+
+# ---------------------------------------------------------------- 10. evictions
+
+
+def test_a_kubelet_eviction_of_the_builtin_episode_is_named_as_such(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"nodes": [{"name": "kind-worker", "evictFirstPod": True}]})
+    result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
+    assert result.code == 4, result
+    assert "was evicted (The node was low on resource: memory" in result.stderr
+
+
+def test_an_api_eviction_of_a_builtin_episode_names_the_evicted_pod(make_cluster, run_tool, tmp_path):
+    # A drain evicts the first pod; the Job controller replaces a terminating pod at once
+    # (podReplacementPolicy TerminatingOrFailed) while its `python` (PID 1, no SIGTERM
+    # handler) finishes anyway: three pods for two episodes, which the strict check refuses.
+    cluster = make_cluster({"nodes": [{"name": "kind-worker", "apiEvictFirstPodAfterSeconds": 0.05}]})
+    result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
+    assert result.code == 4, result
+    assert "found 3: pod rollout-" in result.stderr
+    assert "was evicted (Eviction API: evicting) and replaced" in result.stderr
+    assert len(read(tmp_path / "out" / "run.json")["pods_seen_only_by_watch"]) == 1
+
+
+def test_an_api_eviction_inside_the_grace_period_keeps_the_custom_reward(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"nodes": [{"name": "kind-worker", "apiEvictFirstPodAfterSeconds": 0.3}]})
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": 0, "reward": 0.5, "sleep": 1, "termination_message": True}])
+    result = run_tool("run", "--episode", EPISODE, "--tasks", tasks, "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    results = read(tmp_path / "out" / "results.json")
+    assert results["infrastructure_failures"] == []
+    assert [row["reward"] for row in results["pods"]] == [0.5]
+    assert len(read(tmp_path / "out" / "run.json")["pods_seen_only_by_watch"]) == 1
+
+
+def test_an_evicted_episode_without_a_termination_message_says_its_log_is_gone(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"nodes": [{"name": "kind-worker", "apiEvictFirstPodAfterSeconds": 0.3}]})
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": 0, "reward": 0.5, "sleep": 1}])
+    result = run_tool("run", "--episode", EPISODE, "--tasks", tasks, "--output", "out", cluster=cluster)
+    assert result.code == 5, result
+    failure = read(tmp_path / "out" / "results.json")["infrastructure_failures"][0]
+    assert failure["attempts"][0]["reason"].startswith("no events: the pod was deleted before its log could be read")
+
+
+def test_a_retried_evicted_attempt_is_listed_among_failed_attempts(make_cluster, run_tool, tmp_path):
+    # This episode handles SIGTERM and exits 143: the evicted attempt fails, is deleted by the
+    # API server, and the Job controller replaces it (DisruptionTarget is ignored, not counted).
+    cluster = make_cluster({"nodes": [{"name": "kind-worker", "apiEvictFirstPodAfterSeconds": 0.3}]})
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": 0, "sleep": 1, "on_sigterm": "exit"}])
+    result = run_tool("run", "--episode", EPISODE, "--tasks", tasks, "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    row = read(tmp_path / "out" / "results.json")["pods"][0]
+    assert [attempt["reason"] for attempt in row["failed_attempts"]] == ["evicted: Eviction API: evicting"]
+
+
+# ---------------------------------------------------------------- 11. signals, KUBECTL, context
+
+
+def test_sigterm_saves_what_is_known_and_exits_143(make_cluster, tmp_path):
+    image = tmp_path / "image-slow"
+    image.write_text("#!/bin/sh\nexec sleep 60\n")
+    image.chmod(0o755)
+    cluster = make_cluster({"images": {"slow:1": {"python": str(image)}}})
+    process = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--count", "2", "--image", "slow:1",
+                                "--output", "out"], cwd=str(tmp_path), env=cluster.env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    receipt = tmp_path / "out" / "receipt.json"
+    deadline = time.monotonic() + 30
+    while not (receipt.exists() and "job_uid" in receipt.read_text()):
+        assert time.monotonic() < deadline, "the run never created its Job"
+        time.sleep(0.1)
+    time.sleep(1.0)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 143, stderr
+    assert "Error: terminated (SIGTERM)" in stderr
+    assert "Clean up with:" in stderr
+    assert len(read(tmp_path / "out" / "pods.json")) == 2
+
+
+@pytest.mark.parametrize("what", ["a directory", "not executable"])
+def test_a_kubectl_that_cannot_run_is_one_line(run_tool, tmp_path, what):
+    program = tmp_path / "kubectl-here"
+    if what == "a directory":
+        program.mkdir()
+    else:
+        program.write_text("#!/bin/sh\n")
+    result = run_tool("run", "--count", "1", "--output", "out", env={"KUBECTL": str(program)})
+    assert result.code == 1, result
+    assert result.stderr.strip().splitlines() == [
+        "Error: cannot run kubectl %r: it is %s; set KUBECTL to the kubectl program itself" % (str(program), what)]
+
+
+def test_an_unknown_context_shows_kubectls_meaningful_line(cluster, run_tool):
+    result = run_tool("run", "--count", "1", "--context", "nosuch", "--output", "out", cluster=cluster)
+    assert result.code == 1, result
+    assert "context was not found for specified context: nosuch" in result.stderr
+
+
+def test_the_meaningful_line_skips_client_go_logs(tool):
+    stderr = ('E1130 06:46:07.123456   12345 memcache.go:265] "Unhandled Error" err="couldn\'t get current server '
+              'API group list"\nThe connection to the server localhost:8080 was refused - did you specify the right '
+              'host or port?\nI1130 06:46:07.2 12345 helpers.go:1] trailing log line\n')
+    assert tool.meaningful_line(stderr).startswith("The connection to the server localhost:8080 was refused")
+
+
+# ---------------------------------------------------------------- pods as pods: real paths
+
+
+POD_PATHS_EPISODE = '''import json, os, time
+started = time.time()
+assert os.path.exists("/demo/episode.py"), "the ConfigMap is mounted at /demo"
+with open("/workspace/scratch.txt", "w") as scratch:  # the emptyDir at /workspace
+    scratch.write("ok")
+events = []
+for event in ("ready", "reward"):
+    fields = dict(event=event, at=time.time(), episode_id=os.environ["EPISODE_ID"])
+    if event == "ready":
+        fields.update(started_at=started, imports_done_at=started)
+    else:
+        fields.update(reward=1, cwd=os.getcwd())
+    events.append(json.dumps(fields))
+    print(events[-1], flush=True)
+with open("/dev/termination-log", "w") as message:
+    message.write("\\n".join(events) + "\\n")
+'''
+
+
+def test_an_episode_written_for_a_pod_runs_unchanged(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster()
+    if "pod mount namespaces: on" not in (cluster.state / "server.log").read_text():
+        pytest.skip("per-pod mount namespaces need root and a working `unshare --mount` here")
+    episode = tmp_path / "pod_paths.py"
+    episode.write_text(POD_PATHS_EPISODE)
+    result = run_tool("run", "--episode", str(episode), "--count", "2", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    rows = read(tmp_path / "out" / "results.json")["pods"]
+    assert [row["events_source"] for row in rows] == ["termination-message"] * 2
+    assert [row["reward_fields"]["cwd"] for row in rows] == ["/", "/"]
