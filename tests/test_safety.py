@@ -60,8 +60,10 @@ def test_run_passes_pod_security_restricted(cluster, run_tool, tmp_path):
 
 
 def test_pod_security_rejection_stops_the_run_early_with_the_reason(make_cluster, run_tool, tmp_path):
-    # A cluster-wide mutating webhook injects a sidecar that violates `restricted`.
-    cluster = make_cluster({"injectSidecar": SIDECAR})
+    # A cluster-wide mutating webhook injects a sidecar that violates `restricted`; on a slow
+    # VM-sandbox cluster whose new namespaces get their ServiceAccount 2 s late (a refusal
+    # that passes), so the stall check must tell the two apart.
+    cluster = make_cluster({"injectSidecar": SIDECAR, "profile": "vm-sandbox", "serviceAccountDelaySeconds": 2})
     started = time.monotonic()
     result = run_tool("run", "--count", "2", "--timeout", "120", "--output", "out", cluster=cluster)
     assert result.code == 1, result
