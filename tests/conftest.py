@@ -79,8 +79,9 @@ def find_python(version):
     pytest.skip("python%s is not installed here" % version)
 
 
-def interrupt_a_run(make_cluster, tmp_path):
-    """Start a run whose episodes never finish, Ctrl-C it once its Job exists; (exit code, stderr)."""
+def interrupt_a_run(make_cluster, tmp_path, signal_number=None):
+    """Start a run whose episodes never finish, interrupt it (Ctrl-C unless another signal is
+    given) once its Job exists; (cluster, exit code, stderr)."""
     import signal
     import time
     image = tmp_path / "image-slow"
@@ -96,6 +97,6 @@ def interrupt_a_run(make_cluster, tmp_path):
         assert time.monotonic() < deadline, "the run never created its Job"
         time.sleep(0.1)
     time.sleep(1.0)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signal.SIGINT if signal_number is None else signal_number)
     _, stderr = process.communicate(timeout=60)
     return cluster, process.returncode, stderr

@@ -3,9 +3,6 @@ refusals that pass on their own, watches that end, 409s, grace periods, etcd err
 skewed node clocks, slow VM sandboxes, evictions, signals. Each test runs the real script
 through the simulated cluster configured the way a real cluster behaves."""
 
-import json
-import os
-from pathlib import Path
 import re
 import signal
 import subprocess
@@ -14,20 +11,9 @@ import time
 
 import pytest
 
-from conftest import ROOT, SCRIPT
-from fakecluster import FakeCluster
+from conftest import SCRIPT, interrupt_a_run
+from test_custom import EPISODE, read, write_tasks
 from test_e2e import cluster_with_image
-
-EPISODE = str(ROOT / "tests" / "episodes" / "scripted.py")
-
-
-def read(path):
-    return json.loads(Path(path).read_text())
-
-
-def write_tasks(path, tasks):
-    path.write_text("".join(json.dumps(task) + "\n" for task in tasks))
-    return str(path)
 
 
 # ---------------------------------------------------------------- 1. refusals that pass
@@ -321,22 +307,8 @@ def test_a_retried_evicted_attempt_is_listed_among_failed_attempts(make_cluster,
 
 
 def test_sigterm_saves_what_is_known_and_exits_143(make_cluster, tmp_path):
-    image = tmp_path / "image-slow"
-    image.write_text("#!/bin/sh\nexec sleep 60\n")
-    image.chmod(0o755)
-    cluster = make_cluster({"images": {"slow:1": {"python": str(image)}}})
-    process = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--count", "2", "--image", "slow:1",
-                                "--output", "out"], cwd=str(tmp_path), env=cluster.env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    receipt = tmp_path / "out" / "receipt.json"
-    deadline = time.monotonic() + 30
-    while not (receipt.exists() and "job_uid" in receipt.read_text()):
-        assert time.monotonic() < deadline, "the run never created its Job"
-        time.sleep(0.1)
-    time.sleep(1.0)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 143, stderr
+    _, code, stderr = interrupt_a_run(make_cluster, tmp_path, signal.SIGTERM)
+    assert code == 143, stderr
     assert "Error: terminated (SIGTERM)" in stderr
     assert "Clean up with:" in stderr
     assert len(read(tmp_path / "out" / "pods.json")) == 2
