@@ -50,6 +50,7 @@ import os
 from pathlib import Path
 import platform
 import queue
+import re
 import shlex
 import signal
 import socket
@@ -370,11 +371,11 @@ def kubectl_program():
     return os.environ.get("KUBECTL") or "kubectl"
 
 
-def run_kubectl(argv, stdin_text=None):
-    """Run kubectl with an argument list; return stdout or raise KubectlError."""
+def run_kubectl(argv, stdin_text=None, binary=False):
+    """Run kubectl with an argument list; return stdout (bytes if binary) or raise KubectlError."""
     program = kubectl_program()
     try:
-        done = subprocess.run([program, *argv], input=stdin_text, text=True,
+        done = subprocess.run([program, *argv], input=stdin_text if not binary else None, text=not binary,
                               capture_output=True, timeout=KUBECTL_PROCESS_TIMEOUT_SECONDS)
     except FileNotFoundError:
         raise DemoError("kubectl not found (looked for %r on PATH); install kubectl or set "
@@ -390,7 +391,8 @@ def run_kubectl(argv, stdin_text=None):
         raise KubectlError(argv, None, "kubectl did not finish within %d s"
                            % KUBECTL_PROCESS_TIMEOUT_SECONDS) from None
     if done.returncode != 0:
-        raise KubectlError(argv, done.returncode, done.stderr)
+        stderr = done.stderr.decode("utf-8", "replace") if binary else done.stderr
+        raise KubectlError(argv, done.returncode, stderr)
     return done.stdout
 
 
@@ -430,16 +432,16 @@ class Cluster:
     def __init__(self, context):
         self.context = context
 
-    def kubectl(self, *parts, data=None):
+    def kubectl(self, *parts, data=None, binary=False):
         argv = ["--context", self.context, "--request-timeout=" + KUBECTL_REQUEST_TIMEOUT,
                 *parts]
-        return run_kubectl(argv, json.dumps(data) if data is not None else None)
+        return run_kubectl(argv, json.dumps(data) if data is not None else None, binary)
 
-    def read(self, *parts):
+    def read(self, *parts, binary=False):
         """A read-only kubectl call, retried with backoff while the failure is transient."""
         for delay in RETRY_DELAYS_SECONDS + (None,):
             try:
-                return self.kubectl(*parts)
+                return self.kubectl(*parts, binary=binary)
             except KubectlError as error:
                 if delay is None or not is_transient(error):
                     raise
@@ -1178,6 +1180,8 @@ def results_from_folder(output):
             "state": "prewarmed", "nodes": prewarm["nodes"],
             "detail": "one warm-up episode ran on each of these nodes before the measured rounds (kept in "
                       "prewarm/, excluded from every figure); nodes not listed were not prewarmed"}
+    if (output / "logs.json").exists():
+        report["log_archive"] = log_archive_summary(output)
     report["pods"] = report.pop("pods")  # per-episode rows last, as in the seed
     return report
 
@@ -1583,31 +1587,79 @@ def log_workers(count):
     return max(LOG_FETCH_WORKERS, min(MAX_LOG_FETCH_WORKERS, count // 16))
 
 
-def fetch_logs(cluster, namespace, folder, pods):
-    """Save <pod>.log for each pod, concurrently; return {pod name: log text}. A log that
-    cannot be had (the pod is gone, its container never ran) is saved empty, and one warning
-    names how many and the first reason."""
-    missing = []
+BULK_LOGS_FROM = 4  # this many pods or more: their logs come from one kubectl process
+LOGS_SOURCE_BULK = "kubectl logs -l job-name=JOB --prefix (one process for the Job)"
+LOGS_SOURCE_POD = "kubectl logs POD"
+LOGS_GONE = "not available: the pod was gone from the API before its log could be read (no <pod>.log)"
 
-    def fetch(pod):
-        name = pod["metadata"]["name"]
+
+def split_prefixed_logs(raw, names, container, job_pods=()):
+    """Tell apart the lines of `kubectl logs -l ... --prefix`: every write starts with
+    `[pod/NAME/CONTAINER] ` (k8s-samples fact 32), and a prefix with its line is one write, so
+    the bytes from one prefix to the next belong to that pod, also when a log's last line has
+    no newline. A prefix counts where it names one of the Job's pods, or starts a line.
+    Returns {name: bytes} for every one of `names` (b"" if silent), or None when the output
+    does not start with a prefix."""
+    known = set(names) | set(job_pods)
+    marks = [m for m in re.finditer(rb"\[pod/([a-z0-9.-]+)/" + re.escape(container.encode()) + rb"\] ", raw)
+             if m.group(1).decode() in known or m.start() == 0 or raw[m.start() - 1:m.start()] == b"\n"]
+    if raw and (not marks or marks[0].start() != 0):
+        return None
+    logs = {name: bytearray() for name in names}
+    for mark, following in zip(marks, marks[1:] + [None]):
+        if mark.group(1).decode() in logs:
+            logs[mark.group(1).decode()] += raw[mark.end():following.start() if following else len(raw)]
+    return {name: bytes(data) for name, data in logs.items()}
+
+
+def fetch_logs(cluster, namespace, folder, pods, job_name=None, job_pods=()):
+    """Save <pod>.log for each pod, byte for byte what `kubectl logs POD` returns; return
+    {pod name: log text}. With a Job name and BULK_LOGS_FROM pods or more, one `kubectl logs
+    -l job-name=JOB --prefix --tail=-1` process reads them all (with -f when every pod has
+    finished: its streams then run at once); if that fails, or for a few pods, one `kubectl
+    logs POD` each (4 to 16 at a time). A log that cannot be had is saved empty, one warning
+    names how many and the first reason. logs.json records where each log came from."""
+    if not pods:
+        return {}
+    sources, saved, missing = {}, {}, []
+    names = [pod["metadata"]["name"] for pod in pods]
+    if job_name and len(pods) >= BULK_LOGS_FROM:
+        finished = all(pod.get("status", {}).get("phase") in ("Succeeded", "Failed") for pod in pods)
+        argv = ["-n", namespace, "logs", "-l", "job-name=" + job_name, "-c", CONTAINER_NAME, "--prefix",
+                "--tail=-1"] + (["-f", "--max-log-requests=%d" % max(len(job_pods), len(pods))] if finished else [])
+        try:
+            split = split_prefixed_logs(cluster.read(*argv, binary=True), names, CONTAINER_NAME, job_pods)
+        except KubectlError as error:
+            split = None
+            note("reading the logs in one call failed (%s); reading them one pod at a time"
+                 % meaningful_line(error.stderr))
+        for name, data in (split or {}).items():
+            (folder / (name + ".log")).write_bytes(data)
+            saved[name], sources[name] = data.decode("utf-8", "replace"), LOGS_SOURCE_BULK
+
+    def fetch(name):
         try:
             log = cluster.read("-n", namespace, "logs", name, "-c", CONTAINER_NAME)
+            sources[name] = LOGS_SOURCE_POD
         except KubectlError as error:
             missing.append((name, meaningful_line(error.stderr)))
+            sources[name] = "not available: " + meaningful_line(error.stderr)
             log = ""
         (folder / (name + ".log")).write_text(log)
         return name, log
 
-    if not pods:
-        return {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=log_workers(len(pods))) as pool:
-        logs = dict(pool.map(fetch, pods))
+    rest = [name for name in names if name not in saved]
+    if rest:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=log_workers(len(rest))) as pool:
+            saved.update(pool.map(fetch, rest))
     if missing:
         missing.sort()
         print("warning: no log for %d pod(s), saved empty; first: %s: %s" % (len(missing), missing[0][0],
                                                                              missing[0][1]), file=sys.stderr)
-    return logs
+    record = read_saved(folder / "logs.json") or {}
+    record.update(sources)
+    write_json(folder / "logs.json", dict(sorted(record.items())))
+    return saved
 
 
 def save_events(cluster, namespace, folder):
@@ -1637,9 +1689,10 @@ def save_what_is_known(cluster, namespace, job_name, folder, progress=None):
     print("Interrupted: saving what is known in %s (Ctrl-C again to stop at once)..." % folder, file=sys.stderr)
     watched = progress.pods if progress is not None else {}
     try:
-        _, pods, _ = save_state(cluster, namespace, job_name, folder, watched=watched)
+        _, pods, gone = save_state(cluster, namespace, job_name, folder, watched=watched)
         save_events(cluster, namespace, folder)
-        fetch_logs(cluster, namespace, folder, pods)
+        listed = [pod for pod in pods if pod["metadata"]["name"] not in gone]
+        fetch_logs(cluster, namespace, folder, listed, job_name, [pod["metadata"]["name"] for pod in listed])
     except DemoError as error:
         if watched and not (folder / "pods.json").exists():
             write_json(folder / "pods.json", sorted(watched.values(), key=lambda pod: pod["metadata"]["name"]))
@@ -1694,9 +1747,14 @@ def finish_job(args, cluster, namespace, job_name, folder, started, run_info, no
     save_node_summaries(nodes, pods, folder)
     where = "diagnostics saved in %s (job.json, pods.json, events.txt, pod logs)" % folder
     custom = run_info.get("custom_episode")
+    listed = [pod for pod in pods if pod["metadata"]["name"] not in gone]
+
+    def logs_of(subset):
+        return fetch_logs(cluster, namespace, folder, subset, job_name, [pod["metadata"]["name"] for pod in listed])
+
     if blocked or outcome is None or (outcome != "Complete" and not custom):
         save_events(cluster, namespace, folder)
-        logs = fetch_logs(cluster, namespace, folder, [pod for pod in pods if pod["metadata"]["name"] not in gone])
+        logs = logs_of(listed)
         if blocked:
             raise DemoError("%s; stopped early instead of waiting for the deadline; %s" % (blocked, where))
         not_started = why_not_started(pods, progress.failed_creates)
@@ -1717,19 +1775,31 @@ def finish_job(args, cluster, namespace, job_name, folder, started, run_info, no
         raise error_type("%s; %s" % (message, where))
     # Episodes whose termination message does not hold their events are validated from logs,
     # and a failed attempt's log says why it failed.
-    fetch_logs(cluster, namespace, folder, [pod for pod in pods if pod["metadata"]["name"] not in gone and (
-        episode_events(pod, "")[1] == "log" or pod.get("status", {}).get("phase") != "Succeeded")])
+    logs_of([pod for pod in listed if episode_events(pod, "")[1] == "log"
+             or pod.get("status", {}).get("phase") != "Succeeded"])
 
     def archive():
         """Every episode's log not saved yet, and the events."""
-        fetch_logs(cluster, namespace, folder,
-                   [pod for pod in pods if not (folder / (pod["metadata"]["name"] + ".log")).exists()
-                    and pod["metadata"]["name"] not in gone])
+        logs_of([pod for pod in listed if not (folder / (pod["metadata"]["name"] + ".log")).exists()])
+        if gone:
+            record = read_saved(folder / "logs.json") or {}
+            record.update({name: LOGS_GONE for name in gone})
+            write_json(folder / "logs.json", dict(sorted(record.items())))
         save_events(cluster, namespace, folder)
 
     report = write_results(folder, where, before_failing=archive)
     archive()  # for people: the results are already safe
+    report["log_archive"] = log_archive_summary(folder)
+    write_json(folder / "results.json", report)
     return report
+
+
+def log_archive_summary(folder):
+    """How many episode logs the folder holds and where they came from (logs.json)."""
+    sources = read_saved(folder / "logs.json") or {}
+    return {"logs": len(sources), "sources": dict(sorted(collections.Counter(
+        source if not source.startswith("not available") else "not available" for source in sources.values()
+    ).items())), "detail": "logs.json: the source of each <pod>.log"}
 
 
 def write_results(folder, where, before_failing=lambda: None):

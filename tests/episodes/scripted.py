@@ -7,6 +7,8 @@ malformed  ready, then a reward that is not a number
 no_ready   reward only
 crash_once crash if `marker` does not exist yet (creating it), else like ok: a flaky episode
 
+"chatter": n prints n lines of its own output after ready; "trailing": text is written last,
+without a newline.
 "termination_message": true also writes the events to the termination-message file.
 "on_sigterm": "exit" installs a SIGTERM handler that exits 143 (without it, a `python` that is
 a container's PID 1 does not see SIGTERM at all).
@@ -40,6 +42,8 @@ mode = task.get("mode", "ok")
 if mode != "no_ready":
     emit("ready", started_at=started_at, imports_done_at=time.time())
 time.sleep(task.get("sleep", 0))
+for line in range(task.get("chatter", 0)):
+    print("step %d of the episode's own output, which is not an event" % line)
 if mode == "crash" or (mode == "crash_once" and not os.path.exists(task["marker"])):
     if mode == "crash_once":
         open(task["marker"], "w").close()
@@ -49,3 +53,5 @@ if mode == "malformed":
     emit("reward", reward="high")
     sys.exit(0)
 emit("reward", reward=task.get("reward", 1), task_id=task.get("id"), index=os.environ.get("TASK_INDEX"))
+if task.get("trailing"):
+    sys.stdout.write(task["trailing"])

@@ -6,8 +6,10 @@ Only the verbs and flags rl-batch-demo and its tests use are implemented; anythi
 fails loudly (exit 1, "fake kubectl: unsupported ...") so a gap is never silent.
 """
 
+import concurrent.futures
 import datetime
 import http.client
+import random
 import json
 import os
 from pathlib import Path
@@ -51,7 +53,9 @@ def parse(argv):
     while i < len(argv):
         arg = argv[i]
         if arg.startswith("-") and arg != "-":
-            if "=" in arg:
+            if positionals[:1] == ["logs"] and arg in ("-f", "--follow"):
+                key, value = "--follow", "true"  # for `logs`, -f is --follow, not --filename
+            elif "=" in arg:
                 key, value = arg.split("=", 1)
             elif arg in VALUE_FLAGS:
                 if i + 1 >= len(argv):
@@ -338,18 +342,64 @@ def cmd_delete(positionals, flags, namespace, timeout, out):
                 time.sleep(0.1)
 
 
-def cmd_logs(positionals, flags, namespace, timeout, out):
-    name = positionals[0]
+def log_of(name, namespace, container, timeout):
     try:
-        data = call({"verb": "logs", "namespace": namespace, "name": name,
-                     "container": flags.get("-c")}, timeout)
+        return call({"verb": "logs", "namespace": namespace, "name": name, "container": container}, timeout)["log"]
     except ApiFailure as failure:
         if failure.status["reason"] == "NotFound":
             # kubectl >= 1.29 wording (kubernetes/kubernetes#120111)
             raise Failure('error: error from server (NotFound): pods "%s" not found in namespace "%s"'
                           % (name, namespace))
         raise
-    out.write(data["log"])
+
+
+def tail(text, lines):
+    if lines < 0:
+        return text
+    kept = text.splitlines(keepends=True)
+    return "".join(kept[-lines:]) if lines else ""
+
+
+def cmd_logs(positionals, flags, namespace, timeout, out):
+    """`kubectl logs POD` or `kubectl logs -l SELECTOR` (k8s-samples fact 32): with a selector
+    --tail defaults to 10 and the pods are read one after another, unless -f: then every
+    stream at once (at most --max-log-requests, default 5), lines of different pods
+    interleaving; --prefix starts each write with `[pod/NAME/CONTAINER] `, and kubectl
+    writes a prefix and its line in one write, so lines never interleave inside a line."""
+    container = flags.get("-c")
+    selector = flags.get("-l")
+    if not selector:
+        text = log_of(positionals[0], namespace, container, timeout)
+        out.write(tail(text, int(flags.get("--tail", "-1"))))
+        return
+    pods = call({"verb": "list", "resource": "pods", "namespace": namespace, "selector": selector}, timeout)["items"]
+    limit = int(flags.get("--max-log-requests", "5"))
+    follow = flags.get("--follow") == "true"
+    if follow and len(pods) > limit:
+        raise Failure("error: you are attempting to follow %d log streams, but maximum allowed concurrency is %d, "
+                      "use --max-log-requests to increase the limit" % (len(pods), limit))
+    if follow and any(pod.get("status", {}).get("phase") not in ("Succeeded", "Failed") for pod in pods):
+        raise Failure("fake kubectl: unsupported: following the log of a running container")
+    lines_wanted = int(flags.get("--tail", "10"))
+
+    def prefixed(pod, text):
+        name = pod["metadata"]["name"]
+        shown = container or pod["spec"]["containers"][0]["name"]
+        prefix = "[pod/%s/%s] " % (name, shown) if flags.get("--prefix") == "true" else ""
+        return [prefix + line for line in tail(text, lines_wanted).splitlines(keepends=True)]
+
+    if not follow:
+        for pod in pods:
+            out.write("".join(prefixed(pod, log_of(pod["metadata"]["name"], namespace, container, timeout))))
+        return
+    # Every stream at once (kubectl's goroutines): the API requests run concurrently, and the
+    # lines of the pods reach stdout interleaved, in an order no one chooses.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=32) as pool:
+        texts = list(pool.map(lambda pod: log_of(pod["metadata"]["name"], namespace, container, timeout), pods))
+    streams = [prefixed(pod, text) for pod, text in zip(pods, texts)]
+    while any(streams):
+        stream = random.choice([lines for lines in streams if lines])
+        out.write(stream.pop(0))
 
 
 def cmd_label(positionals, flags, namespace, timeout, out):
@@ -430,7 +480,7 @@ def main(argv):
         cmd_create(rest, flags, namespace, timeout, out, sys.stdin.read())
     elif verb == "delete" and len(rest) >= 2:
         cmd_delete(rest, flags, namespace, timeout, out)
-    elif verb == "logs" and rest:
+    elif verb == "logs" and (rest or "-l" in flags):
         cmd_logs(rest, flags, namespace, timeout, out)
     elif verb == "label" and len(rest) >= 3:
         cmd_label(rest, flags, namespace, timeout, out)

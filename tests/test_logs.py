@@ -1,0 +1,61 @@
+"""The log archive: every episode's <pod>.log, byte for byte what `kubectl logs POD` returns,
+from one kubectl process for the whole Job (issue "Collection at the physical limit")."""
+
+from test_custom import EPISODE, read, write_tasks
+
+
+def log_calls(cluster):
+    return [call for call in cluster.calls() if "logs" in call]
+
+
+def test_every_log_comes_from_one_kubectl_process_byte_for_byte(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster()
+    # more output than a termination message holds, a crash, a last line without a newline
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [
+        {"id": 0, "chatter": 200, "termination_message": True}, {"id": 1, "mode": "crash"},
+        {"id": 2, "trailing": "no newline at the end"}, {"id": 3}, {"id": 4, "reward": 0}])
+    result = run_tool("run", "--episode", EPISODE, "--tasks", tasks, "--output", "out", cluster=cluster)
+    assert result.code == 5, result
+    out = tmp_path / "out"
+    pods = [pod["metadata"]["name"] for pod in read(out / "pods.json")]
+    before = len(log_calls(cluster))
+    for name in pods:
+        direct = cluster.kubectl("-n", read(out / "receipt.json")["namespace"], "logs", name, "-c", "episode").stdout
+        assert (out / (name + ".log")).read_text() == direct, name
+    # the run made two: the four logs that validation needs (no termination message), in one
+    # process before results.json, then the fifth
+    assert before == 2, log_calls(cluster)
+    assert sum("-l" in call for call in log_calls(cluster)) == 1
+    assert any("no newline at the end" in (out / (name + ".log")).read_text() for name in pods)
+    assert max(len((out / (name + ".log")).read_text()) for name in pods) > 4096
+    sources = read(out / "logs.json")
+    assert set(sources) == set(pods)
+    first = [name for name in pods if name.startswith("rollout-0-")][0]
+    assert sources.pop(first) == "kubectl logs POD"
+    assert set(sources.values()) == {"kubectl logs -l job-name=JOB --prefix (one process for the Job)"}
+    assert read(out / "results.json")["log_archive"]["logs"] == 5
+
+
+def test_a_pod_gone_before_its_log_was_read_is_recorded_as_such(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"nodes": [{"name": "kind-worker", "apiEvictFirstPodAfterSeconds": 0.3}]})
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": i, "sleep": 1, "termination_message": True}
+                                                   for i in range(4)])
+    result = run_tool("run", "--episode", EPISODE, "--tasks", tasks, "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    out = tmp_path / "out"
+    gone = read(out / "run.json")["pods_seen_only_by_watch"]
+    assert len(gone) == 1
+    assert read(out / "logs.json")[gone[0]].startswith("not available: the pod was gone from the API")
+    assert not (out / (gone[0] + ".log")).exists()
+    assert read(out / "results.json")["log_archive"]["sources"]["not available"] == 1
+
+
+def test_split_prefixed_logs_keeps_each_pods_bytes(tool):
+    raw = (b"[pod/a/episode] one\n[pod/b/episode] x\n[pod/a/episode] two without newline"
+           b"[pod/b/episode] y\n[pod/a/episode] [pod/zzz/episode] is content\n[pod/d/episode] not asked for\n")
+    assert tool.split_prefixed_logs(raw, ["a", "b", "c"], "episode", ["a", "b", "c", "d"]) == {
+        "a": b"one\ntwo without newline[pod/zzz/episode] is content\n", "b": b"x\ny\n", "c": b""}
+
+
+def test_output_that_does_not_start_with_a_prefix_is_not_split(tool):
+    assert tool.split_prefixed_logs(b"error: something\n", ["a"], "episode") is None
