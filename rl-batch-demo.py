@@ -1509,31 +1509,59 @@ def why_not_started(pods, events=()):
     return list(reasons)
 
 
+class JobWatches:
+    """One pod watch and one Job watch for a set of Jobs, shared by their JobProgress: the
+    prewarm Jobs of 100 nodes cost two kubectl watches, not 200. Pods are filed under their
+    `job-name` label; the last state of every pod seen is kept, also once the API has deleted
+    it, and so is when each pod's sandbox became ready, which a finished pod no longer shows."""
+
+    def __init__(self, cluster, namespace, pod_selector, *job_parts):
+        """Start before the Jobs are created, so that no pod state is missed."""
+        self.cluster, self.namespace, self.job_parts = cluster, namespace, job_parts
+        self.pod_watch = Watch(cluster, "Pod", "-n", namespace, "pods", "-l", pod_selector)
+        self.job_watch = None  # started once a Job exists (`get job NAME --watch` needs it)
+        self.pods = collections.defaultdict(dict)  # job name -> pod name -> latest state
+        self.observed = collections.defaultdict(dict)  # job name -> pod name -> {"sandbox_ready": unix s}
+        self.jobs = {}  # job name -> latest state
+
+    def absorb(self, timeout=0.0):
+        """Take in what the watches delivered; True when a Job changed."""
+        if self.job_watch is None:
+            self.job_watch = Watch(self.cluster, "Job", "-n", self.namespace, *self.job_parts)
+        jobs = self.job_watch.drain(timeout=timeout)
+        for job in jobs:
+            self.jobs[job["metadata"]["name"]] = job
+        for pod in self.pod_watch.drain():
+            labels = pod["metadata"].get("labels") or {}
+            job_name, name = labels.get("job-name") or labels.get("batch.kubernetes.io/job-name"), \
+                pod["metadata"]["name"]
+            self.pods[job_name][name] = pod
+            when, _ = condition_time(pod, "PodReadyToStartContainers")
+            if when is not None and "sandbox_ready" not in self.observed[job_name].get(name, {}):
+                self.observed[job_name].setdefault(name, {})["sandbox_ready"] = when
+        return bool(jobs)
+
+    def stop(self):
+        if self.job_watch is not None:
+            self.job_watch.stop()
+        self.pod_watch.stop()
+
+
 class JobProgress:
-    """Waits for one Job by watching it and its pods; polls as a fallback.
+    """Waits for one Job through its watches (its own, or shared with other Jobs); polls as a
+    fallback. `pods` holds the last state of every pod of the Job the watch saw, `observed`
+    the sandbox-ready times seen while the pods ran."""
 
-    Keeps the last state of every pod the watch saw, also of pods the API no longer has (the
-    Job controller deletes a failed Job's pods; an evicted pod is deleted), and what only a
-    live pod shows: the time its sandbox became ready (PodReadyToStartContainers=True), which
-    a finished pod no longer reports.
-    """
-
-    def __init__(self, cluster, namespace, job_name):
-        """Start before the Job is created, so that no pod state is missed."""
+    def __init__(self, cluster, namespace, job_name, shared=None):
         self.cluster, self.namespace, self.job_name = cluster, namespace, job_name
-        self.pod_watch = Watch(cluster, "Pod", "-n", namespace, "pods", "-l", "job-name=" + job_name)
-        self.job_watch = None
-        self.pods = {}  # name -> latest state seen
-        self.observed = {}  # name -> {"sandbox_ready": unix seconds}
+        self.watches = shared or JobWatches(cluster, namespace, "job-name=" + job_name, "job", job_name)
+        self.own_watches = shared is None
+        self.pods = self.watches.pods[job_name]
+        self.observed = self.watches.observed[job_name]
         self.failed_creates = []  # the Job's FailedCreate events, as last read
 
     def absorb_pods(self):
-        for pod in self.pod_watch.drain():
-            name = pod["metadata"]["name"]
-            self.pods[name] = pod
-            when, _ = condition_time(pod, "PodReadyToStartContainers")
-            if when is not None and "sandbox_ready" not in self.observed.get(name, {}):
-                self.observed.setdefault(name, {})["sandbox_ready"] = when
+        self.watches.absorb()
 
     def read_failed_creates(self):
         """The Job's own FailedCreate events (a field selector: not every event of the namespace)."""
@@ -1546,17 +1574,14 @@ class JobProgress:
         """Until Complete, FailureTarget/Failed, a reason the pods can never start, or the client
         deadline. Returns (job, 'Complete'|'Failed'|None, blocking reason or None)."""
         deadline = started + wait_seconds
-        self.job_watch = Watch(self.cluster, "Job", "-n", self.namespace, "job", self.job_name)
         live = json.loads(self.cluster.read("-n", self.namespace, "get", "job", self.job_name, "-o", "json"))
         progress, progress_at, polled_at = None, time.monotonic(), time.monotonic()
         while True:
-            states = self.job_watch.drain(timeout=WATCH_WAIT_SECONDS)
-            if states:
-                live = states[-1]
+            if self.watches.absorb(timeout=WATCH_WAIT_SECONDS) and self.job_name in self.watches.jobs:
+                live = self.watches.jobs[self.job_name]
             elif time.monotonic() - polled_at >= FALLBACK_POLL_SECONDS:
                 live = json.loads(self.cluster.read("-n", self.namespace, "get", "job", self.job_name, "-o", "json"))
                 polled_at = time.monotonic()
-            self.absorb_pods()
             outcome = job_outcome(live)
             status = live.get("status", {})
             counts = tuple(status.get(key, 0) for key in ("active", "ready", "succeeded", "failed"))
@@ -1576,9 +1601,8 @@ class JobProgress:
                 return live, outcome, blocked
 
     def stop(self):
-        if self.job_watch is not None:
-            self.job_watch.stop()
-        self.pod_watch.stop()
+        if self.own_watches:
+            self.watches.stop()
 
 
 def log_workers(count):
@@ -2087,6 +2111,9 @@ def run_prewarm(args, cluster, output, receipt, all_nodes, nodes, prepare):
     base = output / "prewarm"
     base.mkdir()
     pending = []
+    # Two watches for every prewarm Job and pod, whatever the number of nodes.
+    shared = JobWatches(cluster, receipt["namespace"], "app.kubernetes.io/component=prewarm", "jobs", "-l",
+                        "app.kubernetes.io/component=prewarm")
     for index, node in enumerate(nodes, 1):
         name = node["metadata"]["name"]
         # The same program as the measured rounds (custom episodes warm up on task 0).
@@ -2094,17 +2121,21 @@ def run_prewarm(args, cluster, output, receipt, all_nodes, nodes, prepare):
                            indexed=bool(args.episode), retries=args.retries, tasks=args.tasks_list is not None)
         job["metadata"]["name"] = "prewarm-%d" % index
         job["metadata"]["labels"]["app.kubernetes.io/component"] = "prewarm"
+        job["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] = "prewarm"
         # The node's own hostname label: it usually equals the node's name, but need not (fact 31).
         hostname = node["metadata"].get("labels", {}).get("kubernetes.io/hostname", name)
         job["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": hostname}
         folder = base / name
         info = prepare(folder, 1, {"prewarm_node": name})
-        progress = JobProgress(cluster, receipt["namespace"], job["metadata"]["name"])
+        progress = JobProgress(cluster, receipt["namespace"], job["metadata"]["name"], shared)
         started = submit_job(cluster, job, folder, receipt, output)
         pending.append((job["metadata"]["name"], folder, started, info, progress))
     note("prewarm: one episode on each of %d node(s)" % len(pending))
-    for job_name, folder, started, info, progress in pending:
-        finish_job(args, cluster, receipt["namespace"], job_name, folder, started, info, all_nodes, progress)
+    try:
+        for job_name, folder, started, info, progress in pending:
+            finish_job(args, cluster, receipt["namespace"], job_name, folder, started, info, all_nodes, progress)
+    finally:
+        shared.stop()
     write_json(base / "prewarm.json", {"nodes": [node["metadata"]["name"] for node in nodes],
                                        "jobs": [pending_job[0] for pending_job in pending]})
 

@@ -59,3 +59,23 @@ def test_split_prefixed_logs_keeps_each_pods_bytes(tool):
 
 def test_output_that_does_not_start_with_a_prefix_is_not_split(tool):
     assert tool.split_prefixed_logs(b"error: something\n", ["a"], "episode") is None
+
+
+def test_prewarm_on_many_nodes_uses_two_watches_in_all(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"nodes": [{"name": "kind-worker%d" % i} for i in range(4)]})
+    result = run_tool("run", "--count", "2", "--prewarm", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    watches = [call for call in cluster.calls() if "--watch" in call]
+    # prewarm: one pod watch and one Job watch for its four Jobs; the measured round: two more
+    assert len(watches) == 4, watches
+    assert len(list((tmp_path / "out" / "prewarm").glob("*/results.json"))) == 4
+
+
+def test_the_stall_check_reads_only_the_jobs_failed_create_events(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"serviceAccountDelaySeconds": 4})
+    assert run_tool("run", "--count", "2", "--output", "out", cluster=cluster).code == 0
+    event_reads = [call for call in cluster.calls() if "events" in call and "--sort-by" not in " ".join(call)]
+    assert event_reads, "the run made no stall check"
+    for call in event_reads:
+        assert call[call.index("--field-selector") + 1] == (
+            "involvedObject.kind=Job,involvedObject.name=rollout,reason=FailedCreate")
