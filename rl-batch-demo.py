@@ -101,6 +101,7 @@ CONFIGMAP_MAX_BYTES = 1048576  # the API server's limit on a ConfigMap's data
 TASKS_CONFIGMAP = "tasks"
 LOCAL_KIND = "LocalEpisode"  # the local backend's stand-in for a pod in pods.json
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT)
 EXIT_TERMINATED = 143  # SIGTERM (128 + 15), e.g. a CI runner or `timeout` stopping the tool
 
@@ -1270,7 +1271,9 @@ def describe_failed_pods(pods, logs):
             phrases.append("pod %s was evicted (%s)" % (pod["metadata"]["name"], evicted))
             continue
         statuses = pod["status"].get("containerStatuses") or [{}]
-        terminated = statuses[0].get("state", {}).get("terminated", {})
+        terminated = statuses[0].get("state", {}).get("terminated")
+        if terminated is None:
+            continue  # it never ran: why_not_started says why
         phrase = "pod %s exited %s" % (pod["metadata"]["name"], terminated.get("exitCode", "?"))
         if last_line(log):
             phrase += " (%s)" % last_line(log)
@@ -1600,6 +1603,27 @@ class JobProgress:
                     sys.stderr.write("\n")
                 return live, outcome, blocked
 
+    def settled_pods(self, job, timeout=2.0):
+        """The watched pods, once they are provably the finished Job's final pod states (so
+        no `get pods` of every pod is needed): every one terminal and counted (the Job
+        controller removes its job-tracking finalizer when it counts a pod, before it sets
+        Complete), and together they account for the Job's succeeded and failed counts.
+        None when the watch has not shown that within `timeout` seconds."""
+        status = job.get("status", {})
+        give_up = time.monotonic() + timeout
+        while True:
+            pods = list(self.pods.values())
+            phases = collections.Counter(pod.get("status", {}).get("phase") for pod in pods)
+            counted = all(pod.get("status", {}).get("phase") in ("Succeeded", "Failed") and JOB_TRACKING_FINALIZER
+                          not in (pod["metadata"].get("finalizers") or []) for pod in pods)
+            if pods and counted and phases["Succeeded"] >= status.get("succeeded", 0) and \
+                    phases["Failed"] >= status.get("failed", 0):
+                return sorted(pods, key=lambda pod: (pod["metadata"].get("creationTimestamp", ""),
+                                                     pod["metadata"]["name"]))
+            if time.monotonic() > give_up:
+                return None
+            self.watches.absorb(timeout=WATCH_WAIT_SECONDS)
+
     def stop(self):
         if self.own_watches:
             self.watches.stop()
@@ -1757,7 +1781,14 @@ def finish_job(args, cluster, namespace, job_name, folder, started, run_info, no
         progress.stop()
     write_json(folder / "observed.json", progress.observed)
     try:
-        _, pods, gone = save_state(cluster, namespace, job_name, folder, live, progress.pods)
+        # A complete Job's pods come from the watch when it provably holds their final states;
+        # which of them the API still has (for their logs) is asked after results.json.
+        pods, gone = progress.settled_pods(live) if outcome == "Complete" else None, None
+        if pods is None:
+            _, pods, gone = save_state(cluster, namespace, job_name, folder, live, progress.pods)
+        else:
+            write_json(folder / "job.json", live)
+            write_json(folder / "pods.json", pods)
     except DemoError as error:
         # The watches already hold the Job and every pod: a failing read must not lose them.
         write_json(folder / "job.json", live)
@@ -1766,19 +1797,30 @@ def finish_job(args, cluster, namespace, job_name, folder, started, run_info, no
         write_json(folder / "run.json", run_info)
         raise DemoError("%s; the Job and its pods were saved as the watches last saw them (job.json, pods.json in "
                         "%s): the results can be recomputed once the cluster answers" % (error, folder)) from None
-    run_info["pods_seen_only_by_watch"] = gone
+    def learn_gone():
+        """Which pods the API no longer has (their last state is the watch's), in run.json."""
+        names = {line.split("/", 1)[-1] for line in cluster.read(
+            "-n", namespace, "get", "pods", "-l", "job-name=" + job_name, "-o", "name").split()}
+        run_info["pods_seen_only_by_watch"] = sorted(pod["metadata"]["name"] for pod in pods
+                                                     if pod["metadata"]["name"] not in names)
+        write_json(folder / "run.json", run_info)
+        return run_info["pods_seen_only_by_watch"]
+
+    if gone is not None:
+        run_info["pods_seen_only_by_watch"] = gone
     write_json(folder / "run.json", run_info)
     save_node_summaries(nodes, pods, folder)
     where = "diagnostics saved in %s (job.json, pods.json, events.txt, pod logs)" % folder
     custom = run_info.get("custom_episode")
-    listed = [pod for pod in pods if pod["metadata"]["name"] not in gone]
 
     def logs_of(subset):
-        return fetch_logs(cluster, namespace, folder, subset, job_name, [pod["metadata"]["name"] for pod in listed])
+        listed = [pod["metadata"]["name"] for pod in pods if pod["metadata"]["name"] not in gone]
+        return fetch_logs(cluster, namespace, folder, [pod for pod in subset if pod["metadata"]["name"] not in gone],
+                          job_name, listed)
 
     if blocked or outcome is None or (outcome != "Complete" and not custom):
         save_events(cluster, namespace, folder)
-        logs = logs_of(listed)
+        logs = logs_of(pods)
         if blocked:
             raise DemoError("%s; stopped early instead of waiting for the deadline; %s" % (blocked, where))
         not_started = why_not_started(pods, progress.failed_creates)
@@ -1793,26 +1835,36 @@ def finish_job(args, cluster, namespace, job_name, folder, started, run_info, no
             message += "; " + "; ".join(details[:3])
             if len(details) > 3:
                 message += "; and %d more failed pods" % (len(details) - 3)
-        elif why:
-            message += why
+        message += why
         error_type = BatchTimeout if failed.get("reason") == "DeadlineExceeded" else BatchFailed
         raise error_type("%s; %s" % (message, where))
     # Episodes whose termination message does not hold their events are validated from logs,
     # and a failed attempt's log says why it failed.
-    logs_of([pod for pod in listed if episode_events(pod, "")[1] == "log"
-             or pod.get("status", {}).get("phase") != "Succeeded"])
+    needed = [pod for pod in pods if episode_events(pod, "")[1] == "log"
+              or pod.get("status", {}).get("phase") != "Succeeded"]
+    if needed:
+        gone = gone if gone is not None else learn_gone()
+        logs_of(needed)
 
     def archive():
-        """Every episode's log not saved yet, and the events."""
-        logs_of([pod for pod in listed if not (folder / (pod["metadata"]["name"] + ".log")).exists()])
-        if gone:
-            record = read_saved(folder / "logs.json") or {}
-            record.update({name: LOGS_GONE for name in gone})
-            write_json(folder / "logs.json", dict(sorted(record.items())))
-        save_events(cluster, namespace, folder)
+        """Every episode's log not saved yet, and the events (two kubectl processes at once)."""
+        nonlocal gone
+        gone = gone if gone is not None else learn_gone()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as side:
+            events = side.submit(save_events, cluster, namespace, folder)
+            logs_of([pod for pod in pods if not (folder / (pod["metadata"]["name"] + ".log")).exists()])
+            if gone:
+                record = read_saved(folder / "logs.json") or {}
+                record.update({name: LOGS_GONE for name in gone})
+                write_json(folder / "logs.json", dict(sorted(record.items())))
+            events.result()
 
     report = write_results(folder, where, before_failing=archive)
-    archive()  # for people: the results are already safe
+    try:
+        archive()  # for people: the results are already safe
+    except DemoError as error:
+        raise DemoError("results.json is written, but archiving the episode logs and events failed: %s; %s"
+                        % (error, where)) from None
     report["log_archive"] = log_archive_summary(folder)
     write_json(folder / "results.json", report)
     return report

@@ -1332,6 +1332,10 @@ class Cluster:
                         if j["metadata"]["uid"] == owner), None)
             if book is not None and job is not None:
                 self.count_finished_pod(job, pod, book)
+            # Counted: the controller drops its finalizer, and only then can the pod go.
+            pod["metadata"]["finalizers"] = [f for f in pod["metadata"]["finalizers"]
+                                             if f != "batch.kubernetes.io/job-tracking"]
+            self.put("pods", pod)
         self.remove("pods", pod)
         self.processes.pop(pod["metadata"]["uid"], None)
         shutil.rmtree(self.dir / "pods" / pod["metadata"]["uid"], ignore_errors=True)
@@ -1534,7 +1538,12 @@ def serve(state_dir):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    class Server(http.server.ThreadingHTTPServer):
+        # Real kubectl multiplexes its requests over one HTTP/2 connection; the fake opens one
+        # connection per request, so the listen backlog must take a burst of them.
+        request_queue_size = 512
+
+    server = Server(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
 
     def control_loop():
