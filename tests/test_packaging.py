@@ -1,6 +1,7 @@
 """The repository's promises: CI workflow is valid, the README and .ci/run agree, stdlib only."""
 
 import ast
+import json
 from pathlib import Path
 import shutil
 import subprocess
@@ -48,3 +49,44 @@ def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     command = "python3 -m pytest"
     assert command in readme and command in ci
+
+
+# ---------------------------------------------------------------- installing it as users do
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The wheel and source package, built as pip builds them (setuptools from the index)."""
+    dist = tmp_path_factory.mktemp("dist")
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return next(dist.glob("*.whl"))
+
+
+def fresh_venv(path):
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True, timeout=300)
+    return path / "bin"
+
+
+def test_the_wheel_installs_the_rl_batch_demo_command_and_the_example(built, tmp_path):
+    bin_dir = fresh_venv(tmp_path / "venv")
+    subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-index", "--no-deps", str(built)],
+                   check=True, timeout=300)
+    version = subprocess.run([str(bin_dir / "rl-batch-demo"), "--version"], capture_output=True, text=True)
+    assert (version.returncode, version.stdout.strip()) == (0, "rl-batch-demo 0.1.0"), version
+    examples = tmp_path / "venv" / "share" / "rl-batch-demo" / "examples"
+    run = subprocess.run([str(bin_dir / "rl-batch-demo"), "run", "--backend", "local", "--episode",
+                          str(examples / "sum_episode.py"), "--tasks", str(examples / "sum_tasks.jsonl"),
+                          "--output", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["episodes"] == 4
+
+
+def test_an_editable_install_runs_the_checkouts_script(tmp_path):
+    bin_dir = fresh_venv(tmp_path / "venv")
+    subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)],
+                   check=True, timeout=600, capture_output=True)
+    where = subprocess.run([str(bin_dir / "python"), "-c", "import rl_batch_demo_cli; "
+                            "print(rl_batch_demo_cli.script_path())"], capture_output=True, text=True, cwd=str(tmp_path))
+    assert Path(where.stdout.strip()) == ROOT / "rl-batch-demo.py", where
