@@ -52,6 +52,7 @@ import platform
 import queue
 import re
 import shlex
+import shutil
 import signal
 import socket
 import statistics
@@ -574,6 +575,15 @@ class Watch:
 QUIET = False  # --quiet: no progress or notes on stderr (errors and warnings still print)
 
 
+def say(*parts, end="\n"):
+    """Print to stdout. A reader that stopped reading (`run ... | head -1`) must not stop the
+    run or end it in a traceback: from then on stdout goes to /dev/null."""
+    try:
+        print(*parts, end=end, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def note(message):
     if not QUIET:
         print(message, file=sys.stderr, flush=True)
@@ -595,13 +605,23 @@ def write_json(path, obj):
     os.replace(partial, path)
 
 
-def read_json(path, what):
+def read_json(path, what, keys=(), shape=dict):
+    """A JSON object (or list) from a file of the output folder; one clear error when it is
+    missing, unreadable, of another shape, or lacks one of `keys`."""
     try:
-        return json.loads(path.read_text())
+        obj = json.loads(path.read_text())
     except FileNotFoundError:
         raise DemoError("no %s in %s" % (path.name, path.parent)) from None
     except (OSError, ValueError) as error:
         raise DemoError("cannot read %s (%s): %s" % (what, path, error)) from None
+    if not isinstance(obj, shape):
+        raise DemoError("%s is not %s of rl-batch-demo: a JSON %s was expected, it holds %s"
+                        % (path, what, "object" if shape is dict else "list",
+                           type(obj).__name__ if obj is not None else "null"))
+    missing = [key for key in keys if key not in obj]
+    if missing:
+        raise DemoError("%s is not %s of rl-batch-demo: it lacks %s" % (path, what, ", ".join(missing)))
+    return obj
 
 
 # ============================================================================
@@ -968,11 +988,15 @@ def sample_events(pod, log):
     if events is None:
         events = []
         for number, line in enumerate(log.splitlines(), 1):
-            if line.lstrip().startswith("{"):
-                try:
-                    events.append(json.loads(line))
-                except ValueError:
-                    raise EpisodeInvalid("malformed events: log line %d is not valid JSON" % number) from None
+            # The episode's own output is ignored, even when it looks like an object (a Python
+            # dict printed with print()); a line that names "event" but does not parse is a
+            # broken event.
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                if '"event"' in line:
+                    raise EpisodeInvalid("malformed events: log line %d names \"event\" but is not valid JSON"
+                                         % number) from None
     events = [event for event in events if isinstance(event, dict) and "event" in event]
     found = {kind: [e for e in events if e.get("event") == kind] for kind in ("ready", "reward")}
     if not found["ready"]:
@@ -1152,7 +1176,7 @@ def results_from_folder(output):
         return pool_rounds([results_from_folder(output / ("round-%d" % number))
                             for number in range(1, run_info["rounds"] + 1)], run_info)
     job = read_json(output / "job.json", "the saved Job")
-    pods = read_json(output / "pods.json", "the saved pods")
+    pods = read_json(output / "pods.json", "the saved pods", shape=list)
     # None: no log was saved (the pod was gone from the API before it could be read)
     logs = [(output / (pod["metadata"]["name"] + ".log")).read_text()
             if (output / (pod["metadata"]["name"] + ".log")).exists() else None for pod in pods]
@@ -1296,12 +1320,12 @@ def flags_of(args):
     return flags
 
 
-def save_optional(path, fetch):
-    """Save what fetch() returns; on a kubectl error save {"error": ...}: metadata must not fail a run."""
+def fetch_optional(fetch):
+    """What fetch() returns, or {"error": ...} on a kubectl error: metadata must not fail a run."""
     try:
-        write_json(path, fetch())
+        return fetch()
     except KubectlError as error:
-        write_json(path, {"error": meaningful_line(error.stderr) or str(error)})
+        return {"error": meaningful_line(error.stderr) or str(error)}
 
 
 def program_name():
@@ -1915,7 +1939,7 @@ def cmd_run(args):
         # neither the cluster nor the output folder is touched.
         run_id = uuid.uuid4().hex[:12]
         objects = run_manifests(args, NAMESPACE_PREFIX + run_id, run_id)
-        print(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
+        say(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
         return EXIT_OK
     output = Path(args.output)
     if output.exists():
@@ -1925,6 +1949,9 @@ def cmd_run(args):
         return run_local(args, output)
     context = args.context or current_context()
     cluster = Cluster(context)
+    # Read-only checks first: a run refused here leaves no folder behind, and the same
+    # --output can be used again.
+    facts = read_cluster_facts(args, cluster)
     try:
         output.mkdir(parents=True, exist_ok=False)
     except FileExistsError:
@@ -1939,7 +1966,7 @@ def cmd_run(args):
     # this line leaves something `cleanup` can finish.
     write_json(output / "receipt.json", receipt)
     try:
-        return run_experiment(args, cluster, output, receipt)
+        return run_experiment(args, cluster, output, receipt, facts)
     except DemoError as error:
         error.args = ("%s. Clean up with: %s" % (str(error).rstrip("."), cleanup_command(output)),)
         raise
@@ -2025,23 +2052,22 @@ def preflight(parallelism, runtime_class, nodes):
     return fit, "; ".join(lines)
 
 
-def run_experiment(args, cluster, output, receipt):
-    """Everything after the receipt: metadata, preflight, objects, prewarm, the measured rounds."""
-    namespace, run_id = receipt["namespace"], receipt["run_id"]
-    runtime = None if args.no_runtime_class else args.runtime
-    run_info = new_run_info(args, cluster.context, namespace)
-    write_json(output / "run.json", run_info)
-    save_optional(output / "version.json", lambda: json.loads(cluster.read("version", "-o", "json")))
-    server = (read_saved(output / "version.json") or {}).get("serverVersion", {})
+def read_cluster_facts(args, cluster):
+    """What the run needs to know before it changes anything, read-only: versions, the
+    RuntimeClass, the nodes and the preflight. Refusals are raised here, before any folder
+    or receipt exists."""
+    facts = {"version": fetch_optional(lambda: json.loads(cluster.read("version", "-o", "json")))}
+    server = facts["version"].get("serverVersion", {})
     minor = int("".join(ch for ch in str(server.get("minor", "")) if ch.isdigit()) or 0)
     if args.episode and server.get("major") == "1" and minor and minor < 29:
         print("warning: the server is Kubernetes %s; per-episode retries (backoffLimitPerIndex) need 1.29 or "
               "later, so an older API server ignores them and one failure may count against the whole batch"
               % server.get("gitVersion"), file=sys.stderr)
-    runtime_class = None
+    runtime = None if args.no_runtime_class else args.runtime
+    facts["runtime_class"] = None
     if runtime is not None:
         try:
-            runtime_class = json.loads(cluster.read("get", "runtimeclass", runtime, "-o", "json"))
+            facts["runtime_class"] = json.loads(cluster.read("get", "runtimeclass", runtime, "-o", "json"))
         except KubectlError as error:
             if not error.not_found:
                 raise
@@ -2049,18 +2075,17 @@ def run_experiment(args, cluster, output, receipt):
                             "--context %s get runtimeclass`, then pass --runtime NAME (or "
                             "--no-runtime-class for the cluster's default runtime)"
                             % (runtime, cluster.context, cluster.context)) from None
-        write_json(output / "runtimeclass.json", runtime_class)
+    facts["preflight"] = None
     try:
-        nodes = json.loads(cluster.read("get", "nodes", "-o", "json"))["items"]
+        facts["nodes"] = json.loads(cluster.read("get", "nodes", "-o", "json"))["items"]
     except KubectlError as error:
-        nodes = None
-        write_json(output / "nodes.json", {"error": meaningful_line(error.stderr) or str(error)})
+        facts["nodes"], facts["nodes_error"] = None, {"error": meaningful_line(error.stderr) or str(error)}
         if args.prewarm:
             raise DemoError("--prewarm needs to list the nodes, and kubectl could not: %s"
                             % meaningful_line(error.stderr)) from None
         note("preflight skipped: cannot list nodes (%s)" % meaningful_line(error.stderr))
-    if nodes is not None:
-        fit, arithmetic = preflight(args.parallelism, runtime_class, nodes)
+    if facts["nodes"] is not None:
+        fit, arithmetic = preflight(args.parallelism, facts["runtime_class"], facts["nodes"])
         if fit == 0 and not args.force:
             raise DemoError("preflight: no usable node can run even one episode pod: %s; fix the capacity or "
                             "the RuntimeClass scheduling, or pass --force to submit anyway" % arithmetic)
@@ -2068,15 +2093,30 @@ def run_experiment(args, cluster, output, receipt):
             print("warning: preflight: only %d of %d episode pods fit at once, so the batch will queue and "
                   "batch_to_all_ready_seconds will include queueing: %s" % (fit, args.parallelism, arithmetic),
                   file=sys.stderr)
-        run_info["preflight"] = {"pods_that_fit_at_once": fit, "parallelism": args.parallelism,
-                                 "arithmetic": arithmetic}
-        write_json(output / "run.json", run_info)
+        facts["preflight"] = {"pods_that_fit_at_once": fit, "parallelism": args.parallelism,
+                              "arithmetic": arithmetic}
+    return facts
+
+
+def run_experiment(args, cluster, output, receipt, facts):
+    """Everything after the receipt: metadata, objects, prewarm, the measured rounds."""
+    namespace, run_id = receipt["namespace"], receipt["run_id"]
+    runtime_class, nodes = facts["runtime_class"], facts["nodes"]
+    run_info = new_run_info(args, cluster.context, namespace)
+    if facts["preflight"] is not None:
+        run_info["preflight"] = facts["preflight"]
+    write_json(output / "run.json", run_info)
+    write_json(output / "version.json", facts["version"])
+    if runtime_class is not None:
+        write_json(output / "runtimeclass.json", runtime_class)
+    if nodes is None:
+        write_json(output / "nodes.json", facts["nodes_error"])
 
     namespace_obj, *supporting, job = run_manifests(args, namespace, run_id)
     created = cluster.create_owned(namespace_obj, run_id)
     receipt["uid"] = created["metadata"]["uid"]
     write_json(output / "receipt.json", receipt)
-    print("Test namespace:", namespace, flush=True)
+    say("Test namespace:", namespace)
     for obj in supporting:
         cluster.create_owned(obj, run_id)
 
@@ -2135,7 +2175,7 @@ def new_run_info(args, context, namespace, backend="kubernetes"):
 def conclude(report):
     """Print the summary and warnings; the exit code says whether any episode is an
     infrastructure failure (custom episodes only: their results are written regardless)."""
-    print(json.dumps(summary_view(report), indent=2))
+    say(json.dumps(summary_view(report), indent=2))
     for finding in report["clock_skew"]["findings"]:
         print("warning: clock skew: %s (%d episode(s), e.g. pod %s; bound: %s)" % (
             skew_phrase(finding), finding["pods"], finding["example_pod"], finding["bound"]), file=sys.stderr)
@@ -2241,8 +2281,9 @@ def run_local(args, output):
 
 
 def run_local_batch(args, folder, run_info):
-    with tempfile.TemporaryDirectory(prefix="rl-batch-demo-") as scratch:
-        scratch = Path(scratch)
+    scratch = Path(tempfile.mkdtemp(prefix="rl-batch-demo-"))
+    running, stopping = set(), threading.Event()  # episode processes alive; set on Ctrl-C or SIGTERM
+    try:
         (scratch / "bin").mkdir()
         (scratch / "bin" / "python").symlink_to(sys.executable)  # the episode runs `python` for its tests
         program = scratch / "episode.py"
@@ -2266,23 +2307,54 @@ def run_local_batch(args, folder, run_info):
                     env.update(TASK_INDEX=str(index), TASK_FILE=str(scratch / ("task-%d.json" % index)))
                 created, timed_out = time.time(), False
                 with open(folder / (name + ".log"), "w") as log:
-                    process = subprocess.Popen([sys.executable, "-B", str(program)], cwd=str(workspace), env=env,
-                                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                               start_new_session=True)
+                    with lock:
+                        if stopping.is_set():
+                            return
+                        process = subprocess.Popen([sys.executable, "-B", str(program)], cwd=str(workspace),
+                                                   env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                   stdin=subprocess.DEVNULL, start_new_session=True)
+                        running.add(process)
                     try:
                         code = process.wait(timeout=max(0.0, deadline - time.time()))
                     except subprocess.TimeoutExpired:
                         os.killpg(process.pid, signal.SIGKILL)
                         code, timed_out = process.wait() or 137, True
+                    finally:
+                        with lock:
+                            running.discard(process)
                 message = termination.read_text()[-4096:] if termination.exists() else ""
                 with lock:
                     records.append(local_record(name, index, created, time.time(), 137 if timed_out else code,
                                                 message, timed_out))
-                if code == 0 or timed_out or not args.episode:
+                if code == 0 or timed_out or not args.episode or stopping.is_set():
                     return
 
-        with concurrent.futures.ThreadPoolExecutor(max_workers=args.parallelism) as pool:
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.parallelism)
+        try:
             list(pool.map(run_index, range(args.count)))
+        except KeyboardInterrupt:
+            # Stop every episode's process group at once, keep what is known, leave nothing behind;
+            # a second Ctrl-C must not cut this short (SIGINT stays ignored until the tool exits).
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            stopping.set()
+            with lock:
+                for process in running:
+                    try:
+                        os.killpg(process.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            pool.shutdown(wait=True, cancel_futures=True)
+            records.sort(key=lambda record: record["metadata"]["name"])
+            write_json(folder / "pods.json", records)
+            write_json(folder / "job.json", {"apiVersion": "rl-batch-demo/local", "kind": "LocalBatch",
+                                             "metadata": {"name": "local", "creationTimestamp": iso_micro(job_created)},
+                                             "status": {"interrupted": True, "finished_episodes": len(records)}})
+            print("Interrupted: stopped the running episodes; job.json, pods.json and the episode logs are in %s"
+                  % folder, file=sys.stderr)
+            raise
+        pool.shutdown()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     records.sort(key=lambda record: (record["metadata"]["creationTimestamp"], record["metadata"]["name"]))
     failed = [r for r in records if r["status"]["phase"] != "Succeeded"]
     timed_out = any(r["status"].get("reason") == "DeadlineExceeded" for r in records)
@@ -2364,7 +2436,7 @@ def cleanup_one(output):
     """Delete one run's Jobs and namespace, after proving each is the one the receipt names."""
     receipt = read_json(output / "receipt.json", "the receipt")
     if receipt.get("backend") == "local":
-        print("Nothing to clean up: %s is a local run (no cluster objects)" % output)
+        say("Nothing to clean up: %s is a local run (no cluster objects)" % output)
         return EXIT_OK
     try:
         cluster, namespace, run_id = Cluster(receipt["context"]), receipt["namespace"], receipt["run_id"]
@@ -2373,7 +2445,7 @@ def cleanup_one(output):
                         % (output / "receipt.json")) from None
     live = cluster.get_json("namespace", namespace)
     if live is None:
-        print("Namespace already absent:", namespace)
+        say("Namespace already absent:", namespace)
         return EXIT_OK
     if not receipt.get("uid"):
         raise DemoError("receipt.json has no namespace uid (the run stopped before the namespace's "
@@ -2427,7 +2499,7 @@ def cleanup_one(output):
 def wait_for_namespace(cluster, namespace):
     wait_until_gone(cluster, "Namespace %s (inspect its finalizers)" % namespace,
                     ("namespace", namespace), CLEANUP_WAIT_SECONDS)
-    print("Deleted test namespace:", namespace)
+    say("Deleted test namespace:", namespace)
     return EXIT_OK
 
 
@@ -2441,12 +2513,20 @@ def cmd_report(args):
         if not path.exists():
             raise DemoError("%s has no results.json (the run failed, was interrupted, or is not an output "
                             "folder)" % folder)
-        columns.append((label, read_json(path, "the results")))
+        columns.append((label, read_json(path, "the results", keys=RESULT_KEYS)))
+        if not isinstance(columns[-1][1]["pods"], list) or not isinstance(columns[-1][1]["phases"], dict):
+            raise DemoError("%s is not the results of rl-batch-demo: its pods or phases have the wrong shape" % path)
     table = report_table(columns)
-    print(json.dumps(table, indent=2) if args.json else report_markdown(table), end="" if not args.json else "\n")
     if args.timeline:
-        Path(args.timeline).write_text(timeline_svg(columns))
+        try:
+            Path(args.timeline).write_text(timeline_svg(columns))
+        except OSError as error:
+            raise DemoError("cannot write the timeline to %s: %s" % (args.timeline, error.strerror or error)) from None
+    say(json.dumps(table, indent=2) if args.json else report_markdown(table), end="" if not args.json else "\n")
     return EXIT_OK
+
+
+RESULT_KEYS = ("episodes", "successful_episodes", "reward_sum", "phases", "pods", "parallelism", "runtime")
 
 
 def find_receipts(folders):
@@ -2509,10 +2589,10 @@ def cmd_list(args):
     rows = [run_row(ns, json.loads(cluster.read("-n", ns["metadata"]["name"], "get", "jobs", "-o", "json"))["items"],
                     receipts, now) for ns in namespaces]
     if args.json:
-        print(json.dumps(rows, indent=2))
+        say(json.dumps(rows, indent=2))
         return EXIT_OK
     if not rows:
-        print("No runs of %s on context %s." % (TOOL_NAME, cluster.context))
+        say("No runs of %s on context %s." % (TOOL_NAME, cluster.context))
         return EXIT_OK
     table = [("NAMESPACE", "AGE", "STATE", "EPISODES", "RECEIPT")]
     for row in rows:
@@ -2520,7 +2600,7 @@ def cmd_list(args):
         table.append((row["namespace"], human_age(row["age_seconds"]), row["state"], episodes, row["receipt"]))
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     for line in table:
-        print("   ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+        say("   ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
     return EXIT_OK
 
 
