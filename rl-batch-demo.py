@@ -1239,6 +1239,8 @@ def pool_rounds(rounds, run_info):
     pooled.update(summary)
     for key in ("context", "namespace", "image", "runtime", "parallelism", "cache_state"):
         pooled[key] = first[key]
+    if "backend" in first:
+        pooled["backend"] = first["backend"]
     pooled["run"] = dict(first["run"], rounds=run_info["rounds"])
     pooled["pods"] = rows
     return pooled
@@ -1360,9 +1362,14 @@ REPORT_ROWS = [("tasks / rewards", "count", None)] + [
 ]
 
 
-def format_seconds(value):
+def format_seconds(value, whole_seconds=False):
+    """A duration for people. Figures read from whole-second timestamps are shown in seconds
+    to one decimal at most ("1 s", "0.6 s"): an interpolation between whole seconds is not a
+    millisecond figure."""
     if value is None:
         return "n/a"
+    if whole_seconds:
+        return ("%.1f" % value).rstrip("0").rstrip(".").replace("-0", "0") + " s"
     return "%.1f ms" % (value * 1000) if abs(value) < 1 else "%.2f s" % value
 
 
@@ -1371,22 +1378,25 @@ def report_table(columns):
     rows = []
     for label, kind, key in REPORT_ROWS:
         values, ratios = [], []
+        # Whole-second rows: a phase with a Kubernetes timestamp at either end, or a batch time
+        # measured from the Job's creation; a local run's times are all microseconds.
+        coarse = any(results.get("backend") != "local" and (
+            (kind == "phase" and phase_definition(key)["resolution_seconds"] >= 1) or
+            key in ("batch_to_all_ready_seconds", "batch_to_all_rewards_seconds")) for _, results in columns)
         for _, results in columns:
             if kind == "count":
                 values.append("%d/%d" % (results["successful_episodes"], results["reward_sum"]))
                 ratios.append(None)
             elif kind == "phase":
                 phase = results.get("phases", {}).get(key)
-                values.append(None if phase is None or phase["count"] == 0 else
-                              "%s / %s" % (format_seconds(phase["p50"]), format_seconds(phase["p95"])))
+                values.append(None if phase is None or phase["count"] == 0 else "%s / %s" % (
+                    format_seconds(phase["p50"], coarse), format_seconds(phase["p95"], coarse)))
                 ratios.append(None)
             else:
                 per_round, base_rounds = batch_values(results, key), batch_values(columns[0][1], key)
                 values.append(" / ".join(format_seconds(v) for v in per_round) if per_round else None)
                 ratios.append(statistics.fmean(per_round) / statistics.fmean(base_rounds)
                               if per_round and base_rounds and statistics.fmean(base_rounds) else None)
-        coarse = (kind == "phase" and phase_definition(key)["resolution_seconds"] >= 1) or key in (
-            "batch_to_all_ready_seconds", "batch_to_all_rewards_seconds")
         if any(value is not None for value in values):
             rows.append({"measure": label, "values": values, "ratios": ratios, "whole_second_resolution": coarse})
     return {"columns": [label for label, _ in columns], "rows": rows}
@@ -1411,9 +1421,10 @@ def report_markdown(table):
         marker = " *" if row["whole_second_resolution"] else ""
         lines.append("| %s%s | %s |" % (row["measure"], marker, " | ".join(cells)))
     lines.append("")
-    lines.append("\\* uses Kubernetes timestamps (whole seconds, another clock than the episode's): read to "
-                 "about one second; small or negative values are within that resolution. Batch times of "
-                 "several rounds are listed per round; their ratio compares the means.")
+    if any(row["whole_second_resolution"] for row in table["rows"]):
+        lines.append("\\* uses Kubernetes timestamps (whole seconds, another clock than the episode's): read to "
+                     "about one second; small or negative values are within that resolution.")
+    lines.append("Batch times of several rounds are listed per round; their ratio compares the means.")
     return "\n".join(lines) + "\n"
 
 
@@ -1445,9 +1456,10 @@ def timeline_svg(runs):
     for (label, results), (origin, _) in zip(runs, spans):
         rows = sorted(results["pods"], key=lambda row: (row["times"]["pod_created"], row["pod"]))
         height = max(2, min(14, 600 // max(1, len(rows))))
-        title = "%s: %d episodes, parallelism %s, runtime %s, image %s, context %s" % (
-            label, results["episodes"], results["parallelism"], results["runtime"], results["image"],
-            results["context"])
+        where = "local backend" if results.get("backend") == "local" else "image %s, context %s" % (
+            results["image"], results["context"])
+        title = "%s: %d episodes, parallelism %s, runtime %s, %s" % (
+            label, results["episodes"], results["parallelism"], results["runtime"], where)
         parts.append('<text x="%d" y="%d" font-size="13" font-weight="bold">%s</text>' % (left, y + 12, escape(title)))
         y += 22
         top = y
@@ -2143,7 +2155,7 @@ def run_experiment(args, cluster, output, receipt, facts):
             note("round %d of %d: Job %s" % (number, args.rounds, job["metadata"]["name"]))
         rounds.append(finish_job(args, cluster, namespace, job["metadata"]["name"], folder, started, info, nodes,
                                  progress))
-    return conclude(pool_round_folders(output, run_info, rounds))
+    return conclude(pool_round_folders(output, run_info, rounds), output)
 
 
 def round_folder(output, number, rounds):
@@ -2172,10 +2184,35 @@ def new_run_info(args, context, namespace, backend="kubernetes"):
     return info
 
 
-def conclude(report):
+def human_summary(report, output):
+    """A few lines for a person at a terminal (stdout keeps the JSON for scripts)."""
+    def seconds(key):
+        return "n/a" if report.get(key) is None else "%.2f s" % report[key]
+    lines = ["Done: %d episodes, %d with a reward (sum %g)%s." % (
+        report["episodes"], report["successful_episodes"], report["reward_sum"],
+        ", %d infrastructure failures" % len(report["infrastructure_failures"])
+        if report.get("infrastructure_failures") else "")]
+    if "rounds" in report:
+        lines.append("Batch times per round: all ready %s; all rewards %s." % tuple(
+            ", ".join("n/a" if r[key] is None else "%.2f s" % r[key] for r in report["rounds"])
+            for key in ("batch_to_all_ready_seconds", "batch_to_all_rewards_seconds")))
+    else:
+        lines.append("Batch: all ready %s, all rewards %s after the Job was created." % (
+            seconds("batch_to_all_ready_seconds"), seconds("batch_to_all_rewards_seconds")))
+    lines.append("Pod created -> ready: P50 %s, P95 %s." % (seconds("pod_to_ready_p50_seconds"),
+                                                          seconds("pod_to_ready_p95_seconds")))
+    lines.append("Results: %s (results.json, timeline.svg, one log per episode)." % (output / "results.json"))
+    if report.get("backend") != "local":
+        lines.append("Clean up with: %s" % cleanup_command(output))
+    return "\n".join(lines)
+
+
+def conclude(report, output):
     """Print the summary and warnings; the exit code says whether any episode is an
     infrastructure failure (custom episodes only: their results are written regardless)."""
     say(json.dumps(summary_view(report), indent=2))
+    if sys.stderr.isatty() and not QUIET:
+        print(human_summary(report, output), file=sys.stderr)
     for finding in report["clock_skew"]["findings"]:
         print("warning: clock skew: %s (%d episode(s), e.g. pod %s; bound: %s)" % (
             skew_phrase(finding), finding["pods"], finding["example_pod"], finding["bound"]), file=sys.stderr)
@@ -2277,7 +2314,7 @@ def run_local(args, output):
         folder.mkdir(exist_ok=True)
         info = dict(run_info, **({"round": number} if args.rounds > 1 else {}))
         rounds.append(run_local_batch(args, folder, info))
-    return conclude(pool_round_folders(output, run_info, rounds))
+    return conclude(pool_round_folders(output, run_info, rounds), output)
 
 
 def run_local_batch(args, folder, run_info):
@@ -2662,11 +2699,11 @@ def build_parser():
     run.add_argument("--prewarm", action="store_true",
                      help="first run one warm-up episode pinned to each usable node (kept in prewarm/, "
                           "excluded from the figures)")
-    run.add_argument("--image", default=DEFAULT_IMAGE,
+    run.add_argument("--image",
                      help="image with `python` (3.9+) runnable as UID/GID 1000 (default %s)"
                           % DEFAULT_IMAGE)
     runtime = run.add_mutually_exclusive_group()
-    runtime.add_argument("--runtime", default=DEFAULT_RUNTIME, metavar="NAME",
+    runtime.add_argument("--runtime", metavar="NAME",
                          help="RuntimeClass of the sandboxes (default %s)" % DEFAULT_RUNTIME)
     runtime.add_argument("--no-runtime-class", action="store_true",
                          help="set no RuntimeClass: pods use the nodes' default runtime (e.g. "
@@ -2770,10 +2807,17 @@ def parse_args(argv):
             args.subparser.error("--output DIR is required (unless --dry-run)")
         load_episode_inputs(args)
         if args.backend == "local":
+            # Every cluster-only flag is refused alike, rather than some silently ignored.
             for flag, used in (("--dry-run", args.dry_run), ("--prewarm", args.prewarm),
-                               ("--network none", args.network == "none"), ("--context", args.context)):
+                               ("--network none", args.network == "none"), ("--context", args.context),
+                               ("--image", args.image), ("--runtime", args.runtime),
+                               ("--no-runtime-class", args.no_runtime_class), ("--force", args.force)):
                 if used:
-                    args.subparser.error("%s is for the kubernetes backend, not --backend local" % flag)
+                    args.subparser.error("%s is for the kubernetes backend; a local run uses this machine's Python "
+                                         "(leave %s out, or drop --backend local)" % (flag, flag.split()[0]))
+        else:
+            args.image = args.image or DEFAULT_IMAGE
+            args.runtime = args.runtime or DEFAULT_RUNTIME
         bound = MAX_LARGE_COUNT if args.allow_large else MAX_COUNT
         if not 1 <= args.count <= bound:
             args.subparser.error("--count must be between 1 and %d%s, got %d" % (

@@ -111,3 +111,44 @@ def test_an_episode_printing_a_python_dict_is_still_a_sample(cluster, run_tool, 
     assert result.code == 0, result
     results = read(tmp_path / "out" / "results.json")
     assert results["infrastructure_failures"] == [] and results["reward_sum"] == 1.0
+
+
+@pytest.mark.parametrize("flags", [["--image", "python:3.13"], ["--runtime", "kata"], ["--no-runtime-class"],
+                                   ["--force"], ["--context", "kind-rl"]])
+def test_cluster_only_flags_are_refused_alike_by_the_local_backend(run_tool, tmp_path, flags):
+    result = run_tool("run", "--backend", "local", *flags, "--output", "out")
+    assert result.code == 2, result
+    assert "%s is for the kubernetes backend" % flags[0] in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_terminal_gets_a_human_summary_and_scripts_keep_the_json(tmp_path):
+    import pty
+    leader, follower = pty.openpty()
+    done = subprocess.run([sys.executable, str(SCRIPT), "run", "--backend", "local", "--count", "2", "--output", "out"],
+                          cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=follower, text=True, timeout=120)
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    assert done.returncode == 0
+    assert json.loads(done.stdout)["successful_episodes"] == 2
+    text = shown.decode()
+    assert "Done: 2 episodes, 2 with a reward (sum 2)." in text
+    assert "Results: out/results.json" in text and "Clean up" not in text
+
+
+def test_local_runs_are_titled_and_footnoted_as_local(run_tool, tmp_path):
+    out = local_results(run_tool, tmp_path)
+    assert "context None" not in (out / "timeline.svg").read_text()
+    assert "local backend" in (out / "timeline.svg").read_text()
+    report = run_tool("report", "out")
+    assert report.code == 0 and "uses Kubernetes timestamps" not in report.stdout
+    assert " *" not in report.stdout

@@ -98,7 +98,11 @@ def test_report_prints_the_side_by_side_table_with_ratios(two_runs, run_tool):
         assert "x) |" in rows[measure], measure
     assert "Python module import P50 / P95" in rows and "import done -> ready P50 / P95" in rows
     assert "pod created -> ready P50 / P95" in rows
-    assert lines[-1].startswith("\\* uses Kubernetes timestamps (whole seconds")
+    assert lines[-2].startswith("\\* uses Kubernetes timestamps (whole seconds")
+    # whole-second rows in seconds, never as milliseconds interpolated between whole seconds
+    scheduling = rows["pod created -> scheduled P50 / P95"]
+    assert scheduling.split(" | ")[0].endswith(" *") and " ms" not in scheduling, scheduling
+    assert " ms" in rows["Python module import P50 / P95"]
 
 
 def test_report_json_matches_the_saved_results(two_runs, run_tool):
