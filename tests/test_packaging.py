@@ -90,3 +90,16 @@ def test_an_editable_install_runs_the_checkouts_script(tmp_path):
     where = subprocess.run([str(bin_dir / "python"), "-c", "import rl_batch_demo_cli; "
                             "print(rl_batch_demo_cli.script_path())"], capture_output=True, text=True, cwd=str(tmp_path))
     assert Path(where.stdout.strip()) == ROOT / "rl-batch-demo.py", where
+
+
+def test_the_source_package_carries_what_its_tests_and_example_need(tmp_path):
+    import tarfile
+    done = subprocess.run([sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp_path), str(ROOT)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    with tarfile.open(next(tmp_path.glob("*.tar.gz"))) as sdist:
+        names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
+    for needed in ("rl-batch-demo.py", "rl_batch_demo_cli.py", "tests/conftest.py", "tests/fakecluster/server.py",
+                   "tests/fakecluster/kubectl.py", "tests/episodes/scripted.py", "examples/sum_episode.py",
+                   "examples/sum_tasks.jsonl", "benchmarks/collection.py"):
+        assert needed in names, needed
