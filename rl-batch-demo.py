@@ -373,12 +373,12 @@ def kubectl_program():
     return os.environ.get("KUBECTL") or "kubectl"
 
 
-def run_kubectl(argv, stdin_text=None, binary=False):
+def run_kubectl(argv, stdin_text=None, binary=False, timeout=KUBECTL_PROCESS_TIMEOUT_SECONDS):
     """Run kubectl with an argument list; return stdout (bytes if binary) or raise KubectlError."""
     program = kubectl_program()
     try:
         done = subprocess.run([program, *argv], input=stdin_text if not binary else None, text=not binary,
-                              capture_output=True, timeout=KUBECTL_PROCESS_TIMEOUT_SECONDS)
+                              capture_output=True, timeout=timeout)
     except FileNotFoundError:
         raise DemoError("kubectl not found (looked for %r on PATH); install kubectl or set "
                         "KUBECTL to its path" % program) from None
@@ -390,8 +390,7 @@ def run_kubectl(argv, stdin_text=None, binary=False):
         raise DemoError("cannot run kubectl %r: %s; set KUBECTL to the kubectl program"
                         % (program, error.strerror or error)) from None
     except subprocess.TimeoutExpired:
-        raise KubectlError(argv, None, "kubectl did not finish within %d s"
-                           % KUBECTL_PROCESS_TIMEOUT_SECONDS) from None
+        raise KubectlError(argv, None, "kubectl did not finish within %d s" % timeout) from None
     if done.returncode != 0:
         stderr = done.stderr.decode("utf-8", "replace") if binary else done.stderr
         raise KubectlError(argv, done.returncode, stderr)
@@ -434,10 +433,10 @@ class Cluster:
     def __init__(self, context):
         self.context = context
 
-    def kubectl(self, *parts, data=None, binary=False):
+    def kubectl(self, *parts, data=None, binary=False, timeout=KUBECTL_PROCESS_TIMEOUT_SECONDS):
         argv = ["--context", self.context, "--request-timeout=" + KUBECTL_REQUEST_TIMEOUT,
                 *parts]
-        return run_kubectl(argv, json.dumps(data) if data is not None else None, binary)
+        return run_kubectl(argv, json.dumps(data) if data is not None else None, binary, timeout)
 
     def read(self, *parts, binary=False):
         """A read-only kubectl call, retried with backoff while the failure is transient."""
@@ -1717,16 +1716,25 @@ def fetch_logs(cluster, namespace, folder, pods, job_name=None, job_pods=()):
         return {}
     sources, saved, missing = {}, {}, []
     names = [pod["metadata"]["name"] for pod in pods]
+    split = None
     if job_name and len(pods) >= BULK_LOGS_FROM:
-        finished = all(pod.get("status", {}).get("phase") in ("Succeeded", "Failed") for pod in pods)
         argv = ["-n", namespace, "logs", "-l", "job-name=" + job_name, "-c", CONTAINER_NAME, "--prefix",
-                "--tail=-1"] + (["-f", "--max-log-requests=%d" % max(len(job_pods), len(pods))] if finished else [])
-        try:
-            split = split_prefixed_logs(cluster.read(*argv, binary=True), names, CONTAINER_NAME, job_pods)
-        except KubectlError as error:
-            split = None
-            note("reading the logs in one call failed (%s); reading them one pod at a time"
-                 % meaningful_line(error.stderr))
+                "--tail=-1"]
+        # Streams at once (-f) when every pod has finished, else (or if that fails) one after
+        # another; each is one process with a deadline that grows with the batch, not retried.
+        ways = [["-f", "--max-log-requests=%d" % max(len(job_pods), len(pods))], []]
+        if not all(pod.get("status", {}).get("phase") in ("Succeeded", "Failed") for pod in pods):
+            ways = ways[1:]
+        for extra in ways:
+            try:
+                raw = cluster.kubectl(*argv, *extra, binary=True,
+                                      timeout=KUBECTL_PROCESS_TIMEOUT_SECONDS + 0.05 * len(job_pods or pods))
+            except KubectlError as error:
+                note("reading the logs in one call failed (%s)" % meaningful_line(error.stderr))
+                continue
+            split = split_prefixed_logs(raw, names, CONTAINER_NAME, job_pods)
+            if split is not None:
+                break
         for name, data in (split or {}).items():
             (folder / (name + ".log")).write_bytes(data)
             saved[name], sources[name] = data.decode("utf-8", "replace"), LOGS_SOURCE_BULK

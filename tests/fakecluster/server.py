@@ -289,7 +289,7 @@ class Cluster:
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # notified on every write, for watches
         self.faults = [dict(f) for f in config.get("transientFailures", [])]
-        self.objects = {}  # (resource, namespace or "", name) -> object
+        self.objects = {}  # resource -> {(namespace or "", name) -> object}
         self.resource_version = 1000
         self.processes = {}  # pod uid -> runtime record
         self.job_books = {}  # job uid -> {"succeeded": set(), "failed": set(), ...}
@@ -312,19 +312,19 @@ class Cluster:
 
     def put(self, resource, obj):
         obj["metadata"]["resourceVersion"] = self.next_rv()
-        self.objects[(resource, obj["metadata"].get("namespace", ""), obj["metadata"]["name"])] = obj
+        self.objects.setdefault(resource, {})[(obj["metadata"].get("namespace", ""), obj["metadata"]["name"])] = obj
         self.remember(resource, obj)
 
     def get(self, resource, namespace, name):
-        return self.objects.get((resource, namespace or "", name))
+        return self.objects.get(resource, {}).get((namespace or "", name))
 
     def items(self, resource, namespace=None):
-        found = [obj for (res, ns, _), obj in self.objects.items()
-                 if res == resource and (namespace is None or ns == namespace)]
+        found = [obj for (ns, _), obj in self.objects.get(resource, {}).items()
+                 if namespace is None or ns == namespace]
         return sorted(found, key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
 
     def remove(self, resource, obj):
-        self.objects.pop((resource, obj["metadata"].get("namespace", ""), obj["metadata"]["name"]), None)
+        self.objects.get(resource, {}).pop((obj["metadata"].get("namespace", ""), obj["metadata"]["name"]), None)
         obj["metadata"]["resourceVersion"] = self.next_rv()
         self.remember(resource, obj)
 
@@ -609,19 +609,25 @@ class Cluster:
         return obj
 
     def api_logs(self, namespace, name, container):
-        pod = self.get("pods", namespace, name)
-        if pod is None:
+        """The kubelet serves logs: the API server only looks the pod up (briefly, under the
+        lock); the file is read outside it, so that reading 10,000 logs waits for no controller."""
+        with self.lock:
+            pod = self.get("pods", namespace, name)
+            if pod is None:
+                raise ApiError(404, "NotFound", 'pods "%s" not found' % name)
+            record = dict(self.processes.get(pod["metadata"]["uid"]) or {})
+            if not record.get("log_path"):
+                reason = "ContainerCreating"
+                for status in pod.get("status", {}).get("containerStatuses", []):
+                    reason = status.get("state", {}).get("waiting", {}).get("reason", reason)
+                if reason in ("ErrImagePull", "ImagePullBackOff"):
+                    reason = "image can't be pulled"
+                raise ApiError(400, "BadRequest", 'container "%s" in pod "%s" is waiting to start: %s'
+                               % (container, name, reason))
+        try:
+            text = Path(record["log_path"]).read_text(errors="replace")
+        except FileNotFoundError:  # the pod was deleted meanwhile (its folder goes with it)
             raise ApiError(404, "NotFound", 'pods "%s" not found' % name)
-        record = self.processes.get(pod["metadata"]["uid"])
-        if record is None or record.get("log_path") is None:
-            reason = "ContainerCreating"
-            for status in pod.get("status", {}).get("containerStatuses", []):
-                reason = status.get("state", {}).get("waiting", {}).get("reason", reason)
-            if reason in ("ErrImagePull", "ImagePullBackOff"):
-                reason = "image can't be pulled"
-            raise ApiError(400, "BadRequest", 'container "%s" in pod "%s" is waiting to start: %s'
-                           % (container, name, reason))
-        text = Path(record["log_path"]).read_text(errors="replace")
         drop = record.get("log_drop_first_lines", 0)
         if drop:
             text = "".join(text.splitlines(keepends=True)[drop:])
@@ -1362,7 +1368,8 @@ class Cluster:
             if not ns["metadata"].get("deletionTimestamp"):
                 continue
             name = ns["metadata"]["name"]
-            contents = [(res, obj) for (res, namespace, _), obj in list(self.objects.items()) if namespace == name]
+            contents = [(res, obj) for res, stored in list(self.objects.items())
+                        for (namespace, _), obj in list(stored.items()) if namespace == name]
             for resource, obj in contents:
                 if resource == "pods":
                     self.begin_pod_termination(obj)
@@ -1480,6 +1487,8 @@ def dispatch(cluster, request):
         raise fault_error(fault[0], request)
     if verb == "watch":
         answer = watch(cluster, request)
+    elif verb == "logs":
+        answer = {"log": cluster.api_logs(request.get("namespace"), request.get("name"), request.get("container"))}
     else:
         with cluster.lock:
             answer = serve_verb(cluster, request)
