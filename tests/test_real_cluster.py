@@ -376,3 +376,47 @@ def test_an_episode_written_for_a_pod_runs_unchanged(make_cluster, run_tool, tmp
     rows = read(tmp_path / "out" / "results.json")["pods"]
     assert [row["events_source"] for row in rows] == ["termination-message"] * 2
     assert [row["reward_fields"]["cwd"] for row in rows] == ["/", "/"]
+
+
+# The tutorial's own episode program (its WORKER, as the seed ships it): it writes /workspace
+# directly, with no RL_WORKSPACE fallback.
+TUTORIAL_WORKER = """import json, os, pathlib, subprocess, time
+p = pathlib.Path('/workspace')
+os.chdir(p)
+p.joinpath('shipping.py').write_text('def shipping(total):\\n    return 0 if total > 99 else 10\\n')
+p.joinpath('test_shipping.py').write_text('''import unittest
+from shipping import shipping
+class ShippingTest(unittest.TestCase):
+    def test_below(self): self.assertEqual(shipping(98), 10)
+    def test_boundary(self): self.assertEqual(shipping(99), 0)
+    def test_above(self): self.assertEqual(shipping(100), 0)
+if __name__ == '__main__': unittest.main()
+''')
+def emit(event, **data):
+    print(json.dumps(dict(event=event, at=time.time(), episode_id=os.environ['EPISODE_ID'], **data)), flush=True)
+def test():
+    result = subprocess.run(['python', '-B', 'test_shipping.py'], text=True, capture_output=True, timeout=20)
+    return result.returncode, result.stderr
+emit('ready')
+before, before_output = test()
+if before == 0:
+    raise RuntimeError('baseline must fail the boundary test')
+p.joinpath('shipping.py').write_text(p.joinpath('shipping.py').read_text().replace('total > 99', 'total >= 99'))
+after, after_output = test()
+emit('reward', reward=int(after == 0), baseline_exit=before, tests_exit=after, tests_output=after_output)
+if after != 0:
+    raise RuntimeError('patched code failed its tests')
+"""
+
+
+def test_the_tutorials_own_episode_runs_unchanged(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster()
+    if "pod mount namespaces: on" not in (cluster.state / "server.log").read_text():
+        pytest.skip("per-pod mount namespaces need root and a working `unshare --mount` here")
+    episode = tmp_path / "worker.py"
+    episode.write_text(TUTORIAL_WORKER)
+    result = run_tool("run", "--episode", str(episode), "--count", "3", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    results = read(tmp_path / "out" / "results.json")
+    assert (results["successful_episodes"], results["reward_sum"]) == (3, 3)
+    assert {row["reward_fields"]["baseline_exit"] for row in results["pods"]} == {1}
