@@ -750,14 +750,13 @@ def episode_phases(times, missing):
 
 
 def job_finished_time(job):
-    """When the API server saw the Job finish (Unix seconds, whole, truncated): completionTime,
-    else the first terminal or target condition's lastTransitionTime; None while it runs."""
+    """When the API server saw the Job finish (Unix seconds, whole, truncated): the earliest of
+    its terminal or target conditions and completionTime (every pod had ended before each of
+    them); None while it runs."""
     status = (job or {}).get("status", {})
-    if status.get("completionTime"):
-        return parse_k8s_time(status["completionTime"])
     stamps = [c["lastTransitionTime"] for c in status.get("conditions") or [] if c.get("status") == "True"
               and c.get("type") in ("SuccessCriteriaMet", "Complete", "FailureTarget", "Failed")
-              and c.get("lastTransitionTime")]
+              and c.get("lastTransitionTime")] + ([status["completionTime"]] if status.get("completionTime") else [])
     return min(parse_k8s_time(stamp) for stamp in stamps) if stamps else None
 
 
