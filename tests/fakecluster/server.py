@@ -1159,7 +1159,7 @@ class Cluster:
         evict_at = api_evict_at = None
         if self.node_config(node).get("evictFirstPod") and node not in self.evicted_nodes:
             self.evicted_nodes.add(node)  # fault: memory pressure on this node evicts its first pod
-            evict_at = time.time() + 0.3
+            evict_at = time.time() + 0.05  # before any episode of the tests can finish
         if self.node_config(node).get("apiEvictFirstPodAfterSeconds") is not None and node not in self.evicted_nodes:
             self.evicted_nodes.add(node)  # fault: a drain evicts this node's first pod through the Eviction API
             api_evict_at = time.time() + self.node_config(node)["apiEvictFirstPodAfterSeconds"]
