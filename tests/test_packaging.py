@@ -56,16 +56,17 @@ def test_ci_runs_the_readme_test_command():
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """The wheel and source package, built as pip builds them (setuptools from the index)."""
+    """The wheel, built as pip builds it, offline (the test extra installs setuptools)."""
     dist = tmp_path_factory.mktemp("dist")
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)],
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                           str(dist), str(ROOT)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     return next(dist.glob("*.whl"))
 
 
-def fresh_venv(path):
-    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True, timeout=300)
+def fresh_venv(path, *options):
+    subprocess.run([sys.executable, "-m", "venv", *options, str(path)], check=True, timeout=300)
     return path / "bin"
 
 
@@ -84,9 +85,11 @@ def test_the_wheel_installs_the_rl_batch_demo_command_and_the_example(built, tmp
 
 
 def test_an_editable_install_runs_the_checkouts_script(tmp_path):
-    bin_dir = fresh_venv(tmp_path / "venv")
-    subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)],
-                   check=True, timeout=600, capture_output=True)
+    # --system-site-packages --without-pip: the new venv borrows this one's pip and setuptools, so no
+    # index is needed (a venv's own bundled setuptools may be too old for pyproject's license field)
+    bin_dir = fresh_venv(tmp_path / "venv", "--system-site-packages", "--without-pip")
+    subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--no-index", "-e", str(ROOT)], check=True, timeout=600, capture_output=True)
     where = subprocess.run([str(bin_dir / "python"), "-c", "import rl_batch_demo_cli; "
                             "print(rl_batch_demo_cli.script_path())"], capture_output=True, text=True, cwd=str(tmp_path))
     assert Path(where.stdout.strip()) == ROOT / "rl-batch-demo.py", where
@@ -94,7 +97,8 @@ def test_an_editable_install_runs_the_checkouts_script(tmp_path):
 
 def test_the_source_package_carries_what_its_tests_and_example_need(tmp_path):
     import tarfile
-    done = subprocess.run([sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp_path), str(ROOT)],
+    done = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(tmp_path),
+                           str(ROOT)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     with tarfile.open(next(tmp_path.glob("*.tar.gz"))) as sdist:
