@@ -2204,8 +2204,9 @@ def human_summary(report, output):
             ", ".join("n/a" if r[key] is None else "%.2f s" % r[key] for r in report["rounds"])
             for key in ("batch_to_all_ready_seconds", "batch_to_all_rewards_seconds")))
     else:
-        lines.append("Batch: all ready %s, all rewards %s after the Job was created." % (
-            seconds("batch_to_all_ready_seconds"), seconds("batch_to_all_rewards_seconds")))
+        lines.append("Batch: all ready %s, all rewards %s after the %s." % (
+            seconds("batch_to_all_ready_seconds"), seconds("batch_to_all_rewards_seconds"),
+            "batch started" if report.get("backend") == "local" else "Job was created"))
     lines.append("Pod created -> ready: P50 %s, P95 %s." % (seconds("pod_to_ready_p50_seconds"),
                                                           seconds("pod_to_ready_p95_seconds")))
     lines.append("Results: %s (results.json, timeline.svg, one log per episode)." % (output / "results.json"))
