@@ -6,7 +6,6 @@ Only the verbs and flags rl-batch-demo and its tests use are implemented; anythi
 fails loudly (exit 1, "fake kubectl: unsupported ...") so a gap is never silent.
 """
 
-import concurrent.futures
 import datetime
 import http.client
 import random
@@ -392,14 +391,25 @@ def cmd_logs(positionals, flags, namespace, timeout, out):
         for pod in pods:
             out.write("".join(prefixed(pod, log_of(pod["metadata"]["name"], namespace, container, timeout))))
         return
-    # Every stream at once (kubectl's goroutines): the API requests run concurrently, and the
-    # lines of the pods reach stdout interleaved, in an order no one chooses.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=32) as pool:
-        texts = list(pool.map(lambda pod: log_of(pod["metadata"]["name"], namespace, container, timeout), pods))
-    streams = [prefixed(pod, text) for pod, text in zip(pods, texts)]
-    while any(streams):
-        stream = random.choice([lines for lines in streams if lines])
-        out.write(stream.pop(0))
+    # Every stream at once (kubectl's goroutines): the requests go together (one RPC to the
+    # simulated server stands for kubectl's multiplexed HTTP/2 requests), and the lines of the
+    # pods reach stdout interleaved, in an order no one chooses.
+    answers = call({"verb": "logs_many", "namespace": namespace, "container": container,
+                    "names": [pod["metadata"]["name"] for pod in pods]}, timeout)
+    texts = []
+    for pod in pods:
+        answer = answers[pod["metadata"]["name"]]
+        if "error" in answer:
+            raise ApiFailure(answer["error"])
+        texts.append(answer["log"])
+    streams = [prefixed(pod, text)[::-1] for pod, text in zip(pods, texts)]
+    live = [stream for stream in streams if stream]
+    while live:
+        index = random.randrange(len(live))
+        out.write(live[index].pop())
+        if not live[index]:
+            live[index] = live[-1]
+            live.pop()
 
 
 def cmd_label(positionals, flags, namespace, timeout, out):

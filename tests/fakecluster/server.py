@@ -1489,6 +1489,15 @@ def dispatch(cluster, request):
         answer = watch(cluster, request)
     elif verb == "logs":
         answer = {"log": cluster.api_logs(request.get("namespace"), request.get("name"), request.get("container"))}
+    elif verb == "logs_many":
+        # The fake kubectl's shortcut for many concurrent log requests (real kubectl multiplexes
+        # them over one HTTP/2 connection): one RPC, each pod's log or its error Status.
+        answer = {}
+        for name in request["names"]:
+            try:
+                answer[name] = {"log": cluster.api_logs(request.get("namespace"), name, request.get("container"))}
+            except ApiError as error:
+                answer[name] = {"error": error.status}
     else:
         with cluster.lock:
             answer = serve_verb(cluster, request)
