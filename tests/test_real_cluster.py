@@ -365,15 +365,20 @@ with open("/dev/termination-log", "w") as message:
 '''
 
 
-def test_an_episode_written_for_a_pod_runs_unchanged(make_cluster, run_tool, tmp_path):
+def run_pod_program(make_cluster, run_tool, tmp_path, source, count):
+    """Run an episode program written for a pod (real pod paths) through the simulated cluster."""
     cluster = make_cluster()
     if "pod mount namespaces: on" not in (cluster.state / "server.log").read_text():
         pytest.skip("per-pod mount namespaces need root and a working `unshare --mount` here")
-    episode = tmp_path / "pod_paths.py"
-    episode.write_text(POD_PATHS_EPISODE)
-    result = run_tool("run", "--episode", str(episode), "--count", "2", "--output", "out", cluster=cluster)
+    episode = tmp_path / "episode_for_a_pod.py"
+    episode.write_text(source)
+    result = run_tool("run", "--episode", str(episode), "--count", str(count), "--output", "out", cluster=cluster)
     assert result.code == 0, result
-    rows = read(tmp_path / "out" / "results.json")["pods"]
+    return read(tmp_path / "out" / "results.json")
+
+
+def test_an_episode_written_for_a_pod_runs_unchanged(make_cluster, run_tool, tmp_path):
+    rows = run_pod_program(make_cluster, run_tool, tmp_path, POD_PATHS_EPISODE, 2)["pods"]
     assert [row["events_source"] for row in rows] == ["termination-message"] * 2
     assert [row["reward_fields"]["cwd"] for row in rows] == ["/", "/"]
 
@@ -410,13 +415,6 @@ if after != 0:
 
 
 def test_the_tutorials_own_episode_runs_unchanged(make_cluster, run_tool, tmp_path):
-    cluster = make_cluster()
-    if "pod mount namespaces: on" not in (cluster.state / "server.log").read_text():
-        pytest.skip("per-pod mount namespaces need root and a working `unshare --mount` here")
-    episode = tmp_path / "worker.py"
-    episode.write_text(TUTORIAL_WORKER)
-    result = run_tool("run", "--episode", str(episode), "--count", "3", "--output", "out", cluster=cluster)
-    assert result.code == 0, result
-    results = read(tmp_path / "out" / "results.json")
+    results = run_pod_program(make_cluster, run_tool, tmp_path, TUTORIAL_WORKER, 3)
     assert (results["successful_episodes"], results["reward_sum"]) == (3, 3)
     assert {row["reward_fields"]["baseline_exit"] for row in results["pods"]} == {1}
