@@ -6,6 +6,7 @@ from pathlib import Path
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 
@@ -85,9 +86,13 @@ def test_the_wheel_installs_the_rl_batch_demo_command_and_the_example(built, tmp
 
 
 def test_an_editable_install_runs_the_checkouts_script(tmp_path):
-    # --system-site-packages --without-pip: the new venv borrows this one's pip and setuptools, so no
-    # index is needed (a venv's own bundled setuptools may be too old for pyproject's license field)
-    bin_dir = fresh_venv(tmp_path / "venv", "--system-site-packages", "--without-pip")
+    # The new venv borrows this environment's pip and setuptools (the test extra's), through a
+    # .pth file, so no index is needed (a venv's own bundled setuptools may be too old for
+    # pyproject's license field, and the base interpreter's may be too)
+    bin_dir = fresh_venv(tmp_path / "venv", "--without-pip")
+    site = subprocess.run([str(bin_dir / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                     "--no-index", "-e", str(ROOT)], check=True, timeout=600, capture_output=True)
     where = subprocess.run([str(bin_dir / "python"), "-c", "import rl_batch_demo_cli; "
