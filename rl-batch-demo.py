@@ -893,12 +893,12 @@ def validate_episode(pod, log, job_created, observed=None, job_finished=None):
     except (KeyError, TypeError, ValueError):
         raise EpisodeInvalid("pod %s: ready or reward event has no numeric 'at' time" % name) from None
     pod_created = parse_k8s_time(pod["metadata"]["creationTimestamp"])
-    node = pod["spec"].get("nodeName")
-    times, _ = episode_times(pod, ready, reward)
-    for finding in episode_skew(times, job_finished):
+    row = episode_row(pod, ready, reward, job_created, observed, source, job_finished)
+    for finding in row["clock_skew"]:
         if finding["clock"] == "episode":
             raise EpisodeInvalid("pod %s: %s (%s); synchronise that node's clock with the API server's (NTP) "
-                                 "and run again" % (name, skew_phrase(dict(finding, node=node)), finding["bound"]))
+                                 "and run again" % (name, skew_phrase(dict(finding, node=row["node"])),
+                                                    finding["bound"]))
     if not job_created <= pod_created <= ready_at <= reward_at:
         raise EpisodeInvalid(
             "pod %s: time order job created (%.3f) <= pod created (%.3f) <= ready (%.3f) <= "
@@ -914,7 +914,7 @@ def validate_episode(pod, log, job_created, observed=None, job_finished=None):
     exit_code = status.get("state", {}).get("terminated", {}).get("exitCode")
     if exit_code != 0:
         raise EpisodeInvalid("pod %s: container exit code is %r, expected 0" % (name, exit_code))
-    return episode_row(pod, ready, reward, job_created, observed, source, job_finished)
+    return row
 
 
 def episode_row(pod, ready, reward, job_created, observed, source, job_finished=None):
@@ -939,6 +939,11 @@ def episode_row(pod, ready, reward, job_created, observed, source, job_finished=
         "clock_skew": episode_skew(times, job_finished),
         "events_source": source,
     }
+
+
+def by_creation(pod):
+    """Pods in the order they were created (whole seconds, so the name breaks ties)."""
+    return pod["metadata"].get("creationTimestamp", ""), pod["metadata"]["name"]
 
 
 def pod_index(pod):
@@ -1031,8 +1036,7 @@ def collect_samples(pods, logs, job, count, observed=None):
         attempts[position if index is None else index].append((pod, log))
     samples, failures = [], []
     for index in range(count):
-        tried = sorted(attempts.get(index, []), key=lambda item: (item[0]["metadata"]["creationTimestamp"],
-                                                                   item[0]["metadata"]["name"]))
+        tried = sorted(attempts.get(index, []), key=lambda item: by_creation(item[0]))
         # Every attempt is looked at: creation times are whole seconds, so their order within
         # a second is unknown, and a failed attempt must be listed whatever its place.
         reasons, sample = [], None
@@ -1107,8 +1111,8 @@ def collect(pods, logs, job, count, observed=None):
     """
     observed = observed or {}
     if len(pods) != count:
-        evicted = ["pod %s was evicted (%s) and replaced" % (pod["metadata"]["name"], eviction_message(pod))
-                   for pod in pods if eviction_message(pod)]
+        evicted = ["pod %s was evicted (%s) and replaced" % (pod["metadata"]["name"], message)
+                   for pod, message in ((pod, eviction_message(pod)) for pod in pods) if message]
         raise EpisodeInvalid("expected %d pods for %d episodes, found %d%s; inspect pods.json for "
                              "failures or replacements" % (count, count, len(pods),
                                                            ": " + "; ".join(evicted) if evicted else ""))
@@ -1662,8 +1666,7 @@ class JobProgress:
                           not in (pod["metadata"].get("finalizers") or []) for pod in pods)
             if pods and counted and phases["Succeeded"] >= status.get("succeeded", 0) and \
                     phases["Failed"] >= status.get("failed", 0):
-                return sorted(pods, key=lambda pod: (pod["metadata"].get("creationTimestamp", ""),
-                                                     pod["metadata"]["name"]))
+                return sorted(pods, key=by_creation)
             if time.monotonic() > give_up:
                 return None
             self.watches.absorb(timeout=WATCH_WAIT_SECONDS)
@@ -1708,9 +1711,10 @@ def fetch_logs(cluster, namespace, folder, pods, job_name=None, job_pods=()):
     """Save <pod>.log for each pod, byte for byte what `kubectl logs POD` returns; return
     {pod name: log text}. With a Job name and BULK_LOGS_FROM pods or more, one `kubectl logs
     -l job-name=JOB --prefix --tail=-1` process reads them all (with -f when every pod has
-    finished: its streams then run at once); if that fails, or for a few pods, one `kubectl
-    logs POD` each (4 to 16 at a time). A log that cannot be had is saved empty, one warning
-    names how many and the first reason. logs.json records where each log came from."""
+    finished: its streams then run at once; if that fails, once more one after another);
+    for a few pods, or for any the bulk read did not return, one `kubectl logs POD` each (4
+    to 16 at a time). A log that cannot be had is saved empty, one warning names how many
+    and the first reason. logs.json records where each log came from."""
     if not pods:
         return {}
     sources, saved, missing = {}, {}, []
@@ -1757,10 +1761,15 @@ def fetch_logs(cluster, namespace, folder, pods, job_name=None, job_pods=()):
         missing.sort()
         print("warning: no log for %d pod(s), saved empty; first: %s: %s" % (len(missing), missing[0][0],
                                                                              missing[0][1]), file=sys.stderr)
+    record_log_sources(folder, sources)
+    return saved
+
+
+def record_log_sources(folder, sources):
+    """Add {pod: where its log came from} to logs.json."""
     record = read_saved(folder / "logs.json") or {}
     record.update(sources)
     write_json(folder / "logs.json", dict(sorted(record.items())))
-    return saved
 
 
 def save_events(cluster, namespace, folder):
@@ -1779,10 +1788,15 @@ def save_state(cluster, namespace, job_name, folder, job=None, watched=None):
     listed = {pod["metadata"]["name"] for pod in pods}
     gone = sorted(name for name in (watched or {}) if name not in listed)
     pods += [watched[name] for name in gone]
-    pods.sort(key=lambda pod: (pod["metadata"].get("creationTimestamp", ""), pod["metadata"]["name"]))
+    pods.sort(key=by_creation)
+    write_state(folder, job, pods)
+    return job, pods, gone
+
+
+def write_state(folder, job, pods):
+    """job.json and pods.json: what results.json is computed from."""
     write_json(folder / "job.json", job)
     write_json(folder / "pods.json", pods)
-    return job, pods, gone
 
 
 def save_what_is_known(cluster, namespace, job_name, folder, progress=None):
@@ -1796,7 +1810,7 @@ def save_what_is_known(cluster, namespace, job_name, folder, progress=None):
         fetch_logs(cluster, namespace, folder, listed, job_name, [pod["metadata"]["name"] for pod in listed])
     except DemoError as error:
         if watched and not (folder / "pods.json").exists():
-            write_json(folder / "pods.json", sorted(watched.values(), key=lambda pod: pod["metadata"]["name"]))
+            write_json(folder / "pods.json", sorted(watched.values(), key=by_creation))
         print("warning: could not save everything: %s" % error, file=sys.stderr)
 
 
@@ -1841,12 +1855,10 @@ def finish_job(args, cluster, namespace, job_name, folder, started, run_info, no
         if pods is None:
             _, pods, gone = save_state(cluster, namespace, job_name, folder, live, progress.pods)
         else:
-            write_json(folder / "job.json", live)
-            write_json(folder / "pods.json", pods)
+            write_state(folder, live, pods)
     except DemoError as error:
         # The watches already hold the Job and every pod: a failing read must not lose them.
-        write_json(folder / "job.json", live)
-        write_json(folder / "pods.json", sorted(progress.pods.values(), key=lambda pod: pod["metadata"]["name"]))
+        write_state(folder, live, sorted(progress.pods.values(), key=by_creation))
         run_info["pods_seen_only_by_watch"] = sorted(progress.pods)
         write_json(folder / "run.json", run_info)
         raise DemoError("%s; the Job and its pods were saved as the watches last saw them (job.json, pods.json in "
@@ -1908,9 +1920,7 @@ def finish_job(args, cluster, namespace, job_name, folder, started, run_info, no
             events = side.submit(save_events, cluster, namespace, folder)
             logs_of([pod for pod in pods if not (folder / (pod["metadata"]["name"] + ".log")).exists()])
             if gone:
-                record = read_saved(folder / "logs.json") or {}
-                record.update({name: LOGS_GONE for name in gone})
-                write_json(folder / "logs.json", dict(sorted(record.items())))
+                record_log_sources(folder, {name: LOGS_GONE for name in gone})
             events.result()
 
     report = write_results(folder, where, before_failing=archive)
@@ -2400,7 +2410,7 @@ def run_local_batch(args, folder, run_info):
         pool.shutdown()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    records.sort(key=lambda record: (record["metadata"]["creationTimestamp"], record["metadata"]["name"]))
+    records.sort(key=by_creation)
     failed = [r for r in records if r["status"]["phase"] != "Succeeded"]
     timed_out = any(r["status"].get("reason") == "DeadlineExceeded" for r in records)
     condition = {"type": "Complete", "status": "True", "reason": "CompletionsReached"}
@@ -2412,8 +2422,7 @@ def run_local_batch(args, folder, run_info):
            "spec": {"completions": args.count, "parallelism": args.parallelism}, "status": {"conditions": [condition]}}
     run_info["client_job_complete_seconds"] = time.time() - job_created
     write_json(folder / "run.json", run_info)
-    write_json(folder / "job.json", job)
-    write_json(folder / "pods.json", records)
+    write_state(folder, job, records)
     where = "diagnostics saved in %s (job.json, pods.json, episode logs)" % folder
     if condition["type"] == "Failed":
         logs = [(folder / (r["metadata"]["name"] + ".log")).read_text() for r in records]
