@@ -26,14 +26,33 @@ ALIASES = {
     "runtimeclass.node.k8s.io": "runtimeclasses",
     "no": "nodes", "node": "nodes", "nodes": "nodes",
     "netpol": "networkpolicies", "networkpolicy": "networkpolicies", "networkpolicies": "networkpolicies",
+    "deploy": "deployments", "deployment": "deployments", "deployments": "deployments",
+    "deployment.apps": "deployments", "deployments.apps": "deployments",
 }
+# kubernetes-sigs/agent-sandbox CRDs: served only when installed (discovery decides).
+CRD_ALIASES = {
+    "sandbox": "sandboxes", "sandboxes": "sandboxes", "sandboxes.agents.x-k8s.io": "sandboxes",
+    "sandboxtemplate": "sandboxtemplates", "sandboxtemplates": "sandboxtemplates",
+    "sandboxtemplates.extensions.agents.x-k8s.io": "sandboxtemplates",
+    "sandboxclaim": "sandboxclaims", "sandboxclaims": "sandboxclaims",
+    "sandboxclaims.extensions.agents.x-k8s.io": "sandboxclaims",
+    "swp": "sandboxwarmpools", "sandboxwarmpool": "sandboxwarmpools", "sandboxwarmpools": "sandboxwarmpools",
+    "sandboxwarmpools.extensions.agents.x-k8s.io": "sandboxwarmpools",
+}
+CRD_GROUPS = {"sandboxes": "agents.x-k8s.io", "sandboxtemplates": "extensions.agents.x-k8s.io",
+              "sandboxclaims": "extensions.agents.x-k8s.io", "sandboxwarmpools": "extensions.agents.x-k8s.io"}
 KIND_TO_RESOURCE = {"Namespace": "namespaces", "Pod": "pods", "Job": "jobs", "ConfigMap": "configmaps",
                     "Event": "events", "RuntimeClass": "runtimeclasses", "Node": "nodes",
-                    "NetworkPolicy": "networkpolicies"}
-GROUP = {"jobs": ".batch", "runtimeclasses": ".node.k8s.io", "networkpolicies": ".networking.k8s.io"}
+                    "NetworkPolicy": "networkpolicies", "Deployment": "deployments", "Sandbox": "sandboxes",
+                    "SandboxTemplate": "sandboxtemplates", "SandboxClaim": "sandboxclaims",
+                    "SandboxWarmPool": "sandboxwarmpools"}
+GROUP = {"jobs": ".batch", "runtimeclasses": ".node.k8s.io", "networkpolicies": ".networking.k8s.io",
+         "deployments": ".apps", **{resource: "." + group for resource, group in CRD_GROUPS.items()}}
 SINGULAR = {"namespaces": "namespace", "pods": "pod", "jobs": "job", "configmaps": "configmap",
             "events": "event", "runtimeclasses": "runtimeclass", "nodes": "node",
-            "networkpolicies": "networkpolicy"}
+            "networkpolicies": "networkpolicy", "deployments": "deployment", "sandboxes": "sandbox",
+            "sandboxtemplates": "sandboxtemplate", "sandboxclaims": "sandboxclaim",
+            "sandboxwarmpools": "sandboxwarmpool"}
 VALUE_FLAGS = {"-n", "--namespace", "--context", "--request-timeout", "-o", "--output", "-l",
                "--selector", "-f", "--filename", "-c", "--container", "--cascade", "--wait",
                "--sort-by", "--kubeconfig", "--field-selector"}
@@ -51,6 +70,9 @@ def parse(argv):
     i = 0
     while i < len(argv):
         arg = argv[i]
+        if arg == "--":  # the rest is the command of `exec`
+            flags["--"] = argv[i + 1:]
+            break
         if arg.startswith("-") and arg != "-":
             if positionals[:1] == ["logs"] and arg in ("-f", "--follow"):
                 key, value = "--follow", "true"  # for `logs`, -f is --follow, not --filename
@@ -183,6 +205,8 @@ def row_for(resource, obj):
         return [meta["name"], len(obj.get("data", {})), age(meta["creationTimestamp"])]
     if resource == "networkpolicies":
         return [meta["name"], "<none>", age(meta["creationTimestamp"])]
+    if resource in CRD_GROUPS or resource == "deployments":
+        return [meta["name"], age(meta["creationTimestamp"])]
     raise Failure("fake kubectl: no table for %s" % resource)
 
 
@@ -194,6 +218,7 @@ HEADERS = {
     "events": ["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"],
     "configmaps": ["NAME", "DATA", "AGE"],
     "networkpolicies": ["NAME", "POD-SELECTOR", "AGE"],
+    **{resource: ["NAME", "AGE"] for resource in list(CRD_GROUPS) + ["deployments"]},
 }
 
 
@@ -209,6 +234,8 @@ def sort_key(path):
 
 
 def resource_name(token):
+    if token in CRD_ALIASES and CRD_ALIASES[token] in call({"verb": "discovery"}, 30)["resources"]:
+        return CRD_ALIASES[token]
     if token not in ALIASES:
         raise Failure('error: the server doesn\'t have a resource type "%s"' % token)
     return ALIASES[token]
@@ -295,6 +322,12 @@ def cmd_create(positionals, flags, namespace, timeout, out, stdin_text):
     errors = []
     for item in objects:
         resource = KIND_TO_RESOURCE.get(item.get("kind"))
+        if resource in CRD_GROUPS and resource not in call({"verb": "discovery"}, timeout)["resources"]:
+            # kubectl's RESTMapper finds no such kind (k8s.io/cli-runtime resource builder)
+            raise Failure('error: resource mapping not found for name: "%s" namespace: "%s" from "STDIN": no matches '
+                          'for kind "%s" in version "%s"\nensure CRDs are installed first' % (
+                              item.get("metadata", {}).get("name"), item.get("metadata", {}).get("namespace", ""),
+                              item.get("kind"), item.get("apiVersion")))
         if resource is None:
             raise Failure('error: resource mapping not found for name: "%s" namespace: "" from "STDIN": no matches '
                           'for kind "%s"' % (item.get("metadata", {}).get("name"), item.get("kind")))
@@ -412,6 +445,40 @@ def cmd_logs(positionals, flags, namespace, timeout, out):
             live.pop()
 
 
+def cmd_exec(positionals, flags, namespace, timeout, out):
+    """`kubectl exec POD [-c C] [-i] -- COMMAND...`. kubectl reads the pod first and refuses a
+    finished one (pkg/cmd/exec/exec.go); the remote command's exit code becomes kubectl's,
+    after `command terminated with exit code N` on stderr (client-go CodeExitError, printed by
+    cmdutil.CheckErr)."""
+    command = flags.get("--")
+    if not command:
+        raise Failure("error: you must specify at least one command for the container")
+    name = positionals[0]
+    pod = call({"verb": "get", "resource": "pods", "namespace": namespace, "name": name}, timeout)
+    phase = pod.get("status", {}).get("phase")
+    if phase in ("Succeeded", "Failed"):
+        raise Failure("error: cannot exec into a container in a completed pod; current phase is %s" % phase)
+    stdin = sys.stdin.read() if flags.get("-i") == "true" or flags.get("--stdin") == "true" else None
+    answer = call({"verb": "exec", "namespace": namespace, "name": name, "container": flags.get("-c"),
+                   "command": command, "stdin": stdin}, timeout)
+    out.write(answer["stdout"])
+    out.flush()
+    sys.stderr.write(answer["stderr"])
+    if answer["code"]:
+        raise Failure("command terminated with exit code %d" % answer["code"], code=answer["code"])
+
+
+def cmd_api_resources(flags, timeout, out):
+    """`kubectl api-resources [--api-group=G] -o name`: resource.group per line."""
+    if flags.get("-o") != "name":
+        raise Failure("fake kubectl: only `api-resources -o name` is supported")
+    wanted = flags.get("--api-group")
+    for resource in call({"verb": "discovery"}, timeout)["resources"]:
+        group = GROUP.get(resource, "").lstrip(".")
+        if wanted is None or group == wanted:
+            out.write(resource + ("." + group if group else "") + "\n")
+
+
 def cmd_label(positionals, flags, namespace, timeout, out):
     resource = resource_name(positionals[0])
     name = positionals[1]
@@ -496,6 +563,10 @@ def main(argv):
         cmd_label(rest, flags, namespace, timeout, out)
     elif verb == "version":
         cmd_version(flags, timeout, out)
+    elif verb == "exec" and rest:
+        cmd_exec(rest, flags, namespace, timeout, out)
+    elif verb == "api-resources":
+        cmd_api_resources(flags, timeout, out)
     else:
         raise Failure("fake kubectl: unsupported command: %s" % " ".join(argv))
     return 0

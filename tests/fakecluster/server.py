@@ -25,6 +25,8 @@ import threading
 import time
 import uuid
 
+import agentsandbox
+
 DEFAULT_CONFIG = {
     "kubernetesVersion": "v1.34.3",
     "nodes": [
@@ -54,6 +56,10 @@ DEFAULT_CONFIG = {
     # Timing: "default" (fast), or "vm-sandbox": sandbox start 2-5 s, the kubelet's ~1 s status
     # lag, the Job controller's 1 s batching (see PROFILES).
     "profile": "default",
+    # kubernetes-sigs/agent-sandbox: None (not installed: the API serves no such kinds), or
+    # {"version": "v0.5.6", "extensions": true} (false: CRDs installed, the controller without
+    # --extensions, so pools and claims are never reconciled). See agentsandbox.py.
+    "agentSandbox": None,
 }
 
 PROFILES = {
@@ -74,6 +80,8 @@ RESOURCES = {
     "jobs": ("batch/v1", "Job", True, ".batch"),
     "runtimeclasses": ("node.k8s.io/v1", "RuntimeClass", False, ".node.k8s.io"),
     "networkpolicies": ("networking.k8s.io/v1", "NetworkPolicy", True, ".networking.k8s.io"),
+    "deployments": ("apps/v1", "Deployment", True, ".apps"),
+    **agentsandbox.RESOURCES,
 }
 
 PSA_ENFORCE = "pod-security.kubernetes.io/enforce"
@@ -300,6 +308,7 @@ class Cluster:
         self.timing = dict(PROFILES[config.get("profile", "default")], **config.get("timing", {}))
         self.job_synced = {}  # job uid -> when the Job controller last synced it (batching)
         self.mount_namespaces = pod_mount_namespaces_available(config.get("podMountNamespaces", "auto"))
+        self.agent_sandbox = agentsandbox.AgentSandbox(self)
         self.stop = threading.Event()
         with self.lock:
             self.seed_objects()
@@ -383,6 +392,19 @@ class Cluster:
         for name in ("default", "kube-system"):
             self.create_namespace({"metadata": {"name": name}})
             self.namespace_born[name] = 0.0
+        if agentsandbox.installed(self.config):
+            self.create_namespace({"metadata": {"name": agentsandbox.CONTROLLER_NAMESPACE}})
+            self.namespace_born[agentsandbox.CONTROLLER_NAMESPACE] = 0.0
+            self.put("deployments", agentsandbox.controller_deployment(self.config, self.new_metadata))
+
+    def served(self, resource):
+        """Whether the API server serves the resource (CRDs only once installed)."""
+        if resource not in RESOURCES:
+            return False
+        return resource not in agentsandbox.RESOURCES or agentsandbox.installed(self.config)
+
+    def discovery(self):
+        return sorted(resource for resource in RESOURCES if self.served(resource))
 
     # ---------------------------------------------------------------- API verbs
 
@@ -399,7 +421,7 @@ class Cluster:
                                'API group "%s" %s' % (qualified, verb, resource, group, scope))
 
     def api_create(self, resource, namespace, body):
-        if resource not in RESOURCES:
+        if not self.served(resource):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         api_version, kind, namespaced, _ = RESOURCES[resource]
         namespace = (namespace or body.get("metadata", {}).get("namespace") or "default") if namespaced else ""
@@ -428,6 +450,11 @@ class Cluster:
         obj["metadata"] = self.new_metadata(obj.get("metadata", {}), namespace)
         if resource == "jobs":
             self.default_job(obj)
+        elif resource in agentsandbox.RESOURCES:
+            if resource == "sandboxclaims" and not (obj.get("spec", {}).get("warmPoolRef") or {}).get("name"):
+                raise ApiError(422, "Invalid", 'SandboxClaim.extensions.agents.x-k8s.io "%s" is invalid: '
+                               'spec.warmPoolRef.name: Required value' % obj["metadata"]["name"])
+            obj["metadata"]["generation"] = 1
         elif resource == "pods":
             self.mutate_pod(obj)
             self.admit_pod(obj, requested_name)
@@ -544,6 +571,8 @@ class Cluster:
         pod["status"] = {"phase": "Pending", "qosClass": "Burstable"}
 
     def api_get(self, resource, namespace, name):
+        if not self.served(resource):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
         self.check_rbac("get", resource, namespace, name)
         obj = self.get(resource, namespace if RESOURCES[resource][2] else "", name)
         if obj is None:
@@ -551,6 +580,8 @@ class Cluster:
         return obj
 
     def api_list(self, resource, namespace, selector, field_selector=None):
+        if not self.served(resource):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
         self.check_rbac("list", resource, namespace)
         fields = [part.split("=", 1) for part in (field_selector or "").split(",") if part]
         for key, _ in fields:
@@ -633,6 +664,70 @@ class Cluster:
             text = "".join(text.splitlines(keepends=True)[drop:])
         return text
 
+    def api_exec(self, namespace, name, container, command, stdin):
+        """`kubectl exec`: the kubelet runs the command in the running container (its mount
+        namespace and root, the container's environment), streams stdout and stderr, and
+        reports the exit code. Errors as the kubelet words them (see ASSUMPTIONS.md)."""
+        with self.lock:
+            pod = self.get("pods", namespace, name)
+            if pod is None:
+                raise ApiError(404, "NotFound", 'pods "%s" not found' % name)
+            record = self.processes.get(pod["metadata"]["uid"]) or {}
+            names = [c["name"] for c in pod["spec"]["containers"]]
+            container = container or names[0]
+            running = record.get("synthetic_keepalive") or (
+                record.get("process") is not None and record["process"].poll() is None)
+            if container not in names or not running or pod["metadata"].get("deletionTimestamp"):
+                raise ApiError(400, "BadRequest", 'unable to upgrade connection: container not found ("%s")'
+                               % container)
+            env = dict(record.get("env") or {})
+            argv = list(command)
+            if record.get("synthetic_keepalive"):
+                seconds = (self.config.get("syntheticEpisodes") or {}).get("seconds", 0.5)
+                process = None
+            elif self.mount_namespaces:
+                argv = [shutil.which("nsenter"), "--target", str(record["process"].pid), "--mount", "--root",
+                        "--wd"] + argv
+                process = subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                           stderr=subprocess.PIPE, start_new_session=True)
+            else:
+                mounts = record["mounts"]
+                translated = []
+                for arg in argv:
+                    for mount_path, local in mounts.items():
+                        if arg == mount_path or arg.startswith(mount_path + "/"):
+                            arg = str(local) + arg[len(mount_path):]
+                    translated.append(arg)
+                if translated and translated[0] == "python":
+                    translated[0] = str(record["bin_dir"] / "python")
+                process = subprocess.Popen(translated, env=env, cwd=str(mounts.get("/workspace", self.dir)),
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                           start_new_session=True)
+            if process is not None:
+                record.setdefault("execs", []).append(process)
+        if process is None:
+            return self.synthetic_exec(command, seconds)
+        stdout, stderr = process.communicate(stdin.encode() if stdin else None)
+        with self.lock:
+            if process in record.get("execs", []):
+                record["execs"].remove(process)
+        code = process.returncode if process.returncode >= 0 else 128 - process.returncode
+        return {"stdout": stdout.decode("utf-8", "replace"), "stderr": stderr.decode("utf-8", "replace"),
+                "code": code}
+
+    @staticmethod
+    def synthetic_exec(command, seconds):
+        """Benchmark mode: the events an episode would print, made up, after `seconds`."""
+        env = dict(arg.split("=", 1) for arg in command[1:] if "=" in arg) if command[:1] == ["env"] else {}
+        start = time.time()
+        time.sleep(seconds)
+        name = env.get("EPISODE_ID", "")
+        ready = {"event": "ready", "at": start + 0.02, "episode_id": name, "started_at": start + 0.005,
+                 "imports_done_at": start + 0.015, "synthetic": True}
+        reward = {"event": "reward", "at": time.time() - 0.01, "episode_id": name, "reward": 1, "baseline_exit": 1,
+                  "tests_exit": 0, "tests_output": "synthetic episode: no tests ran\n", "synthetic": True}
+        return {"stdout": json.dumps(ready) + "\n" + json.dumps(reward) + "\n", "stderr": "", "code": 0}
+
     # ---------------------------------------------------------------- events
 
     def record_event(self, obj, type_, reason, message, component="job-controller", host=None):
@@ -677,6 +772,7 @@ class Cluster:
             self.scheduler()
             self.kubelet()
             self.garbage_collector()
+            self.agent_sandbox.reconcile()
             self.namespace_controller()
 
     def owned_pods(self, job):
@@ -1070,6 +1166,15 @@ class Cluster:
         digest = info.get("digest") or "sha256:" + hashlib.sha256(image.encode()).hexdigest()
         container_id = "containerd://" + secrets.token_hex(32)
         synthetic = self.config.get("syntheticEpisodes")
+        owned_by_sandbox = any(ref.get("kind") == "Sandbox" for ref in pod["metadata"].get("ownerReferences", []))
+        if synthetic and owned_by_sandbox:
+            # Benchmark mode: a sandbox's keep-alive runs no process; `exec` makes up the episode.
+            self.processes[uid] = {"process": None, "log_path": log_path, "termination_path": termination_path,
+                                   "container_id": container_id, "synthetic_keepalive": True,
+                                   "restart_once": False, "restarts": 0}
+            log_path.write_text("")
+            self.mark_running(pod, node, container, image, digest, container_id)
+            return
         if synthetic:
             # Benchmark mode, clearly labelled: no process runs; the episode's events are made up.
             self.processes[uid] = {"process": None, "log_path": log_path, "termination_path": termination_path,
@@ -1165,6 +1270,7 @@ class Cluster:
             api_evict_at = time.time() + self.node_config(node)["apiEvictFirstPodAfterSeconds"]
         process = self.spawn(argv, env, workdir, log_path, truncate=True)
         self.processes[uid] = {"process": process, "log_path": log_path, "argv": argv, "env": env,
+                               "mounts": mounts, "bin_dir": bin_dir, "execs": [],
                                "workdir": workdir, "container_id": container_id,
                                "termination_path": termination_path,
                                "restart_once": restart_fault, "restarts": 0, "evict_at": evict_at,
@@ -1257,6 +1363,14 @@ class Cluster:
 
     def container_exited(self, pod, record, code=None, finished_at=None):
         code = record["process"].returncode if code is None else code
+        if record.get("process") is not None:
+            # PID 1 is gone: the runtime kills what is left in the container (a keep-alive's
+            # `sleep`, an exec'd process).
+            for pid in [record["process"].pid] + [e.pid for e in record.get("execs", [])]:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
         node = pod["spec"]["nodeName"]
         status = pod["status"]["containerStatuses"][0]
         started = status["state"].get("running", {}).get("startedAt", now_rfc3339(self.node_now(node)))
@@ -1328,6 +1442,8 @@ class Cluster:
             self.container_exited(pod, record)
         elif (record or {}).get("synthetic_end") is not None:
             self.container_exited(pod, record, code=143)
+        elif (record or {}).get("synthetic_keepalive"):
+            self.container_exited(pod, record, code=0)  # `trap 'exit 0' TERM`
         if pod["status"].get("phase") in ("Pending", "Running"):
             pod["status"]["phase"] = "Failed"
         # The Job controller counts a pod that ends while being deleted; drop it once counted.
@@ -1349,7 +1465,7 @@ class Cluster:
     def garbage_collector(self):
         job_uids = {job["metadata"]["uid"]: job for job in self.items("jobs")}
         for pod in self.items("pods"):
-            owners = pod["metadata"].get("ownerReferences", [])
+            owners = [ref for ref in pod["metadata"].get("ownerReferences", []) if ref.get("kind") == "Job"]
             if not owners:
                 continue
             owner = job_uids.get(owners[0]["uid"])
@@ -1489,6 +1605,9 @@ def dispatch(cluster, request):
         answer = watch(cluster, request)
     elif verb == "logs":
         answer = {"log": cluster.api_logs(request.get("namespace"), request.get("name"), request.get("container"))}
+    elif verb == "exec":
+        answer = cluster.api_exec(request.get("namespace"), request["name"], request.get("container"),
+                                  request["command"], request.get("stdin"))
     elif verb == "logs_many":
         # The fake kubectl's shortcut for many concurrent log requests (real kubectl multiplexes
         # them over one HTTP/2 connection): one RPC, each pod's log or its error Status.
@@ -1525,6 +1644,8 @@ def serve_verb(cluster, request):
         return {"log": cluster.api_logs(namespace, name, request.get("container"))}
     if verb == "version":
         return {"gitVersion": cluster.config["kubernetesVersion"]}
+    if verb == "discovery":
+        return {"resources": cluster.discovery()}
     if verb == "config":
         return cluster.config
     raise ApiError(400, "BadRequest", "unknown verb %r" % verb)
