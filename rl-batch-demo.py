@@ -106,6 +106,29 @@ JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT)
 EXIT_TERMINATED = 143  # SIGTERM (128 + 15), e.g. a CI runner or `timeout` stopping the tool
 
+# The warm-pool backend: kubernetes-sigs/agent-sandbox, API v1beta1 (served by v0.5.0 and later).
+AGENT_SANDBOX_VERSION = "v0.5.6"  # the release the install hint and the kind workflow pin
+AGENT_SANDBOX_INSTALL = ("kubectl --context %s apply -f https://github.com/kubernetes-sigs/agent-sandbox/releases/"
+                         "download/" + AGENT_SANDBOX_VERSION + "/sandbox-with-extensions.yaml")
+SANDBOX_API = "agents.x-k8s.io/v1beta1"
+EXTENSIONS_API = "extensions.agents.x-k8s.io/v1beta1"
+CONTROLLER_NAMESPACE, CONTROLLER_DEPLOYMENT = "agent-sandbox-system", "agent-sandbox-controller"
+TEMPLATE_NAME, POOL_NAME, CLAIM_PREFIX = "episode", "episodes", "episode-"
+LAUNCH_TYPE_LABEL = "agents.x-k8s.io/launch-type"  # on the Sandbox: warm (from the pool) or cold
+POOL_MEMBER_LABEL = "agents.x-k8s.io/warm-pool-sandbox"  # on unclaimed pool Sandboxes and their pods
+POD_NAME_ANNOTATION = "agents.x-k8s.io/pod-name"
+BACKEND_LABEL = "agc-demo-backend"  # on a warm-pool run's namespace, so `list` and `cleanup` know it
+# The pod's own command: stay alive, exit at once on SIGTERM (agent-sandbox's own stress test
+# uses this); the episode is exec'd into it.
+KEEP_ALIVE_COMMAND = ["sh", "-c", "trap 'exit 0' TERM INT; sleep infinity & wait"]
+DEFAULT_EXEC_CONCURRENCY = 64  # concurrent `kubectl exec` processes (each tens of MB)
+CLAIM_SAFETY_NET_SECONDS = 600  # claims expire (shutdownPolicy Delete) this long after the client's deadline
+# Claim Ready=False reasons that waiting will not cure (the SDK's TERMINAL_CLAIM_READY_REASONS,
+# plus a pool or template that does not exist).
+TERMINAL_CLAIM_REASONS = ("InvalidMetadata", "EnvVarsInjectionRejected", "VolumeClaimTemplatesError",
+                          "ClaimExpired", "SandboxExpired", "WarmPoolNotFound", "TemplateNotFound")
+WARM_KIND = "WarmPoolEpisode"  # an exec'd episode in the shape of a pod, in episodes.json
+
 # ============================================================================
 # The episode program (runs inside each sandbox)
 # ============================================================================
@@ -350,6 +373,37 @@ def job_manifest(namespace, run_id, count, parallelism, image, runtime,
             "spec": spec}
 
 
+def sandbox_template_manifest(namespace, run_id, image, runtime, tasks=False):
+    """The SandboxTemplate: the Job pod's spec (image, RuntimeClass, resources, hardened
+    security context, the episode program at /demo) with a keep-alive command instead of the
+    episode, an explicit dnsPolicy and no managed NetworkPolicy (agent-sandbox's defaults would
+    otherwise change DNS and networking against the Job backend's pods)."""
+    pod = job_manifest(namespace, run_id, 1, 1, image, runtime, tasks=tasks)["spec"]["template"]
+    pod["spec"]["containers"][0].update(command=list(KEEP_ALIVE_COMMAND), env=[])
+    pod["spec"].update(terminationGracePeriodSeconds=1, dnsPolicy="ClusterFirst")
+    return {"apiVersion": EXTENSIONS_API, "kind": "SandboxTemplate",
+            "metadata": {"name": TEMPLATE_NAME, "namespace": namespace, "labels": object_labels(run_id, "sandbox-template")},
+            "spec": {"podTemplate": pod, "networkPolicyManagement": "Unmanaged"}}
+
+
+def warm_pool_manifest(namespace, run_id, replicas):
+    return {"apiVersion": EXTENSIONS_API, "kind": "SandboxWarmPool",
+            "metadata": {"name": POOL_NAME, "namespace": namespace, "labels": object_labels(run_id, "warm-pool")},
+            "spec": {"replicas": replicas, "sandboxTemplateRef": {"name": TEMPLATE_NAME}}}
+
+
+def claim_manifests(namespace, run_id, count, shutdown_time):
+    """One SandboxClaim per episode, named episode-<i> (also the episode id). No env: claim env
+    forces a cold start; the episode gets its id on the exec command line. The lifecycle is a
+    safety net: if the tool dies, the claims (and through them the Sandboxes) go anyway."""
+    return [{"apiVersion": EXTENSIONS_API, "kind": "SandboxClaim",
+             "metadata": {"name": "%s%d" % (CLAIM_PREFIX, index), "namespace": namespace,
+                          "labels": object_labels(run_id, "claim")},
+             "spec": {"warmPoolRef": {"name": POOL_NAME},
+                      "lifecycle": {"shutdownTime": shutdown_time, "shutdownPolicy": "Delete"}}}
+            for index in range(count)]
+
+
 def run_manifests(args, namespace, run_id):
     """Every object of one run, in creation order (the namespace first, the Job last)."""
     objects = [namespace_manifest(namespace, run_id), configmap_manifest(namespace, run_id, args.program)]
@@ -358,6 +412,10 @@ def run_manifests(args, namespace, run_id):
     if args.network == "none":
         objects.append(network_policy_manifest(namespace, run_id))
     runtime = None if args.no_runtime_class else args.runtime
+    if args.backend == "warm-pool":
+        objects[0]["metadata"]["labels"][BACKEND_LABEL] = "warm-pool"
+        return objects + [sandbox_template_manifest(namespace, run_id, args.image, runtime, args.tasks_list is not None),
+                          warm_pool_manifest(namespace, run_id, args.pool_size)]
     objects.append(job_manifest(namespace, run_id, args.count, args.parallelism, args.image, runtime,
                                 args.timeout, indexed=bool(args.episode), retries=args.retries,
                                 tasks=args.tasks_list is not None))
@@ -393,7 +451,9 @@ def run_kubectl(argv, stdin_text=None, binary=False, timeout=KUBECTL_PROCESS_TIM
         raise KubectlError(argv, None, "kubectl did not finish within %d s" % timeout) from None
     if done.returncode != 0:
         stderr = done.stderr.decode("utf-8", "replace") if binary else done.stderr
-        raise KubectlError(argv, done.returncode, stderr)
+        error = KubectlError(argv, done.returncode, stderr)
+        error.stdout = done.stdout  # `kubectl exec`: the command's output, whatever its exit code
+        raise error
     return done.stdout
 
 
@@ -433,9 +493,9 @@ class Cluster:
     def __init__(self, context):
         self.context = context
 
-    def kubectl(self, *parts, data=None, binary=False, timeout=KUBECTL_PROCESS_TIMEOUT_SECONDS):
-        argv = ["--context", self.context, "--request-timeout=" + KUBECTL_REQUEST_TIMEOUT,
-                *parts]
+    def kubectl(self, *parts, data=None, binary=False, timeout=KUBECTL_PROCESS_TIMEOUT_SECONDS,
+                request_timeout=KUBECTL_REQUEST_TIMEOUT):
+        argv = ["--context", self.context, "--request-timeout=" + request_timeout, *parts]
         return run_kubectl(argv, json.dumps(data) if data is not None else None, binary, timeout)
 
     def read(self, *parts, binary=False):
@@ -649,6 +709,22 @@ TIME_POINTS = {
     "container_finished": ("kubelet", 1.0, "containerStatuses[0].state.terminated.finishedAt"),
 }
 
+# The warm-pool backend's points: the claim's life, then the exec'd episode. "client" is this
+# tool's wall clock (time.time()); a watch time is when the event reached the tool, so it
+# includes the watch's delivery delay. Durations on it assume no clock step during the run.
+WARM_TIME_POINTS = {
+    "claim_created": ("api-server", 1.0, "claim metadata.creationTimestamp"),
+    # The API keeps no time of the binding: the first watch event with status.sandbox.name.
+    "claim_bound": ("client", 1e-3, "first claim watch event with status.sandbox.name (arrival)"),
+    "claim_ready": ("client", 1e-3, "first claim watch event with Ready=True (arrival)"),
+    "exec_started": ("client", 1e-6, "just before `kubectl exec` was started"),
+    "process_start": TIME_POINTS["process_start"],
+    "imports_done": TIME_POINTS["imports_done"],
+    "ready": TIME_POINTS["ready"],
+    "reward": TIME_POINTS["reward"],
+    "exec_finished": ("client", 1e-6, "`kubectl exec` returned"),
+}
+
 # Per-episode phases: name -> (from point, to point, label). pod_to_ready is the seed's metric.
 PHASES = {
     "scheduling": ("pod_created", "scheduled", "pod created -> scheduled"),
@@ -662,6 +738,24 @@ PHASES = {
     "reward_to_container_finished": ("reward", "container_finished", "reward -> container finished"),
     "pod_to_ready": ("pod_created", "ready", "pod created -> ready"),
 }
+WARM_PHASES = {
+    "claim_binding": ("claim_created", "claim_bound", "claim created -> bound"),
+    "bound_to_claim_ready": ("claim_bound", "claim_ready", "bound -> claim Ready"),
+    "claim_ready_to_exec": ("claim_ready", "exec_started", "claim Ready -> exec started"),
+    "exec_to_first_statement": ("exec_started", "process_start", "exec started -> first statement"),
+    "module_import": PHASES["module_import"],
+    "import_done_to_ready": PHASES["import_done_to_ready"],
+    "ready_to_reward": PHASES["ready_to_reward"],
+    "reward_to_exec_finished": ("reward", "exec_finished", "reward -> exec returned"),
+    "claim_to_ready": ("claim_created", "ready", "claim created -> ready"),
+}
+# Each kind of episode record: (its time points, its phases, its startup metric: row key, phase).
+SCHEMES = {"pod": (TIME_POINTS, PHASES, "pod_to_ready"), "warm": (WARM_TIME_POINTS, WARM_PHASES, "claim_to_ready")}
+
+
+def scheme_of(record):
+    """'warm' for an exec'd warm-pool episode (record or row), else 'pod'."""
+    return "warm" if record.get("kind") == WARM_KIND or "claim" in record else "pod"
 
 
 def parse_k8s_time(value):
@@ -680,13 +774,14 @@ def percentile(values, q):
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
 
 
-def phase_definition(name):
+def phase_definition(name, scheme="pod"):
     """What a phase measures: its endpoints, clocks, resolution and unit (for results.json)."""
-    start, end, _ = PHASES[name]
-    clocks = [TIME_POINTS[start][0], TIME_POINTS[end][0]]
-    return {"from": start, "to": end, "from_source": TIME_POINTS[start][2], "to_source": TIME_POINTS[end][2],
+    points, phases, _ = SCHEMES[scheme]
+    start, end, _ = phases[name]
+    clocks = [points[start][0], points[end][0]]
+    return {"from": start, "to": end, "from_source": points[start][2], "to_source": points[end][2],
             "clocks": clocks if clocks[0] != clocks[1] else clocks[:1], "mixed_clocks": clocks[0] != clocks[1],
-            "resolution_seconds": max(TIME_POINTS[start][1], TIME_POINTS[end][1]), "unit": "seconds"}
+            "resolution_seconds": max(points[start][1], points[end][1]), "unit": "seconds"}
 
 
 def batch_stats(values):
@@ -707,6 +802,25 @@ def condition_time(pod, kind):
             return None, ("%s is %s in the saved pod; the API keeps only its last transition"
                           % (kind, condition.get("status")))
     return None, "the cluster does not report the %s condition" % kind
+
+
+def warm_episode_times(record, ready, reward, observed):
+    """An exec'd warm-pool episode's points (WARM_TIME_POINTS) and why any is missing."""
+    observed = observed or {}
+    times = {"claim_created": parse_k8s_time(record["metadata"]["creationTimestamp"])}
+    missing = {}
+    for point, key in (("claim_bound", "bound"), ("claim_ready", "ready"), ("exec_started", "exec_started"),
+                       ("exec_finished", "exec_finished")):
+        times[point] = observed.get(key)
+        if times[point] is None:
+            missing[point] = "the claim watch did not see it" if point.startswith("claim") else "no exec time"
+    for point, event, key in (("process_start", ready, "started_at"), ("imports_done", ready, "imports_done_at"),
+                              ("ready", ready, "at"), ("reward", reward, "at")):
+        value = event.get(key)
+        times[point] = float(value) if isinstance(value, (int, float)) else None
+        if times[point] is None:
+            missing[point] = "the %s event has no %s" % (event.get("event"), key)
+    return times, missing
 
 
 def episode_times(pod, ready, reward, observed=None):
@@ -737,10 +851,10 @@ def episode_times(pod, ready, reward, observed=None):
     return times, {point: why for point, why in missing.items() if why}
 
 
-def episode_phases(times, missing):
+def episode_phases(times, missing, scheme="pod"):
     """{phase: seconds or None} and {phase: why None} from one episode's times."""
     phases, notes = {}, {}
-    for name, (start, end, _) in PHASES.items():
+    for name, (start, end, _) in SCHEMES[scheme][1].items():
         if times.get(start) is None or times.get(end) is None:
             phases[name] = None
             notes[name] = missing.get(start) or missing.get(end)
@@ -771,7 +885,7 @@ def episode_skew(times, job_finished):
               reward - (Job finished + 1 s) > 0 is a lower bound; the kubelet's finishedAt likewise.
     """
     found = []
-    created = times.get("pod_created")
+    created = times.get("pod_created", times.get("claim_created"))  # a warm episode: its claim's creation
     episode_start = min((times[p] for p in ("process_start", "ready") if times.get(p) is not None), default=None)
     if created is not None and episode_start is not None and created - episode_start > 0:
         found.append({"clock": "episode", "direction": "behind", "at_least_seconds": created - episode_start,
@@ -872,7 +986,8 @@ def validate_episode(pod, log, job_created, observed=None, job_finished=None):
     name = pod["metadata"]["name"]
     phase = pod.get("status", {}).get("phase")
     if phase != "Succeeded":
-        raise EpisodeInvalid("pod %s: phase is %s, expected Succeeded" % (name, phase))
+        detail = pod.get("status", {}).get("message")
+        raise EpisodeInvalid("pod %s: phase is %s, expected Succeeded%s" % (name, phase, " (%s)" % detail if detail else ""))
     events, source = episode_events(pod, log)
     ready = the_event(name, events, "ready")
     reward = the_event(name, events, "reward")
@@ -918,19 +1033,26 @@ def validate_episode(pod, log, job_created, observed=None, job_finished=None):
 
 
 def episode_row(pod, ready, reward, job_created, observed, source, job_finished=None):
-    """One episode's per-episode row: the seed's metrics, its times and phases."""
+    """One episode's per-episode row: the seed's metrics, its times and phases. A warm-pool
+    episode's row names its claim, Sandbox, pod and launch type, and has claim_to_ready_seconds
+    where a pod's has pod_to_ready_seconds."""
     status = (pod["status"].get("containerStatuses") or [{}])[0]
     ready_at, reward_at = float(ready["at"]), float(reward["at"])
     pod_created = parse_k8s_time(pod["metadata"]["creationTimestamp"])
-    times, missing = episode_times(pod, ready, reward, observed)
-    phases, notes = episode_phases(times, missing)
+    scheme = scheme_of(pod)
+    times, missing = (warm_episode_times if scheme == "warm" else episode_times)(pod, ready, reward, observed)
+    phases, notes = episode_phases(times, missing, scheme)
+    identity = {"pod": pod["metadata"]["name"]}
+    if scheme == "warm":
+        identity = {"claim": pod["metadata"]["name"], "sandbox": pod["spec"].get("sandbox"),
+                    "pod": pod["spec"].get("pod"), "launch_type": pod["spec"].get("launch_type")}
     return {
-        "pod": pod["metadata"]["name"],
+        **identity,
         "node": pod["spec"].get("nodeName"),
         "image_id": status.get("imageID"),
         "reward": reward["reward"],
         # The seed's metrics (seconds; api-server clock, whole seconds, vs episode clock):
-        "pod_to_ready_seconds": ready_at - pod_created,
+        SCHEMES[scheme][2] + "_seconds": ready_at - pod_created,
         "batch_to_ready_seconds": ready_at - job_created,
         "batch_to_reward_seconds": reward_at - job_created,
         "phases": phases,
@@ -960,6 +1082,8 @@ def attempt_failure(pod, log):
     evicted = eviction_message(pod)
     if evicted:
         return "evicted: %s" % evicted
+    if status.get("reason") in ("ExecFailed", "ExecTimedOut", "ClaimNotReady"):
+        return "%s: %s" % (status["reason"], status.get("message"))
     container = (status.get("containerStatuses") or [{}])[0]
     state = container.get("state") or {}
     if "terminated" in state:
@@ -1065,7 +1189,7 @@ def collect_samples(pods, logs, job, count, observed=None):
     rewards = [row["reward"] for row in samples]
     return {"episodes": count, "successful_episodes": len(samples), "reward_sum": sum(rewards),
             "rewards": reward_stats(rewards), "infrastructure_failures": failures,
-            **batch_summary(samples), "pods": samples}
+            **batch_summary(samples, scheme_of(pods[0]) if pods else None), "pods": samples}
 
 
 def reward_stats(rewards):
@@ -1073,17 +1197,25 @@ def reward_stats(rewards):
             "min": min(rewards, default=None), "max": max(rewards, default=None)}
 
 
-def batch_summary(rows):
-    """What a set of episode rows says about the batch: the seed's batch and pod_to_ready
-    metrics, episodes per node, image IDs, every phase's statistics, clock skew. Metrics of
-    an empty set are None."""
-    startup = [row["pod_to_ready_seconds"] for row in rows]
+def phase_statistics(rows, scheme):
+    """Every phase's definition and statistics over a set of episode rows."""
     phases = {}
-    for name in PHASES:
+    for name in SCHEMES[scheme][1]:
         values = [row["phases"][name] for row in rows if row["phases"][name] is not None]
         reasons = collections.Counter(row["phase_notes"][name] for row in rows if name in row["phase_notes"])
-        phases[name] = {**phase_definition(name), **batch_stats(values),
+        phases[name] = {**phase_definition(name, scheme), **batch_stats(values),
                         "missing": sum(reasons.values()), "missing_reasons": dict(reasons)}
+    return phases
+
+
+def batch_summary(rows, scheme=None):
+    """What a set of episode rows says about the batch: the seed's batch and pod_to_ready
+    metrics, episodes per node, image IDs, every phase's statistics, clock skew. Metrics of
+    an empty set are None. Warm-pool rows give claim_to_ready_* instead of pod_to_ready_*."""
+    scheme = scheme if scheme is not None else scheme_of(rows[0]) if rows else "pod"
+    startup_metric = SCHEMES[scheme][2]
+    startup = [row[startup_metric + "_seconds"] for row in rows]
+    phases = phase_statistics(rows, scheme)
     skew = clock_skew_summary(rows)
     # The headline figures compare the episode's clock with the API server's: with a skewed
     # episode clock they would be wrong (even negative), so they are withheld, never reported.
@@ -1093,9 +1225,9 @@ def batch_summary(rows):
         if trusted else None,
         "batch_to_all_rewards_seconds": max((row["batch_to_reward_seconds"] for row in rows), default=None)
         if trusted else None,
-        "pod_to_ready_p50_seconds": percentile(startup, 0.5) if startup and trusted else None,
-        "pod_to_ready_p95_seconds": percentile(startup, 0.95) if startup and trusted else None,
-        "pod_to_ready_max_seconds": max(startup, default=None) if trusted else None,
+        startup_metric + "_p50_seconds": percentile(startup, 0.5) if startup and trusted else None,
+        startup_metric + "_p95_seconds": percentile(startup, 0.95) if startup and trusted else None,
+        startup_metric + "_max_seconds": max(startup, default=None) if trusted else None,
         "nodes": dict(sorted(collections.Counter(row["node"] for row in rows).items())),
         "image_ids": sorted({str(row["image_id"]) for row in rows}),
         "phases": phases,
@@ -1127,7 +1259,7 @@ def collect(pods, logs, job, count, observed=None):
     if problems:
         raise EpisodeInvalid("\n".join(problems))
     return {"episodes": count, "successful_episodes": len(rows), "reward_sum": sum(row["reward"] for row in rows),
-            **batch_summary(rows), "pods": rows}
+            **batch_summary(rows, scheme_of(pods[0]) if pods else None), "pods": rows}
 
 
 def node_summary(node):
@@ -1177,8 +1309,11 @@ def results_from_folder(output):
     if run_info.get("rounds", 1) > 1:
         return pool_rounds([results_from_folder(output / ("round-%d" % number))
                             for number in range(1, run_info["rounds"] + 1)], run_info)
+    warm = run_info.get("backend") == "warm-pool"
     job = read_json(output / "job.json", "the saved Job")
-    pods = read_json(output / "pods.json", "the saved pods", shape=list)
+    # A warm-pool run's episodes are exec'd, not pods: episodes.json holds one pod-shaped
+    # record per claim (pods.json keeps the real pods).
+    pods = read_json(output / ("episodes.json" if warm else "pods.json"), "the saved episodes", shape=list)
     # None: no log was saved (the pod was gone from the API before it could be read)
     logs = [(output / (pod["metadata"]["name"] + ".log")).read_text()
             if (output / (pod["metadata"]["name"] + ".log")).exists() else None for pod in pods]
@@ -1203,6 +1338,8 @@ def results_from_folder(output):
                                  read_saved(output / "runtimeclass.json"), read_saved(output / "nodes.json"))
     if "round" in run_info:
         report["round"] = run_info["round"]
+    if warm:
+        report.update(warm_pool_summary(output, report, observed))
     if (output.parent / "prewarm" / "prewarm.json").exists() or (output / "prewarm" / "prewarm.json").exists():
         where = output / "prewarm" if (output / "prewarm").exists() else output.parent / "prewarm"
         prewarm = read_json(where / "prewarm.json", "the prewarm record")
@@ -1437,6 +1574,16 @@ TIMELINE_COLOURS = {
     "scheduled_to_container_started": "#6a8fcf", "interpreter_start": "#dd8452", "module_import": "#c44e52",
     "import_done_to_ready": "#937860", "ready_to_reward": "#55a868", "reward_to_container_finished": "#8c8c8c",
 }
+WARM_TIMELINE_COLOURS = {  # a claim is drawn like a pod: its own phases, the episode's in the same colours
+    "claim_binding": "#bdbdbd", "bound_to_claim_ready": "#8e6bbf", "claim_ready_to_exec": "#4c72b0",
+    "exec_to_first_statement": "#dd8452", "module_import": "#c44e52", "import_done_to_ready": "#937860",
+    "ready_to_reward": "#55a868", "reward_to_exec_finished": "#8c8c8c",
+}
+
+
+def row_created(row):
+    """When an episode's pod (or, warm pool, its claim) was created: the timeline's row order."""
+    return row["times"].get("pod_created", row["times"].get("claim_created"))
 
 
 def timeline_svg(runs):
@@ -1448,7 +1595,7 @@ def timeline_svg(runs):
     spans = []
     for _, results in runs:
         origin = results["pods"][0]["times"]["ready"] - results["pods"][0]["batch_to_ready_seconds"]  # Job created
-        ends = [row["times"][point] for row in results["pods"] for point in TIME_POINTS if row["times"][point]]
+        ends = [value for row in results["pods"] for value in row["times"].values() if value]
         spans.append((origin, max(ends) - origin))
     horizon = max(span for _, span in spans) or 1.0
     step = next(s for s in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
@@ -1456,20 +1603,26 @@ def timeline_svg(runs):
     scale = plot / (math.ceil(horizon / step) * step)
     parts, y = [], 10
     for (label, results), (origin, _) in zip(runs, spans):
-        rows = sorted(results["pods"], key=lambda row: (row["times"]["pod_created"], row["pod"]))
+        rows = sorted(results["pods"], key=lambda row: (row_created(row), row.get("claim") or row["pod"]))
         height = max(2, min(14, 600 // max(1, len(rows))))
         where = "local backend" if results.get("backend") == "local" else "image %s, context %s" % (
             results["image"], results["context"])
+        if results.get("backend") == "warm-pool":
+            where += ", warm pool of %s, launch types %s" % (results["pool"]["size"], ", ".join(
+                "%s %d" % item for item in results["launch_types"].items()) or "none")
         title = "%s: %d episodes, parallelism %s, runtime %s, %s" % (
             label, results["episodes"], results["parallelism"], results["runtime"], where)
         parts.append('<text x="%d" y="%d" font-size="13" font-weight="bold">%s</text>' % (left, y + 12, escape(title)))
         y += 22
         top = y
         for row in rows:
-            parts.append('<g class="episode" data-pod="%s">' % escape(row["pod"]))
+            warm = scheme_of(row) == "warm"
+            name = row["claim"] if warm else row["pod"]
+            parts.append('<g class="episode" data-%s="%s"%s>' % ("claim" if warm else "pod", escape(name), (
+                ' data-launch-type="%s"' % escape(str(row.get("launch_type"))) if warm else "")))
             times = row["times"]
-            for phase, colour in TIMELINE_COLOURS.items():
-                start, end, _ = PHASES[phase]
+            for phase, colour in (WARM_TIMELINE_COLOURS if warm else TIMELINE_COLOURS).items():
+                start, end, _ = SCHEMES["warm" if warm else "pod"][1][phase]
                 if phase == "scheduled_to_container_started" and times["sandbox_ready"] is not None:
                     continue
                 if times.get(start) is None or times.get(end) is None:
@@ -1477,7 +1630,7 @@ def timeline_svg(runs):
                 x0 = left + (times[start] - origin) * scale
                 x1 = left + (times[end] - origin) * scale
                 parts.append('<rect x="%.2f" y="%d" width="%.2f" height="%d" fill="%s"><title>%s %s: %s</title></rect>'
-                             % (x0, y, max(0.0, x1 - x0), max(1, height - 1), colour, escape(row["pod"]), phase,
+                             % (x0, y, max(0.0, x1 - x0), max(1, height - 1), colour, escape(name), phase,
                                 format_seconds(times[end] - times[start])))
             parts.append("</g>")
             y += height
@@ -1487,16 +1640,21 @@ def timeline_svg(runs):
             ticks.append('<line x1="%.2f" y1="%d" x2="%.2f" y2="%d" stroke="#e0e0e0"/>' % (x, top, x, y))
             ticks.append('<text x="%.2f" y="%d" font-size="10" text-anchor="middle">%g</text>' % (x, y + 12, index * step))
         parts.extend(ticks)
-        parts.append('<text x="%d" y="%d" font-size="10">seconds since the Job was created (API times are whole '
-                     'seconds)</text>' % (left, y + 26))
+        parts.append('<text x="%d" y="%d" font-size="10">seconds since the %s was created (API times are whole '
+                     'seconds)</text>' % (left, y + 26, "first claim" if results.get("backend") == "warm-pool"
+                                          else "Job"))
         y += 40
-    for index, (phase, colour) in enumerate(TIMELINE_COLOURS.items()):
-        text = PHASES[phase][2]
+    legend = {}
+    for _, results in runs:
+        scheme = "warm" if results.get("backend") == "warm-pool" else "pod"
+        for phase, colour in (WARM_TIMELINE_COLOURS if scheme == "warm" else TIMELINE_COLOURS).items():
+            legend.setdefault(SCHEMES[scheme][1][phase][2], colour)
+    for index, (text, colour) in enumerate(legend.items()):
         column, line = index % 3, index // 3
         x, ly = left + column * 330, y + line * 16
         parts.append('<rect x="%d" y="%d" width="12" height="10" fill="%s"/>' % (x, ly, colour))
         parts.append('<text x="%d" y="%d" font-size="11">%s</text>' % (x + 16, ly + 9, escape(text)))
-    y += 16 * math.ceil(len(TIMELINE_COLOURS) / 3) + 10
+    y += 16 * math.ceil(len(legend) / 3) + 10
     return ('<?xml version="1.0" encoding="UTF-8"?>\n'
             '<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" '
             'font-family="sans-serif">\n<rect width="100%%" height="100%%" fill="white"/>\n%s\n</svg>\n'
@@ -1968,6 +2126,9 @@ def cmd_run(args):
         # neither the cluster nor the output folder is touched.
         run_id = uuid.uuid4().hex[:12]
         objects = run_manifests(args, NAMESPACE_PREFIX + run_id, run_id)
+        if args.backend == "warm-pool":  # claims go in once the pool is full; their shutdownTime is set then
+            objects += claim_manifests(NAMESPACE_PREFIX + run_id, run_id, args.count, "<at submission: now + %d s>"
+                                       % (args.timeout + CLIENT_GRACE_SECONDS + CLAIM_SAFETY_NET_SECONDS))
         say(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
         return EXIT_OK
     output = Path(args.output)
@@ -1995,7 +2156,7 @@ def cmd_run(args):
     # this line leaves something `cleanup` can finish.
     write_json(output / "receipt.json", receipt)
     try:
-        return run_experiment(args, cluster, output, receipt, facts)
+        return (run_warm_pool if args.backend == "warm-pool" else run_experiment)(args, cluster, output, receipt, facts)
     except DemoError as error:
         error.args = ("%s. Clean up with: %s" % (str(error).rstrip("."), cleanup_command(output)),)
         raise
@@ -2092,6 +2253,8 @@ def read_cluster_facts(args, cluster):
         print("warning: the server is Kubernetes %s; per-episode retries (backoffLimitPerIndex) need 1.29 or "
               "later, so an older API server ignores them and one failure may count against the whole batch"
               % server.get("gitVersion"), file=sys.stderr)
+    if args.backend == "warm-pool":
+        facts["agent_sandbox"] = check_agent_sandbox(cluster)
     runtime = None if args.no_runtime_class else args.runtime
     facts["runtime_class"] = None
     if runtime is not None:
@@ -2114,16 +2277,20 @@ def read_cluster_facts(args, cluster):
                             % meaningful_line(error.stderr)) from None
         note("preflight skipped: cannot list nodes (%s)" % meaningful_line(error.stderr))
     if facts["nodes"] is not None:
-        fit, arithmetic = preflight(args.parallelism, facts["runtime_class"], facts["nodes"])
+        # A warm pool holds its pods idle, and refills as it is claimed: about pool + count pods.
+        at_once = args.pool_size + args.count if args.backend == "warm-pool" else args.parallelism
+        fit, arithmetic = preflight(at_once, facts["runtime_class"], facts["nodes"])
         if fit == 0 and not args.force:
             raise DemoError("preflight: no usable node can run even one episode pod: %s; fix the capacity or "
                             "the RuntimeClass scheduling, or pass --force to submit anyway" % arithmetic)
-        if fit < args.parallelism:
-            print("warning: preflight: only %d of %d episode pods fit at once, so the batch will queue and "
-                  "batch_to_all_ready_seconds will include queueing: %s" % (fit, args.parallelism, arithmetic),
-                  file=sys.stderr)
-        facts["preflight"] = {"pods_that_fit_at_once": fit, "parallelism": args.parallelism,
-                              "arithmetic": arithmetic}
+        if fit < at_once:
+            print("warning: preflight: only %d of %d %s fit at once, so %s: %s" % (
+                fit, at_once, "pods of the pool and its refill" if args.backend == "warm-pool" else "episode pods",
+                "the pool cannot refill while the batch runs, and claims beyond it start cold or wait"
+                if args.backend == "warm-pool" else
+                "the batch will queue and batch_to_all_ready_seconds will include queueing", arithmetic),
+                file=sys.stderr)
+        facts["preflight"] = {"pods_that_fit_at_once": fit, "parallelism": at_once, "arithmetic": arithmetic}
     return facts
 
 
@@ -2134,13 +2301,7 @@ def run_experiment(args, cluster, output, receipt, facts):
     run_info = new_run_info(args, cluster.context, namespace)
     if facts["preflight"] is not None:
         run_info["preflight"] = facts["preflight"]
-    write_json(output / "run.json", run_info)
-    write_json(output / "version.json", facts["version"])
-    if runtime_class is not None:
-        write_json(output / "runtimeclass.json", runtime_class)
-    if nodes is None:
-        write_json(output / "nodes.json", facts["nodes_error"])
-
+    write_run_facts(output, run_info, facts)
     namespace_obj, *supporting, job = run_manifests(args, namespace, run_id)
     created = cluster.create_owned(namespace_obj, run_id)
     receipt["uid"] = created["metadata"]["uid"]
@@ -2432,6 +2593,421 @@ def run_local_batch(args, folder, run_info):
     return write_results(folder, where)
 
 
+# ============================================================================
+# The warm-pool backend: kubernetes-sigs/agent-sandbox (SandboxTemplate -> SandboxWarmPool ->
+# SandboxClaim), each episode exec'd into its claimed sandbox through the API server
+# ============================================================================
+
+
+def nearest_rank(values, p):
+    """The agent-sandbox stress test's percentile (test/stress stats.go): the value at rank
+    ceil(p/100 * n), 1-based. Not the tutorial's interpolation used everywhere else."""
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(p / 100.0 * len(ordered))) - 1]
+
+
+def nearest_rank_stats(values):
+    if not values:
+        return {"count": 0}
+    return {"count": len(values), "min": min(values), "mean": statistics.fmean(values),
+            **{"p%d" % p: nearest_rank(values, p) for p in (50, 90, 95, 99)}, "max": max(values)}
+
+
+def warm_pool_summary(output, report, observed):
+    """What only a warm-pool run has: launch types, pool fill, refill pods, the time to all
+    claims Ready by both definitions, and the phases of warm and cold episodes apart."""
+    record = read_json(output / "warm-pool.json", "the warm-pool record")
+    claims = read_json(output / "claims.json", "the saved claims", shape=list)
+    pods = read_saved(output / "pods.json") or []
+    launch = record.get("launch_types") or {}
+    rows = report["pods"]
+    batch_created = min(parse_k8s_time(claim["metadata"]["creationTimestamp"]) for claim in claims) if claims else None
+    ready_seen = [observed.get(claim["metadata"]["name"], {}).get("ready") for claim in claims]
+    all_ready = bool(claims) and None not in ready_seen
+    called = [observed.get(claim["metadata"]["name"], {}).get("create_called") for claim in claims]
+    returned = [observed.get(claim["metadata"]["name"], {}).get("create_returned") for claim in claims]
+    end_to_end = [(ready - call) * 1000 for ready, call in zip(ready_seen, called) if ready and call]
+    create_ack = [(back - call) * 1000 for back, call in zip(returned, called) if back and call]
+    # Refill: pods of the pool made after the claims were fired (not in the pool then, and not
+    # a claim's own cold pod), and those of them already started before the last reward.
+    at_fire = set(record.get("pool_pods_at_fire") or [])
+    claimed = {row.get("pod") for row in rows} | {claim["metadata"]["name"] for claim in claims}
+    refill = [pod for pod in pods if pod["metadata"]["name"] not in at_fire and pod["metadata"]["name"] not in claimed]
+    last_reward = max((row["times"]["reward"] for row in rows if row["times"].get("reward")), default=None)
+    started = [pod for pod in refill if ((pod.get("status", {}).get("containerStatuses") or [{}])[0].get("state") or {})
+               .get("running", {}).get("startedAt") and last_reward is not None and parse_k8s_time(
+        pod["status"]["containerStatuses"][0]["state"]["running"]["startedAt"]) <= last_reward]
+    by_type = {}
+    for kind in sorted(set(row.get("launch_type") for row in rows) - {None}):
+        subset = [row for row in rows if row.get("launch_type") == kind]
+        by_type[kind] = {"episodes": len(subset), "phases": {
+            name: {key: phase[key] for key in ("count", "p50", "p95", "max")}
+            for name, phase in phase_statistics(subset, "warm").items()}}
+    return {
+        "backend": "warm-pool",
+        "parallelism": report["episodes"],
+        "launch_types": dict(sorted(collections.Counter(launch.values()).items())),
+        "launch_type_source": "the claimed Sandbox's label %s" % LAUNCH_TYPE_LABEL,
+        "pool": {key: record.get(key) for key in ("name", "template", "size", "fill_seconds", "ready_at_fire")},
+        "refill_pods": {"created_during_batch": len(refill), "started_before_last_reward": len(started),
+                        "detail": "pool pods not in the pool when the claims were created, nor a claim's cold pod; "
+                                  "started = container startedAt (kubelet clock, whole seconds) <= the last reward"},
+        # Ours: like batch_to_all_ready_seconds, from the API server's creation of the batch.
+        "batch_to_all_claims_ready_seconds": max(ready_seen) - batch_created if all_ready else None,
+        "batch_to_all_claims_ready_definition": "earliest claim creationTimestamp (api-server clock, whole seconds) "
+                                                "-> the last claim's Ready=True as first seen by the tool's watch",
+        "agent_sandbox_stress_test": {
+            "time_to_all_ready_seconds": max(ready_seen) - min(called) if all_ready and None not in called else None,
+            "definition": "timeToAllReadySeconds of agent-sandbox test/stress: earliest create call -> latest claim "
+                          "Ready seen by a watch (both on the client's clock); null if any claim never became Ready",
+            "end_to_end_ready_ms": nearest_rank_stats(end_to_end),
+            "create_ack_ms": nearest_rank_stats(create_ack),
+            "percentile_rule": "nearest rank: the value at rank ceil(p/100 * n) (stress stats.go); every other "
+                               "percentile in this file interpolates linearly",
+        },
+        "phases_by_launch_type": by_type,
+    }
+
+
+def check_agent_sandbox(cluster):
+    """Read-only: the four v1beta1 kinds are served, and the controller runs with --extensions
+    (when its Deployment can be read). Raises one line with the install command otherwise."""
+    install = AGENT_SANDBOX_INSTALL % cluster.context
+    served = set()
+    for group in ("agents.x-k8s.io", "extensions.agents.x-k8s.io"):
+        served.update(cluster.read("api-resources", "--api-group=" + group, "-o", "name").split())
+    wanted = ["sandboxes.agents.x-k8s.io"] + ["%s.extensions.agents.x-k8s.io" % plural for plural in (
+        "sandboxtemplates", "sandboxwarmpools", "sandboxclaims")]
+    missing = [name for name in wanted if name not in served]
+    if missing:
+        raise DemoError("--backend warm-pool needs kubernetes-sigs/agent-sandbox with its extensions on context %s, and "
+                        "the API serves no %s; install it with `%s` (then `kubectl --context %s -n %s rollout status "
+                        "deployment/%s`)" % (cluster.context, ", ".join(missing), install, cluster.context,
+                                             CONTROLLER_NAMESPACE, CONTROLLER_DEPLOYMENT))
+    try:
+        deployment = cluster.get_json("-n", CONTROLLER_NAMESPACE, "deployment", CONTROLLER_DEPLOYMENT)
+    except KubectlError as error:
+        deployment = {"error": meaningful_line(error.stderr)}
+    if deployment is None or "error" in deployment:
+        note("cannot read deployment/%s in %s (%s): whether its extensions controller runs is checked when the pool "
+             "is created" % (CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, (deployment or {}).get("error", "not found")))
+        return {"controller": None, "served": wanted}
+    containers = deployment["spec"]["template"]["spec"].get("containers") or []
+    args = [arg for container in containers for arg in (container.get("command") or []) + (container.get("args") or [])]
+    if not any(arg in ("--extensions", "--extensions=true") for arg in args):
+        raise DemoError("the agent-sandbox controller (deployment/%s in %s) runs without --extensions, so nothing "
+                        "reconciles warm pools and claims; install sandbox-with-extensions.yaml (`%s`) or, with Helm, "
+                        "set controller.extensions=true" % (CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, install))
+    return {"controller": {"image": [c.get("image") for c in containers], "args": args}, "served": wanted}
+
+
+EXTENSIONS_WAIT_SECONDS = 30  # a pool the controller has not reconciled by then: no extensions controller
+
+
+def wait_for_pool(cluster, namespace, pool_uid, size, wait_seconds, show_progress):
+    """Until the pool is reconciled (observedGeneration) and every replica is Ready. Stops early
+    when a pool Sandbox reports a refusal that cannot pass. Returns the pool as last seen."""
+    watch = Watch(cluster, "SandboxWarmPool", "-n", namespace, "sandboxwarmpools", POOL_NAME)
+    started = time.monotonic()
+    try:
+        pool, checked = cluster.get_json("-n", namespace, "sandboxwarmpools", POOL_NAME), time.monotonic()
+        while True:
+            for state in watch.drain(timeout=WATCH_WAIT_SECONDS):
+                pool = state
+            status = (pool or {}).get("status") or {}
+            reconciled = status.get("observedGeneration") == (pool or {}).get("metadata", {}).get("generation")
+            if show_progress:
+                sys.stderr.write("\rwarm pool: %d of %d ready, %.0f s   " % (status.get("readyReplicas", 0), size,
+                                                                            time.monotonic() - started))
+            if reconciled and status.get("readyReplicas", 0) >= size and status.get("replicas", 0) >= size:
+                return pool
+            elapsed = time.monotonic() - started
+            if not reconciled and elapsed > EXTENSIONS_WAIT_SECONDS:
+                raise DemoError("the SandboxWarmPool was not reconciled within %d s: is the agent-sandbox controller "
+                                "running with --extensions? Install it with `%s`" % (
+                                    EXTENSIONS_WAIT_SECONDS, AGENT_SANDBOX_INSTALL % cluster.context))
+            if time.monotonic() - checked >= STALL_CHECK_SECONDS:
+                checked = time.monotonic()
+                sandboxes = json.loads(cluster.read("-n", namespace, "get", "sandboxes", "-o", "json"))["items"]
+                messages = [c.get("message", "") for s in sandboxes for c in (s.get("status") or {}).get(
+                    "conditions") or [] if c.get("type") == "Ready" and c.get("status") == "False"]
+                refused = [m for m in messages if any(marker in m for marker in PERMANENT_REFUSALS)]
+                if refused:
+                    raise DemoError("the warm pool cannot fill: %s" % refused[0])
+                if elapsed > wait_seconds:
+                    raise BatchTimeout("the warm pool did not fill within %d s: %d of %d Sandboxes ready%s" % (
+                        wait_seconds, status.get("readyReplicas", 0), size,
+                        "; e.g. %s" % messages[0] if messages else ""))
+    finally:
+        if show_progress:
+            sys.stderr.write("\n")
+        watch.stop()
+
+
+def create_claims(cluster, claims, run_id, observed):
+    """Create every claim at once: a few `kubectl create -f -` processes (a List each) run
+    together, so that 1,000 claims do not wait for 1,000 kubectl start-ups. Records each claim's
+    create call and answer on the client clock; a chunk that fails is resolved claim by claim."""
+    workers = min(16, len(claims))
+    size = -(-len(claims) // workers)
+    chunks = [claims[start:start + size] for start in range(0, len(claims), size)]
+
+    def create(chunk):
+        called = time.time()
+        for claim in chunk:
+            observed[claim["metadata"]["name"]]["create_called"] = called
+        try:
+            cluster.kubectl("create", "-f", "-", "-o", "name", data={"apiVersion": "v1", "kind": "List", "items": chunk})
+        except KubectlError as error:
+            if any(marker in error.stderr for marker in ("(Forbidden)", "(Invalid)", "resource mapping not found")) \
+                    and "(AlreadyExists)" not in error.stderr:
+                raise
+            for claim in chunk:  # the outcome of each is unknown: look before trying again
+                cluster.create_owned(claim, run_id)
+        returned = time.time()
+        for claim in chunk:
+            observed[claim["metadata"]["name"]]["create_returned"] = returned
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(chunks)) as pool:
+        list(pool.map(create, chunks))
+
+
+def claim_ready(claim):
+    return next((c for c in (claim.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), {})
+
+
+def exec_episode(cluster, namespace, pod_name, claim_name, index, args, seconds_left):
+    """Run the episode program in the claimed sandbox's container through the API server. The
+    episode id (and task) go on the command line: claim env would force a cold start.
+    Returns (exit code or None when kubectl itself failed, stdout, stderr, kubectl's error)."""
+    env = ["EPISODE_ID=" + claim_name]
+    if args.episode:
+        env.append("JOB_COMPLETION_INDEX=%d" % index)
+    if args.tasks_list is not None:
+        env += ["TASK_INDEX=%d" % index, "TASK_FILE=/tasks/task-%d.json" % index]
+    argv = ["-n", namespace, "exec", pod_name, "-c", CONTAINER_NAME, "--", "env", *env, "python", "-B", "/demo/episode.py"]
+    try:
+        # No request timeout: an episode may run longer than one API request may take.
+        return 0, cluster.kubectl(*argv, request_timeout="0", timeout=max(1.0, seconds_left)), "", None
+    except KubectlError as error:
+        stdout = getattr(error, "stdout", "") or ""
+        exited = re.search(r"command terminated with exit code (\d+)", error.stderr)
+        if exited:
+            stderr = error.stderr[:exited.start()].rstrip("\n")
+            return int(exited.group(1)), stdout, stderr, None
+        return None, stdout, "", meaningful_line(error.stderr) or str(error)
+
+
+def warm_episode_record(claim, index, sandbox, pod, result, times):
+    """One exec'd episode in the shape of a pod (kind WarmPoolEpisode), so that one validator
+    serves every backend: phase from the exec's exit code, the claim's creation time, the
+    sandbox pod's node, image and restart count."""
+    code, error = result.get("code"), result.get("error")
+    container = ((pod or {}).get("status", {}).get("containerStatuses") or [{}])[0]
+    terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+    for key, point in (("startedAt", "exec_started"), ("finishedAt", "exec_finished")):
+        if times.get(point):
+            terminated[key] = iso_micro(times[point])
+    status = {"phase": "Succeeded" if code == 0 else "Failed", "containerStatuses": [{
+        "name": CONTAINER_NAME, "restartCount": container.get("restartCount", 0), "imageID": container.get("imageID"),
+        "state": {"terminated": terminated}}]}
+    if error:
+        status.update(reason=result.get("reason", "ExecFailed"), message=error)
+    return {"apiVersion": "rl-batch-demo/warm-pool", "kind": WARM_KIND,
+            "metadata": {"name": claim["metadata"]["name"], "creationTimestamp": claim["metadata"]["creationTimestamp"],
+                         "uid": claim["metadata"].get("uid"), "annotations": {INDEX_KEY: str(index)}},
+            "spec": {"nodeName": (pod or {}).get("spec", {}).get("nodeName"),
+                     "sandbox": (sandbox or {}).get("metadata", {}).get("name"),
+                     "pod": (pod or {}).get("metadata", {}).get("name"),
+                     "launch_type": ((sandbox or {}).get("metadata", {}).get("labels") or {}).get(LAUNCH_TYPE_LABEL)},
+            "status": status}
+
+
+def write_run_facts(output, run_info, facts):
+    write_json(output / "run.json", run_info)
+    write_json(output / "version.json", facts["version"])
+    if facts["runtime_class"] is not None:
+        write_json(output / "runtimeclass.json", facts["runtime_class"])
+    if facts["nodes"] is None:
+        write_json(output / "nodes.json", facts["nodes_error"])
+
+
+def run_warm_pool(args, cluster, output, receipt, facts):
+    """--backend warm-pool: template and pool, the pool filled (not measured), then every claim
+    at once and each episode exec'd as soon as its claim is Ready."""
+    namespace, run_id = receipt["namespace"], receipt["run_id"]
+    run_info = new_run_info(args, cluster.context, namespace, backend="warm-pool")
+    run_info.update(pool_size=args.pool_size, exec_concurrency=args.exec_concurrency,
+                    agent_sandbox=facts.get("agent_sandbox"))
+    if facts["preflight"] is not None:
+        run_info["preflight"] = facts["preflight"]
+    write_run_facts(output, run_info, facts)
+    namespace_obj, *supporting, template, pool = run_manifests(args, namespace, run_id)
+    receipt["backend"] = "warm-pool"
+    receipt["uid"] = cluster.create_owned(namespace_obj, run_id)["metadata"]["uid"]
+    write_json(output / "receipt.json", receipt)
+    say("Test namespace:", namespace)
+    for obj in supporting:
+        cluster.create_owned(obj, run_id)
+    receipt["template_uid"] = cluster.create_owned(template, run_id)["metadata"]["uid"]
+    write_json(output / "receipt.json", receipt)
+    selector = "%s=%s" % (RUN_LABEL, run_id)
+    claim_watch = Watch(cluster, "SandboxClaim", "-n", namespace, "sandboxclaims", "-l", selector)
+    sandbox_watch = Watch(cluster, "Sandbox", "-n", namespace, "sandboxes")
+    receipt["pool_uid"] = cluster.create_owned(pool, run_id)["metadata"]["uid"]
+    write_json(output / "receipt.json", receipt)
+    show_progress = sys.stderr.isatty() and not QUIET
+    fill_started = time.monotonic()
+    live_pool = wait_for_pool(cluster, namespace, receipt["pool_uid"], args.pool_size, args.timeout, show_progress)
+    pool_record = {"name": POOL_NAME, "template": TEMPLATE_NAME, "size": args.pool_size,
+                   "fill_seconds": time.monotonic() - fill_started,
+                   "fill_definition": "client monotonic clock: pool created -> readyReplicas = replicas seen; "
+                                      "setup, not part of any batch figure",
+                   "ready_at_fire": (live_pool.get("status") or {}).get("readyReplicas", 0)}
+    pool_pods = json.loads(cluster.read("-n", namespace, "get", "pods", "-l", POOL_MEMBER_LABEL, "-o", "json"))["items"]
+    pool_record["pool_pods_at_fire"] = sorted(pod["metadata"]["name"] for pod in pool_pods)
+    write_json(output / "warm-pool.json", pool_record)
+    note("warm pool: %d of %d ready after %.1f s; firing %d claims" % (
+        pool_record["ready_at_fire"], args.pool_size, pool_record["fill_seconds"], args.count))
+
+    shutdown = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(
+        seconds=args.timeout + CLIENT_GRACE_SECONDS + CLAIM_SAFETY_NET_SECONDS)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    claims = claim_manifests(namespace, run_id, args.count, shutdown)
+    write_json(output / "claims-submitted.json", claims)
+    names = [claim["metadata"]["name"] for claim in claims]
+    observed = {name: {} for name in names}
+    latest, sandboxes, results = {}, {}, {}
+    started = time.monotonic()
+    deadline = started + args.timeout
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=args.exec_concurrency)
+    pending = {}
+
+    def run_episode(name):
+        index = names.index(name)
+        bound = (latest[name].get("status") or {}).get("sandbox", {}).get("name")
+        sandbox = sandboxes.get(bound) or cluster.get_json("-n", namespace, "sandboxes", bound)
+        pod_name = (sandbox or {}).get("metadata", {}).get("annotations", {}).get(POD_NAME_ANNOTATION) or bound
+        observed[name]["exec_started"] = time.time()
+        code, stdout, stderr, error = exec_episode(cluster, namespace, pod_name, name, index, args,
+                                                   deadline - time.monotonic())
+        observed[name]["exec_finished"] = time.time()
+        (output / (name + ".log")).write_text(stdout)
+        if stderr:
+            (output / (name + ".stderr")).write_text(stderr + "\n")
+        reason = "ExecTimedOut" if error and "did not finish within" in error else "ExecFailed"
+        results[name] = {"code": code, "error": error, "reason": reason, "sandbox": sandbox, "pod_name": pod_name}
+
+    try:
+        create_claims(cluster, claims, run_id, observed)
+        polled = time.monotonic()
+        while True:
+            states = claim_watch.drain(timeout=WATCH_WAIT_SECONDS)
+            if time.monotonic() - polled >= FALLBACK_POLL_SECONDS:
+                states += json.loads(cluster.read("-n", namespace, "get", "sandboxclaims", "-l", selector,
+                                                  "-o", "json"))["items"]
+                polled = time.monotonic()
+            for sandbox in sandbox_watch.drain():
+                sandboxes[sandbox["metadata"]["name"]] = sandbox
+            now = time.time()
+            for claim in states:
+                name = claim["metadata"]["name"]
+                if name not in observed:
+                    continue
+                latest[name] = claim
+                if (claim.get("status") or {}).get("sandbox", {}).get("name"):
+                    observed[name].setdefault("bound", now)
+                if claim_ready(claim).get("status") == "True":
+                    observed[name].setdefault("ready", now)
+                    if name not in pending:
+                        pending[name] = executor.submit(run_episode, name)
+            refused = [(name, claim_ready(claim)) for name, claim in latest.items() if name not in pending
+                       and claim_ready(claim).get("reason") in TERMINAL_CLAIM_REASONS]
+            done = sum(1 for future in pending.values() if future.done())
+            if show_progress:
+                sys.stderr.write("\rclaims: %d bound, %d ready; episodes done %d of %d, %.0f s   " % (
+                    sum(1 for o in observed.values() if "bound" in o), sum(1 for o in observed.values() if "ready" in o),
+                    done, len(names), time.monotonic() - started))
+            if refused:
+                name, condition = refused[0]
+                raise DemoError("claim %s can never become Ready (%s: %s); stopped early" % (
+                    name, condition.get("reason"), condition.get("message")))
+            if done == len(names) or time.monotonic() > deadline:
+                break
+        for future in pending.values():
+            future.result()  # an exception in a worker is the tool's own failure: surface it
+        run_info["client_job_complete_seconds"] = time.monotonic() - started
+    except KeyboardInterrupt:
+        executor.shutdown(wait=False, cancel_futures=True)
+        print("Interrupted: saving the claims and the episodes so far in %s" % output, file=sys.stderr)
+        save_warm_state(cluster, namespace, output, selector, names, latest, sandboxes, results, observed, run_info)
+        raise
+    finally:
+        if show_progress:
+            sys.stderr.write("\n")
+        executor.shutdown(wait=True, cancel_futures=True)
+        claim_watch.stop()
+        sandbox_watch.stop()
+    save_warm_state(cluster, namespace, output, selector, names, latest, sandboxes, results, observed, run_info)
+    where = "diagnostics saved in %s (claims.json, sandboxes.json, pods.json, episodes.json, events.txt, logs)" % output
+    unfinished = [name for name in names if name not in results]
+    if unfinished:
+        conditions = collections.Counter("%s: %s" % (claim_ready(latest[name]).get("reason"),
+                                                     claim_ready(latest[name]).get("message"))
+                                         for name in unfinished if name in latest)
+        raise BatchTimeout("%d of %d claims had no finished episode within %d s%s; %s" % (
+            len(unfinished), len(names), args.timeout,
+            " (%s)" % "; ".join(list(conditions)[:3]) if conditions else " (never seen by the watch)", where))
+    report = write_results(output, where)
+    return conclude(report, output)
+
+
+def save_warm_state(cluster, namespace, output, selector, names, latest, sandboxes, results, observed, run_info):
+    """claims.json, sandboxes.json, pods.json (the API's, plus what only the watch saw),
+    episodes.json (one record per finished episode), observed.json, job.json (the batch's
+    creation), events.txt."""
+    write_json(output / "observed.json", observed)
+    write_json(output / "run.json", run_info)
+    try:
+        claims = json.loads(cluster.read("-n", namespace, "get", "sandboxclaims", "-l", selector, "-o", "json"))["items"]
+        listed = {claim["metadata"]["name"] for claim in claims}
+        claims += [latest[name] for name in names if name in latest and name not in listed]
+        claims.sort(key=lambda claim: names.index(claim["metadata"]["name"]) if claim["metadata"]["name"] in names else 0)
+        sandbox_list = json.loads(cluster.read("-n", namespace, "get", "sandboxes", "-o", "json"))["items"]
+        pods = json.loads(cluster.read("-n", namespace, "get", "pods", "-l", selector, "-o", "json"))["items"]
+    except DemoError as error:
+        claims, sandbox_list, pods = [latest[n] for n in names if n in latest], list(sandboxes.values()), []
+        print("warning: could not read the claims, Sandboxes and pods (%s); saved what the watches saw"
+              % error, file=sys.stderr)
+    write_json(output / "claims.json", claims)
+    write_json(output / "sandboxes.json", sorted(sandbox_list, key=by_creation))
+    write_json(output / "pods.json", sorted(pods, key=by_creation))
+    by_name = {sandbox["metadata"]["name"]: sandbox for sandbox in sandbox_list}
+    pods_by_name = {pod["metadata"]["name"]: pod for pod in pods}
+    records, launch = [], {}
+    for claim in claims:
+        name = claim["metadata"]["name"]
+        bound = (claim.get("status") or {}).get("sandbox", {}).get("name")
+        sandbox = by_name.get(bound) or sandboxes.get(bound)
+        if sandbox is not None:
+            launch[name] = (sandbox["metadata"].get("labels") or {}).get(LAUNCH_TYPE_LABEL)
+        if name in results:
+            result = results[name]
+            records.append(warm_episode_record(claim, names.index(name), sandbox or result["sandbox"],
+                                               pods_by_name.get(result["pod_name"]), result, observed[name]))
+    pool_record = read_saved(output / "warm-pool.json") or {}
+    pool_record["launch_types"] = launch
+    write_json(output / "warm-pool.json", pool_record)
+    write_json(output / "episodes.json", records)
+    created = min((claim["metadata"]["creationTimestamp"] for claim in claims), default=utc_now())
+    write_json(output / "job.json", {"apiVersion": "rl-batch-demo/warm-pool", "kind": "WarmPoolBatch",
+                                     "metadata": {"name": POOL_NAME, "creationTimestamp": created},
+                                     "status": {"episodes": len(names), "finished_episodes": len(records)}})
+    try:
+        save_events(cluster, namespace, output)
+    except DemoError as error:
+        print("warning: could not save the events: %s" % error, file=sys.stderr)
+
+
 def ownership_mismatches(kind, live, expected):
     """Compare live metadata with the receipt; one sentence per key that differs."""
     problems = []
@@ -2700,9 +3276,17 @@ def build_parser():
     run.add_argument("--retries", type=int, default=0, metavar="N",
                      help="with --episode: retry an episode that failed for infrastructure reasons up to "
                           "N times, per episode (default 0)")
-    run.add_argument("--backend", choices=("kubernetes", "local"), default="kubernetes",
-                     help="`local`: run the episodes as local processes (no cluster, no kubectl), each in "
-                          "its own temporary workspace (default: kubernetes)")
+    run.add_argument("--backend", choices=("kubernetes", "warm-pool", "local"), default="kubernetes",
+                     help="`kubernetes`: one Job, a pod per episode; `warm-pool`: kubernetes-sigs/agent-sandbox, "
+                          "a claim per episode from a pool of pre-started sandboxes, the episode exec'd into it; "
+                          "`local`: local processes, no cluster (default: kubernetes)")
+    run.add_argument("--pool-size", type=int, metavar="N",
+                     help="warm-pool: sandboxes started before the batch (default COUNT; 0: every claim starts "
+                          "cold through the claim API)")
+    run.add_argument("--exec-concurrency", type=int, metavar="N",
+                     help="warm-pool: `kubectl exec` processes at once (default min(COUNT, %d)); episodes beyond "
+                          "it wait on this machine, which shows as claim Ready -> exec started"
+                          % DEFAULT_EXEC_CONCURRENCY)
     run.add_argument("--count", type=int,
                      help="episodes in the batch, 1..%d, or up to %d with --allow-large (default %d, or "
                           "the number of --tasks)" % (MAX_COUNT, MAX_LARGE_COUNT, DEFAULT_COUNT))
@@ -2823,6 +3407,11 @@ def parse_args(argv):
         if not args.output and not args.dry_run:
             args.subparser.error("--output DIR is required (unless --dry-run)")
         load_episode_inputs(args)
+        if args.backend != "warm-pool":
+            for flag, used in (("--pool-size", args.pool_size is not None),
+                               ("--exec-concurrency", args.exec_concurrency is not None)):
+                if used:
+                    args.subparser.error("%s is for --backend warm-pool" % flag)
         if args.backend == "local":
             # Every cluster-only flag is refused alike, rather than some silently ignored.
             for flag, used in (("--dry-run", args.dry_run), ("--prewarm", args.prewarm),
@@ -2835,6 +3424,21 @@ def parse_args(argv):
         else:
             args.image = args.image or DEFAULT_IMAGE
             args.runtime = args.runtime or DEFAULT_RUNTIME
+        if args.backend == "warm-pool":
+            # One batch of claims fired at once: the Job backend's waves, rounds, prewarm and
+            # retries have no counterpart here.
+            for flag, used in (("--parallelism", args.parallelism not in (None, args.count)),
+                               ("--rounds", args.rounds != 1), ("--prewarm", args.prewarm), ("--retries", args.retries)):
+                if used:
+                    args.subparser.error("%s is for the Job backend; --backend warm-pool claims every episode's "
+                                         "sandbox at once (leave %s out)" % (flag, flag))
+            args.pool_size = args.count if args.pool_size is None else args.pool_size
+            if args.pool_size < 0:
+                args.subparser.error("--pool-size must be 0 or more, got %d" % args.pool_size)
+            if args.exec_concurrency is None:
+                args.exec_concurrency = min(args.count, DEFAULT_EXEC_CONCURRENCY)
+            if args.exec_concurrency < 1:
+                args.subparser.error("--exec-concurrency must be at least 1")
         bound = MAX_LARGE_COUNT if args.allow_large else MAX_COUNT
         if not 1 <= args.count <= bound:
             args.subparser.error("--count must be between 1 and %d%s, got %d" % (
