@@ -753,6 +753,11 @@ WARM_PHASES = {
 SCHEMES = {"pod": (TIME_POINTS, PHASES, "pod_to_ready"), "warm": (WARM_TIME_POINTS, WARM_PHASES, "claim_to_ready")}
 
 
+def phase_scheme(name):
+    """Which scheme a phase belongs to (the phases both share are defined alike)."""
+    return "pod" if name in PHASES else "warm"
+
+
 def scheme_of(record):
     """'warm' for an exec'd warm-pool episode (record or row), else 'pod'."""
     return "warm" if record.get("kind") == WARM_KIND or "claim" in record else "pod"
@@ -1390,12 +1395,17 @@ def summary_view(report):
     rounds) and the per-phase medians."""
     keys = ("episodes", "successful_episodes", "reward_sum", "rewards", "rounds", "batch_to_all_ready_seconds",
             "batch_to_all_rewards_seconds", "pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds",
-            "pod_to_ready_max_seconds", "nodes", "image_ids", "context", "namespace", "image", "runtime",
-            "parallelism", "cache_state", "client_job_complete_seconds")
+            "pod_to_ready_max_seconds", "claim_to_ready_p50_seconds", "claim_to_ready_p95_seconds",
+            "claim_to_ready_max_seconds", "launch_types", "batch_to_all_claims_ready_seconds", "nodes", "image_ids",
+            "context", "namespace", "image", "runtime", "parallelism", "cache_state", "client_job_complete_seconds")
     view = {key: report[key] for key in keys if key in report}
     view["phase_p50_seconds"] = {name: phase["p50"] for name, phase in report["phases"].items()}
     if "infrastructure_failures" in report:
         view["infrastructure_failures"] = len(report["infrastructure_failures"])
+    if report.get("backend") == "warm-pool":
+        view["pool_fill_seconds"] = report["pool"]["fill_seconds"]
+        view["refill_pods_created_during_batch"] = report["refill_pods"]["created_during_batch"]
+        view["agent_sandbox_time_to_all_ready_seconds"] = report["agent_sandbox_stress_test"]["time_to_all_ready_seconds"]
     return view
 
 
@@ -1488,17 +1498,28 @@ def cleanup_command(output):
 
 # Report rows: (label, kind, key). kind "phase": P50 / P95 of a phase; "batch": a batch
 # time in seconds (with a ratio against the first column); "count": episodes / rewards.
-REPORT_ROWS = [("tasks / rewards", "count", None)] + [
-    (PHASES[name][2] + " P50 / P95", "phase", name) for name in (
-        "scheduling", "sandbox_start", "container_start", "scheduled_to_container_started",
-        "interpreter_start", "module_import", "import_done_to_ready")] + [
+# A Job run, a warm-pool run and a cold (pool size 0) run side by side: rows a backend does not
+# have are n/a in its column, and dropped when no column has them. "number": a count, by key.
+REPORT_ROWS = [("tasks / rewards", "count", None), ("launch types warm / cold", "launch", None),
+               ("warm pool fill (setup, not measured in the batch)", "batch", "pool.fill_seconds")] + [
+    (SCHEMES[phase_scheme(name)][1][name][2] + " P50 / P95", "phase", name) for name in (
+        "scheduling", "sandbox_start", "container_start", "scheduled_to_container_started", "interpreter_start",
+        "claim_binding", "bound_to_claim_ready", "claim_ready_to_exec", "exec_to_first_statement",
+        "module_import", "import_done_to_ready")] + [
+    ("batch all claims Ready", "batch", "batch_to_all_claims_ready_seconds"),
+    ("time to all claims Ready (agent-sandbox stress test definition)", "batch",
+     "agent_sandbox_stress_test.time_to_all_ready_seconds"),
     ("batch all ready", "batch", "batch_to_all_ready_seconds"),
     (PHASES["pod_to_ready"][2] + " P50 / P95", "phase", "pod_to_ready"),
+    (WARM_PHASES["claim_to_ready"][2] + " P50 / P95", "phase", "claim_to_ready"),
     (PHASES["ready_to_reward"][2] + " P50 / P95", "phase", "ready_to_reward"),
     ("batch all rewards", "batch", "batch_to_all_rewards_seconds"),
     (PHASES["reward_to_container_finished"][2] + " P50 / P95", "phase", "reward_to_container_finished"),
+    (WARM_PHASES["reward_to_exec_finished"][2] + " P50 / P95", "phase", "reward_to_exec_finished"),
+    ("refill pods created during the batch", "number", "refill_pods.created_during_batch"),
     ("client sees Job complete", "batch", "client_job_complete_seconds"),
 ]
+COARSE_BATCH_KEYS = ("batch_to_all_ready_seconds", "batch_to_all_rewards_seconds", "batch_to_all_claims_ready_seconds")
 
 
 def format_seconds(value, whole_seconds=False):
@@ -1512,6 +1533,14 @@ def format_seconds(value, whole_seconds=False):
     return "%.1f ms" % (value * 1000) if abs(value) < 1 else "%.2f s" % value
 
 
+def lookup(results, key):
+    """results["a"]["b"] for the key "a.b"; None where any part is missing."""
+    value = results
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
 def report_table(columns):
     """columns: [(label, results)] -> {"columns": [...], "rows": [{"measure", "values", "ratios"}]}."""
     rows = []
@@ -1520,11 +1549,19 @@ def report_table(columns):
         # Whole-second rows: a phase with a Kubernetes timestamp at either end, or a batch time
         # measured from the Job's creation; a local run's times are all microseconds.
         coarse = any(results.get("backend") != "local" and (
-            (kind == "phase" and phase_definition(key)["resolution_seconds"] >= 1) or
-            key in ("batch_to_all_ready_seconds", "batch_to_all_rewards_seconds")) for _, results in columns)
+            (kind == "phase" and phase_definition(key, phase_scheme(key))["resolution_seconds"] >= 1) or
+            key in COARSE_BATCH_KEYS) for _, results in columns)
         for _, results in columns:
             if kind == "count":
                 values.append("%d/%d" % (results["successful_episodes"], results["reward_sum"]))
+                ratios.append(None)
+            elif kind == "launch":
+                launch = results.get("launch_types")
+                values.append(None if launch is None else "%d / %d" % (launch.get("warm", 0), launch.get("cold", 0)))
+                ratios.append(None)
+            elif kind == "number":
+                number = lookup(results, key)
+                values.append(None if number is None else str(number))
                 ratios.append(None)
             elif kind == "phase":
                 phase = results.get("phases", {}).get(key)
@@ -1543,7 +1580,7 @@ def report_table(columns):
 
 def batch_values(results, key):
     """A batch time for each round (one value for a single-round run); None values dropped."""
-    values = [r.get(key) for r in results["rounds"]] if "rounds" in results else [results.get(key)]
+    values = [lookup(r, key) for r in results["rounds"]] if "rounds" in results else [lookup(results, key)]
     return [value for value in values if value is not None]
 
 
@@ -2378,8 +2415,12 @@ def human_summary(report, output):
         lines.append("Batch: all ready %s, all rewards %s after the %s." % (
             seconds("batch_to_all_ready_seconds"), seconds("batch_to_all_rewards_seconds"),
             "batch started" if report.get("backend") == "local" else "Job was created"))
-    lines.append("Pod created -> ready: P50 %s, P95 %s." % (seconds("pod_to_ready_p50_seconds"),
-                                                          seconds("pod_to_ready_p95_seconds")))
+    startup = "claim" if report.get("backend") == "warm-pool" else "pod"
+    lines.append("%s created -> ready: P50 %s, P95 %s." % (startup.capitalize(), seconds(startup + "_to_ready_p50_seconds"),
+                                                         seconds(startup + "_to_ready_p95_seconds")))
+    if report.get("backend") == "warm-pool":
+        lines.append("Launch types: %s; %d refill pods started during the batch." % (", ".join(
+            "%s %d" % item for item in report["launch_types"].items()), report["refill_pods"]["created_during_batch"]))
     lines.append("Results: %s (results.json, timeline.svg, one log per episode)." % (output / "results.json"))
     if report.get("backend") != "local":
         lines.append("Clean up with: %s" % cleanup_command(output))
@@ -3092,11 +3133,13 @@ def cleanup_one(output):
         note("Namespace %s is already being deleted; waiting for it to go..." % namespace)
         return wait_for_namespace(cluster, namespace)
 
+    if receipt.get("backend") == "warm-pool":
+        delete_warm_pool_objects(cluster, namespace, run_id, receipt)
     # Every Job in the namespace must be one the receipt (or the saved job.json) names.
     recorded = dict(receipt.get("jobs") or {})
     if receipt.get("job_uid"):
         recorded.setdefault(JOB_NAME, receipt["job_uid"])
-    if JOB_NAME not in recorded and (output / "job.json").exists():
+    if JOB_NAME not in recorded and (output / "job.json").exists() and receipt.get("backend") != "warm-pool":
         recorded[JOB_NAME] = read_json(output / "job.json", "the saved Job").get("metadata", {}).get("uid")
     live_jobs = json.loads(cluster.read("-n", namespace, "get", "jobs", "-o", "json"))["items"]
     problems = []
@@ -3124,6 +3167,43 @@ def cleanup_one(output):
             raise
     note("Deleting namespace %s..." % namespace)
     return wait_for_namespace(cluster, namespace)
+
+
+def delete_warm_pool_objects(cluster, namespace, run_id, receipt):
+    """A warm-pool run: its claims (each must carry the run's label), then its pool and template
+    (their UIDs must equal the receipt's), then wait until no Sandbox (and so no sandbox pod)
+    is left in the namespace, before the namespace itself goes."""
+    try:
+        claims = json.loads(cluster.read("-n", namespace, "get", "sandboxclaims", "-o", "json"))["items"]
+    except KubectlError as error:
+        if "doesn't have a resource type" not in error.stderr:
+            raise
+        note("agent-sandbox is no longer installed: the namespace's deletion removes what is left")
+        return
+    problems = []
+    for claim in claims:
+        problems += ownership_mismatches("sandboxclaim " + claim["metadata"]["name"], claim,
+                                         {"label " + RUN_LABEL: run_id})
+    live = {}
+    for resource, name, key in (("sandboxwarmpools", POOL_NAME, "pool_uid"),
+                                ("sandboxtemplates", TEMPLATE_NAME, "template_uid")):
+        live[resource] = cluster.get_json("-n", namespace, resource, name)
+        if live[resource] is not None:
+            if not receipt.get(key):
+                raise DemoError("%s %s exists in %s but receipt.json records no uid for it; refusing cleanup"
+                                % (resource, name, namespace))
+            problems += ownership_mismatches("%s %s" % (resource, name), live[resource], {"uid": receipt[key]})
+    if problems:
+        raise DemoError("ownership check failed, refusing cleanup: " + "; ".join(problems))
+    if claims:
+        delete_retrying(cluster, "-n", namespace, "delete", "sandboxclaims", *[c["metadata"]["name"] for c in claims],
+                        "--wait=false")
+        note("Deleting %d SandboxClaims..." % len(claims))
+    for resource, name in (("sandboxwarmpools", POOL_NAME), ("sandboxtemplates", TEMPLATE_NAME)):
+        if live[resource] is not None:
+            delete_retrying(cluster, "-n", namespace, "delete", resource, name, "--wait=false")
+    note("Deleting the warm pool and its template; waiting until no Sandbox of the run remains...")
+    wait_until_gone(cluster, "Sandboxes in %s" % namespace, ("-n", namespace, "sandboxes"), CLEANUP_WAIT_SECONDS)
 
 
 def wait_for_namespace(cluster, namespace):
@@ -3173,14 +3253,17 @@ def find_receipts(folders):
     return found
 
 
-def run_row(namespace, jobs, receipts, now):
-    """One line of `list`: what the cluster says about a run (all its Jobs: rounds, prewarm),
-    and which receipt names it."""
+def run_row(namespace, jobs, receipts, now, claims=None):
+    """One line of `list`: what the cluster says about a run (all its Jobs: rounds, prewarm;
+    or, for a warm-pool run, its claims), and which receipt names it."""
     meta = namespace["metadata"]
     name = meta["name"]
     outcomes = [job_outcome(job) for job in jobs]
     if meta.get("deletionTimestamp"):
         state = "Terminating"
+    elif claims is not None:
+        ready = sum(1 for claim in claims if claim_ready(claim).get("status") == "True")
+        state = "warm pool: %d of %d claims Ready" % (ready, len(claims)) if claims else "warm pool: no claims"
     elif not jobs:
         state = "no Job"
     elif "Failed" in outcomes:
@@ -3197,7 +3280,9 @@ def run_row(namespace, jobs, receipts, now):
     def total(key):
         return sum(job.get("status", {}).get(key, 0) for job in jobs)
     return {"namespace": name, "run_id": meta.get("labels", {}).get(RUN_LABEL),
+            "backend": meta.get("labels", {}).get(BACKEND_LABEL, "kubernetes"),
             "age_seconds": int(now - parse_k8s_time(meta["creationTimestamp"])), "state": state,
+            "claims": None if claims is None else len(claims),
             "jobs": sorted(job["metadata"]["name"] for job in jobs),
             "completions": sum(job.get("spec", {}).get("completions", 0) for job in jobs) if jobs else None,
             "succeeded": total("succeeded"), "failed": total("failed"), "active": total("active"),
@@ -3216,8 +3301,19 @@ def cmd_list(args):
     namespaces = json.loads(cluster.kubectl("get", "namespaces", "-l", RUN_LABEL, "-o", "json"))["items"]
     receipts = find_receipts(args.search or ["."])
     now = time.time()
-    rows = [run_row(ns, json.loads(cluster.read("-n", ns["metadata"]["name"], "get", "jobs", "-o", "json"))["items"],
-                    receipts, now) for ns in namespaces]
+    rows = []
+    for ns in namespaces:
+        name = ns["metadata"]["name"]
+        claims = None
+        if ns["metadata"].get("labels", {}).get(BACKEND_LABEL) == "warm-pool":
+            try:
+                claims = json.loads(cluster.read("-n", name, "get", "sandboxclaims", "-o", "json"))["items"]
+            except KubectlError as error:
+                if "doesn't have a resource type" not in error.stderr:
+                    raise
+                claims = []  # agent-sandbox uninstalled since: nothing of it is left
+        rows.append(run_row(ns, json.loads(cluster.read("-n", name, "get", "jobs", "-o", "json"))["items"],
+                            receipts, now, claims))
     if args.json:
         say(json.dumps(rows, indent=2))
         return EXIT_OK
@@ -3227,6 +3323,8 @@ def cmd_list(args):
     table = [("NAMESPACE", "AGE", "STATE", "EPISODES", "RECEIPT")]
     for row in rows:
         episodes = "%s/%s done, %s failed" % (row["succeeded"], row["completions"] or "?", row["failed"])
+        if row["claims"] is not None:
+            episodes = "%d claims" % row["claims"]
         table.append((row["namespace"], human_age(row["age_seconds"]), row["state"], episodes, row["receipt"]))
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     for line in table:
