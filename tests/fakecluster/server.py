@@ -1105,6 +1105,9 @@ class Cluster:
             elif record.get("sandbox_ready_at") is not None:
                 if time.time() >= record["sandbox_ready_at"]:
                     self.start_pod(pod, node)
+            elif record.get("starting"):
+                if self.root_in_place(record):
+                    self.mark_running(pod, node, *record.pop("starting"))
             elif record.get("process") is not None and record["process"].poll() is not None:
                 # The status manager reports an exit a moment later (the kubelet's status lag).
                 record.setdefault("exit_seen", (time.time(), self.node_now(node)))
@@ -1276,7 +1279,21 @@ class Cluster:
                                "restart_once": restart_fault, "restarts": 0, "evict_at": evict_at,
                                "api_evict_at": api_evict_at,
                                "log_drop_first_lines": self.node_config(node).get("logDropFirstLines", 0)}
+        if self.mount_namespaces:
+            # The runtime reports the container running once its root is in place (the process
+            # has chrooted), not while the pod-root script is still mounting: an exec before
+            # that would run in the host's root.
+            self.processes[uid]["starting"] = (container, image, digest, container_id)
+            return
         self.mark_running(pod, node, container, image, digest, container_id)
+
+    def root_in_place(self, record):
+        """Whether the container's process has entered its own root (or is already gone)."""
+        process = record["process"]
+        try:
+            return process.poll() is not None or os.readlink("/proc/%d/root" % process.pid) != "/"
+        except OSError:
+            return True
 
     def mark_running(self, pod, node, container, image, digest, container_id):
         started = now_rfc3339(self.node_now(node))
