@@ -266,6 +266,7 @@ class AgentSandbox:
 
     def claim_controller(self):
         c = self.cluster
+        self.members = {}  # pool uid -> its unclaimed members, computed once a pass (1,000 claims at once)
         for claim in c.items("sandboxclaims"):
             meta = claim["metadata"]
             if meta.get("deletionTimestamp"):
@@ -330,13 +331,16 @@ class AgentSandbox:
             return None
         forced_cold = bool(spec.get("env") or spec.get("volumeClaimTemplates"))
         if not forced_cold:
-            members = self.pool_members(pool)
+            if pool["metadata"]["uid"] not in self.members:
+                self.members[pool["metadata"]["uid"]] = self.pool_members(pool)
+            members = self.members[pool["metadata"]["uid"]]
             with_ip = [s for s in members if (s.get("status") or {}).get("podIPs")]
             # A Ready candidate first, else a not-Ready one that has an IP (PR #1513 is open);
             # oldest first.
             with_ip.sort(key=lambda s: (not self.is_ready(s), s["metadata"]["creationTimestamp"],
                                         s["metadata"]["name"]))
             if with_ip:
+                members.remove(with_ip[0])
                 return self.adopt(claim, with_ip[0], status, generation)
             # Wait for a pool member's IP until 2 s after the claim's creationTimestamp (whole
             # seconds, so 1-2 s of real time), retrying every 0.5 s (warmCandidateRetryInterval).
