@@ -566,8 +566,9 @@ class Watch:
 
     running = []  # every Watch not yet stopped, so that no kubectl is left behind on exit
 
-    def __init__(self, cluster, kind, *parts):
+    def __init__(self, cluster, kind, *parts, timed=False):
         self.kind = kind
+        self.timed = timed  # drain() gives (arrival time on the client's clock, state) pairs
         self.restarts = 0
         self.argv = [kubectl_program(), "--context", cluster.context, "--request-timeout=0", "get", *parts,
                      "--watch", "-o", "json"]
@@ -598,7 +599,7 @@ class Watch:
                     # An ERROR event's Status (or anything else) is not a state of the object.
                     if isinstance(obj, dict) and obj.get("kind") == self.kind and \
                             isinstance(obj.get("metadata"), dict) and obj["metadata"].get("name"):
-                        self.states.put(obj)
+                        self.states.put((time.time(), obj) if self.timed else obj)
             self.process.wait()
             self.restarts += 1
             self.stopped.wait(0.2 if self.restarts < 5 else 1.0)
@@ -2893,7 +2894,9 @@ def run_warm_pool(args, cluster, output, receipt, facts):
     receipt["template_uid"] = cluster.create_owned(template, run_id)["metadata"]["uid"]
     write_json(output / "receipt.json", receipt)
     selector = "%s=%s" % (RUN_LABEL, run_id)
-    claim_watch = Watch(cluster, "SandboxClaim", "-n", namespace, "sandboxclaims", "-l", selector)
+    # Timed: a claim's bound and Ready times are when the watch delivered them, not when this
+    # loop got round to them.
+    claim_watch = Watch(cluster, "SandboxClaim", "-n", namespace, "sandboxclaims", "-l", selector, timed=True)
     sandbox_watch = Watch(cluster, "Sandbox", "-n", namespace, "sandboxes")
     receipt["pool_uid"] = cluster.create_owned(pool, run_id)["metadata"]["uid"]
     write_json(output / "receipt.json", receipt)
@@ -2939,18 +2942,22 @@ def run_warm_pool(args, cluster, output, receipt, facts):
         results[name] = {"code": code, "error": error, "reason": reason, "sandbox": sandbox, "pod_name": pod_name}
 
     try:
-        create_claims(cluster, claims, run_id, observed)
+        # The claims are created in the background, so that the first claims' episodes start
+        # while the last are still being created (as 1,000 independent clients would).
+        creating = executor.submit(create_claims, cluster, claims, run_id, observed)
         polled = time.monotonic()
         while True:
             states = claim_watch.drain(timeout=WATCH_WAIT_SECONDS)
             if time.monotonic() - polled >= FALLBACK_POLL_SECONDS:
-                states += json.loads(cluster.read("-n", namespace, "get", "sandboxclaims", "-l", selector,
-                                                  "-o", "json"))["items"]
+                listed = json.loads(cluster.read("-n", namespace, "get", "sandboxclaims", "-l", selector,
+                                                 "-o", "json"))["items"]
+                states += [(time.time(), claim) for claim in listed]
                 polled = time.monotonic()
+            if creating.done():
+                creating.result()  # a refused create ends the run here
             for sandbox in sandbox_watch.drain():
                 sandboxes[sandbox["metadata"]["name"]] = sandbox
-            now = time.time()
-            for claim in states:
+            for now, claim in states:
                 name = claim["metadata"]["name"]
                 if name not in observed:
                     continue

@@ -10,7 +10,6 @@ claims (the controller's --extensions flag defaults to false).
 
 import datetime
 import json
-import random
 import time
 
 GROUP_CORE = "agents.x-k8s.io/v1beta1"
@@ -128,6 +127,9 @@ class AgentSandbox:
         self.cluster = cluster
         self.retry_at = {}  # sandbox uid -> when to try creating its pod again
         self.pods_created = set()  # sandbox uids whose pod was created (a deleted pod is not remade here)
+        # Controllers are event-driven: an object is reconciled again only when it, or what it
+        # follows, changed (resourceVersions as of its last pass), or a retry is due.
+        self.synced = {}
 
     def reconcile(self):
         if not installed(self.cluster.config):
@@ -148,6 +150,9 @@ class AgentSandbox:
             namespace = sandbox["metadata"]["namespace"]
             pod_name = sandbox["metadata"].get("annotations", {}).get(POD_NAME, sandbox["metadata"]["name"])
             pod = c.get("pods", namespace, pod_name)
+            key = (sandbox["metadata"]["resourceVersion"], (pod or {}).get("metadata", {}).get("resourceVersion"))
+            if self.synced.get(sandbox["metadata"]["uid"]) == key:
+                continue
             status = json.loads(json.dumps(sandbox.get("status") or {}))
             generation = sandbox["metadata"].get("generation", 1)
             if pod is None and sandbox["metadata"]["uid"] not in self.pods_created:
@@ -196,6 +201,9 @@ class AgentSandbox:
             status["selector"] = "%s=%s" % (NAME_HASH, name_hash(sandbox["metadata"]["name"]))
             status = {k: v for k, v in status.items() if v is not None}
             self.write_status("sandboxes", sandbox, status)
+            if pod is not None:
+                self.synced[sandbox["metadata"]["uid"]] = (sandbox["metadata"]["resourceVersion"],
+                                                           pod["metadata"]["resourceVersion"])
 
     def write_status(self, resource, obj, status):
         if status != obj.get("status"):
@@ -272,11 +280,18 @@ class AgentSandbox:
             if meta.get("deletionTimestamp"):
                 continue
             namespace, generation = meta["namespace"], meta.get("generation", 1)
+            bound_name = (claim.get("status") or {}).get("sandbox", {}).get("name")
+            followed = c.get("sandboxes", namespace, bound_name) if bound_name else None
+            key = (meta["resourceVersion"], (followed or {}).get("metadata", {}).get("resourceVersion"))
+            lifecycle = claim["spec"].get("lifecycle") or {}
+            if self.synced.get(meta["uid"]) == key and not lifecycle.get("shutdownTime"):
+                continue
+            if self.synced.get(meta["uid"]) == key and time.time() < parse_time(lifecycle["shutdownTime"]):
+                continue
             annotations = meta.setdefault("annotations", {})
             if FIRST_OBSERVED not in annotations:
                 annotations[FIRST_OBSERVED] = rfc3339_nano()
                 c.put("sandboxclaims", claim)
-            lifecycle = claim["spec"].get("lifecycle") or {}
             if lifecycle.get("shutdownTime") and time.time() >= parse_time(lifecycle["shutdownTime"]):
                 c.record_event(claim, "Normal", "ClaimExpired", "Claim expired", "sandboxclaim-controller")
                 if lifecycle.get("shutdownPolicy", "Retain") in ("Delete", "DeleteForeground"):
@@ -292,7 +307,7 @@ class AgentSandbox:
             sandbox = c.get("sandboxes", namespace, bound)
             if sandbox is None:
                 status["conditions"] = merge_condition(status.get("conditions") or [], condition(
-                    "Ready", "False", "SandboxMissing", "Sandbox %q not found" % bound, generation))
+                    "Ready", "False", "SandboxMissing", 'Sandbox "%s" not found' % bound, generation))
             else:
                 ready = next((x for x in (sandbox.get("status") or {}).get("conditions") or []
                               if x["type"] == "Ready"), None)
@@ -310,6 +325,8 @@ class AgentSandbox:
                 annotations[FIRST_READY] = rfc3339_nano()
                 c.put("sandboxclaims", claim)
             self.write_status("sandboxclaims", claim, status)
+            if sandbox is not None:
+                self.synced[meta["uid"]] = (meta["resourceVersion"], sandbox["metadata"]["resourceVersion"])
 
     def bind(self, claim, status, generation):
         """getOrCreateSandbox: a warm candidate, else (after the 2 s IP wait) a cold Sandbox.
