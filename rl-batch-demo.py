@@ -431,12 +431,44 @@ def kubectl_program():
     return os.environ.get("KUBECTL") or "kubectl"
 
 
+RUNNING_KUBECTL = set()  # kubectl processes running now, so that an interrupt can stop them all
+STOPPING = threading.Event()  # set while they are stopped: no new kubectl starts meanwhile
+
+
+def stop_running_kubectl(executor):
+    """After Ctrl-C: stop every running kubectl (and start none) until the worker threads of
+    `executor` have ended, so that what is saved next does not change under the saving."""
+    STOPPING.set()
+    try:
+        for process in list(RUNNING_KUBECTL):
+            try:
+                process.terminate()
+            except OSError:
+                pass
+        executor.shutdown(wait=True, cancel_futures=True)
+    finally:
+        STOPPING.clear()
+
+
 def run_kubectl(argv, stdin_text=None, binary=False, timeout=KUBECTL_PROCESS_TIMEOUT_SECONDS):
     """Run kubectl with an argument list; return stdout (bytes if binary) or raise KubectlError."""
     program = kubectl_program()
+    if STOPPING.is_set():
+        raise DemoError("interrupted")
     try:
-        done = subprocess.run([program, *argv], input=stdin_text if not binary else None, text=not binary,
-                              capture_output=True, timeout=timeout)
+        process = subprocess.Popen([program, *argv], stdin=subprocess.PIPE if stdin_text is not None and not binary
+                                   else subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=not binary)
+        RUNNING_KUBECTL.add(process)
+        try:
+            stdout, stderr = process.communicate(stdin_text if not binary else None, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise
+        finally:
+            RUNNING_KUBECTL.discard(process)
+        done = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     except FileNotFoundError:
         raise DemoError("kubectl not found (looked for %r on PATH); install kubectl or set "
                         "KUBECTL to its path" % program) from None
@@ -2985,7 +3017,7 @@ def run_warm_pool(args, cluster, output, receipt, facts):
             future.result()  # an exception in a worker is the tool's own failure: surface it
         run_info["client_job_complete_seconds"] = time.monotonic() - started
     except KeyboardInterrupt:
-        executor.shutdown(wait=False, cancel_futures=True)
+        stop_running_kubectl(executor)  # the running execs: their episodes are cut short, not results
         print("Interrupted: saving the claims and the episodes so far in %s" % output, file=sys.stderr)
         save_warm_state(cluster, namespace, output, selector, names, latest, sandboxes, results, observed, run_info)
         raise

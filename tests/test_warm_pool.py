@@ -199,3 +199,30 @@ def test_nearest_rank_is_the_stress_tests_percentile(tool):
     values = [10, 20, 30, 40]
     assert [tool.nearest_rank(values, p) for p in (25, 50, 51, 90, 100)] == [10, 20, 30, 40, 40]
     assert tool.percentile(values, 0.5) == 25  # ours interpolates: the two rules differ on purpose
+
+
+def test_ctrl_c_during_a_warm_pool_batch_saves_the_claims_and_cleanup_finishes(sandbox_cluster, run_tool, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    from conftest import SCRIPT
+    write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok", "sleep": 60}] * 2)
+    process = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--backend", "warm-pool", "--no-runtime-class",
+                                "--episode", EPISODE, "--tasks", "tasks.jsonl", "--output", "out"], cwd=str(tmp_path),
+                               env=sandbox_cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while len([call for call in sandbox_cluster.calls() if "exec" in call]) < 2:
+        assert time.monotonic() < deadline and process.poll() is None, "the episodes were never exec'd"
+        time.sleep(0.1)
+    started = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert time.monotonic() - started < 15  # the running execs were stopped, not waited for
+    assert "Clean up with:" in stderr
+    assert len(read(tmp_path / "out" / "claims.json")) == 2
+    done = run_tool("cleanup", "--output", "out", cluster=sandbox_cluster)
+    assert done.code == 0, done
+    namespace = read(tmp_path / "out" / "receipt.json")["namespace"]
+    assert namespace not in sandbox_cluster.kubectl("get", "namespaces").stdout
