@@ -277,6 +277,20 @@ def field_value(pod, path, node):
             "metadata.uid": pod["metadata"]["uid"], "spec.nodeName": node}.get(path, "")
 
 
+def translated_argv(argv, mounts, bin_dir):
+    """Without a mount namespace: paths under a mount point to the volume's folder, and
+    `python` to the image's."""
+    translated = []
+    for arg in argv:
+        for mount_path, local in mounts.items():
+            if arg == mount_path or arg.startswith(mount_path + "/"):
+                arg = str(local) + arg[len(mount_path):]
+        translated.append(arg)
+    if translated and translated[0] == "python":
+        translated[0] = str(bin_dir / "python")
+    return translated
+
+
 class ApiError(Exception):
     """A metav1.Status failure."""
 
@@ -692,14 +706,7 @@ class Cluster:
                                            stderr=subprocess.PIPE, start_new_session=True)
             else:
                 mounts = record["mounts"]
-                translated = []
-                for arg in argv:
-                    for mount_path, local in mounts.items():
-                        if arg == mount_path or arg.startswith(mount_path + "/"):
-                            arg = str(local) + arg[len(mount_path):]
-                    translated.append(arg)
-                if translated and translated[0] == "python":
-                    translated[0] = str(record["bin_dir"] / "python")
+                translated = translated_argv(argv, mounts, record["bin_dir"])
                 process = subprocess.Popen(translated, env=env, cwd=str(mounts.get("/workspace", self.dir)),
                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                            start_new_session=True)
@@ -1252,15 +1259,7 @@ class Cluster:
                 env["RL_WORKSPACE"] = str(mounts["/workspace"])
             if offset:
                 env["PYTHONPATH"] = str(pod_dir / "clock")
-            translated = []
-            for arg in argv:
-                for mount_path, local in mounts.items():
-                    if arg == mount_path or arg.startswith(mount_path + "/"):
-                        arg = str(local) + arg[len(mount_path):]
-                translated.append(arg)
-            argv = translated
-            if argv and argv[0] == "python":
-                argv[0] = str(bin_dir / "python")
+            argv = translated_argv(argv, mounts, bin_dir)
             workdir = mounts.get("/workspace", pod_dir)
             env["RL_TERMINATION_LOG"] = str(termination_path)
         restart_fault = self.node_config(node).get("restartContainersOnce", False)
