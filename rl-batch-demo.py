@@ -2447,7 +2447,8 @@ def human_summary(report, output):
     else:
         lines.append("Batch: all ready %s, all rewards %s after the %s." % (
             seconds("batch_to_all_ready_seconds"), seconds("batch_to_all_rewards_seconds"),
-            "batch started" if report.get("backend") == "local" else "Job was created"))
+            {"local": "batch started", "warm-pool": "first claim was created"}.get(report.get("backend"),
+                                                                                  "Job was created")))
     startup = "claim" if report.get("backend") == "warm-pool" else "pod"
     lines.append("%s created -> ready: P50 %s, P95 %s." % (startup.capitalize(), seconds(startup + "_to_ready_p50_seconds"),
                                                          seconds(startup + "_to_ready_p95_seconds")))
@@ -2778,7 +2779,7 @@ def check_agent_sandbox(cluster):
 EXTENSIONS_WAIT_SECONDS = 30  # a pool the controller has not reconciled by then: no extensions controller
 
 
-def wait_for_pool(cluster, namespace, pool_uid, size, wait_seconds, show_progress):
+def wait_for_pool(cluster, namespace, size, wait_seconds, show_progress):
     """Until the pool is reconciled (observedGeneration) and every replica is Ready. Stops early
     when a pool Sandbox reports a refusal that cannot pass. Returns the pool as last seen."""
     watch = Watch(cluster, "SandboxWarmPool", "-n", namespace, "sandboxwarmpools", POOL_NAME)
@@ -2934,7 +2935,7 @@ def run_warm_pool(args, cluster, output, receipt, facts):
     write_json(output / "receipt.json", receipt)
     show_progress = sys.stderr.isatty() and not QUIET
     fill_started = time.monotonic()
-    live_pool = wait_for_pool(cluster, namespace, receipt["pool_uid"], args.pool_size, args.timeout, show_progress)
+    live_pool = wait_for_pool(cluster, namespace, args.pool_size, args.timeout, show_progress)
     pool_record = {"name": POOL_NAME, "template": TEMPLATE_NAME, "size": args.pool_size,
                    "fill_seconds": time.monotonic() - fill_started,
                    "fill_definition": "client monotonic clock: pool created -> readyReplicas = replicas seen; "
