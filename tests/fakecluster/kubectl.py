@@ -38,21 +38,33 @@ CRD_ALIASES = {
     "sandboxclaims.extensions.agents.x-k8s.io": "sandboxclaims",
     "swp": "sandboxwarmpools", "sandboxwarmpool": "sandboxwarmpools", "sandboxwarmpools": "sandboxwarmpools",
     "sandboxwarmpools.extensions.agents.x-k8s.io": "sandboxwarmpools",
+    # kubernetes-sigs/kueue
+    "localqueue": "localqueues", "localqueues": "localqueues", "lq": "localqueues", "queue": "localqueues",
+    "queues": "localqueues", "localqueues.kueue.x-k8s.io": "localqueues",
+    "clusterqueue": "clusterqueues", "clusterqueues": "clusterqueues", "cq": "clusterqueues",
+    "clusterqueues.kueue.x-k8s.io": "clusterqueues",
+    "workload": "workloads", "workloads": "workloads", "kwl": "workloads", "workloads.kueue.x-k8s.io": "workloads",
+    "resourceflavor": "resourceflavors", "resourceflavors": "resourceflavors", "rf": "resourceflavors",
+    "resourceflavors.kueue.x-k8s.io": "resourceflavors",
 }
 CRD_GROUPS = {"sandboxes": "agents.x-k8s.io", "sandboxtemplates": "extensions.agents.x-k8s.io",
-              "sandboxclaims": "extensions.agents.x-k8s.io", "sandboxwarmpools": "extensions.agents.x-k8s.io"}
+              "sandboxclaims": "extensions.agents.x-k8s.io", "sandboxwarmpools": "extensions.agents.x-k8s.io",
+              "localqueues": "kueue.x-k8s.io", "clusterqueues": "kueue.x-k8s.io", "workloads": "kueue.x-k8s.io",
+              "resourceflavors": "kueue.x-k8s.io"}
 KIND_TO_RESOURCE = {"Namespace": "namespaces", "Pod": "pods", "Job": "jobs", "ConfigMap": "configmaps",
                     "Event": "events", "RuntimeClass": "runtimeclasses", "Node": "nodes",
                     "NetworkPolicy": "networkpolicies", "Deployment": "deployments", "Sandbox": "sandboxes",
                     "SandboxTemplate": "sandboxtemplates", "SandboxClaim": "sandboxclaims",
-                    "SandboxWarmPool": "sandboxwarmpools"}
+                    "SandboxWarmPool": "sandboxwarmpools", "LocalQueue": "localqueues",
+                    "ClusterQueue": "clusterqueues", "Workload": "workloads", "ResourceFlavor": "resourceflavors"}
 GROUP = {"jobs": ".batch", "runtimeclasses": ".node.k8s.io", "networkpolicies": ".networking.k8s.io",
          "deployments": ".apps", **{resource: "." + group for resource, group in CRD_GROUPS.items()}}
 SINGULAR = {"namespaces": "namespace", "pods": "pod", "jobs": "job", "configmaps": "configmap",
             "events": "event", "runtimeclasses": "runtimeclass", "nodes": "node",
             "networkpolicies": "networkpolicy", "deployments": "deployment", "sandboxes": "sandbox",
             "sandboxtemplates": "sandboxtemplate", "sandboxclaims": "sandboxclaim",
-            "sandboxwarmpools": "sandboxwarmpool"}
+            "sandboxwarmpools": "sandboxwarmpool", "localqueues": "localqueue", "clusterqueues": "clusterqueue",
+            "workloads": "workload", "resourceflavors": "resourceflavor"}
 VALUE_FLAGS = {"-n", "--namespace", "--context", "--request-timeout", "-o", "--output", "-l",
                "--selector", "-f", "--filename", "-c", "--container", "--cascade", "--wait",
                "--sort-by", "--kubeconfig", "--field-selector"}
@@ -303,7 +315,7 @@ def cmd_get(positionals, flags, namespace, timeout, out):
     elif output in (None, "wide"):
         if not objs:
             where = (" in %s namespace" % namespace) if namespace and resource not in (
-                "namespaces", "nodes", "runtimeclasses") else ""
+                "namespaces", "nodes", "runtimeclasses", "clusterqueues", "resourceflavors") else ""
             sys.stderr.write("No resources found%s.\n" % where)
             return
         out.write(table([HEADERS[resource]] + [row_for(resource, o) for o in objs]))
@@ -363,7 +375,7 @@ def cmd_delete(positionals, flags, namespace, timeout, out):
                 continue
             raise
         # kubectl >= 1.34 names the namespace of a namespaced object (kubernetes/kubernetes#126619)
-        where = "" if resource in ("namespaces", "nodes", "runtimeclasses") else " from %s namespace" % namespace
+        where = "" if resource in ("namespaces", "nodes", "runtimeclasses", "clusterqueues", "resourceflavors") else " from %s namespace" % namespace
         out.write('%s%s "%s" deleted%s\n' % (SINGULAR[resource], GROUP.get(resource, ""), name, where))
         if flags.get("--wait", "true") == "true":
             while True:

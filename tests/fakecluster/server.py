@@ -26,6 +26,7 @@ import time
 import uuid
 
 import agentsandbox
+import kueue
 
 DEFAULT_CONFIG = {
     "kubernetesVersion": "v1.34.3",
@@ -60,6 +61,8 @@ DEFAULT_CONFIG = {
     # {"version": "v0.5.6", "extensions": true} (false: CRDs installed, the controller without
     # --extensions, so pools and claims are never reconciled). See agentsandbox.py.
     "agentSandbox": None,
+    # kubernetes-sigs/kueue: None, or {"version": "v0.19.2", "clusterQueues": [...], ...}; see kueue.py.
+    "kueue": None,
 }
 
 PROFILES = {
@@ -82,6 +85,7 @@ RESOURCES = {
     "networkpolicies": ("networking.k8s.io/v1", "NetworkPolicy", True, ".networking.k8s.io"),
     "deployments": ("apps/v1", "Deployment", True, ".apps"),
     **agentsandbox.RESOURCES,
+    **kueue.RESOURCES,
 }
 
 PSA_ENFORCE = "pod-security.kubernetes.io/enforce"
@@ -323,6 +327,7 @@ class Cluster:
         self.job_synced = {}  # job uid -> when the Job controller last synced it (batching)
         self.mount_namespaces = pod_mount_namespaces_available(config.get("podMountNamespaces", "auto"))
         self.agent_sandbox = agentsandbox.AgentSandbox(self)
+        self.kueue = kueue.Kueue(self)
         self.stop = threading.Event()
         with self.lock:
             self.seed_objects()
@@ -410,11 +415,15 @@ class Cluster:
             self.create_namespace({"metadata": {"name": agentsandbox.CONTROLLER_NAMESPACE}})
             self.namespace_born[agentsandbox.CONTROLLER_NAMESPACE] = 0.0
             self.put("deployments", agentsandbox.controller_deployment(self.config, self.new_metadata))
+        if kueue.installed(self.config):
+            self.kueue.seed(self.new_metadata)
 
     def served(self, resource):
         """Whether the API server serves the resource (CRDs only once installed)."""
         if resource not in RESOURCES:
             return False
+        if resource in kueue.RESOURCES:
+            return kueue.installed(self.config)
         return resource not in agentsandbox.RESOURCES or agentsandbox.installed(self.config)
 
     def discovery(self):
@@ -463,7 +472,11 @@ class Cluster:
         requested_name = name or obj.get("metadata", {}).get("generateName", "")
         obj["metadata"] = self.new_metadata(obj.get("metadata", {}), namespace)
         if resource == "jobs":
+            if kueue.installed(self.config):
+                self.kueue.webhook(obj)
             self.default_job(obj)
+        elif resource in kueue.RESOURCES:
+            obj["metadata"]["generation"] = 1
         elif resource in agentsandbox.RESOURCES:
             if resource == "sandboxclaims" and not (obj.get("spec", {}).get("warmPoolRef") or {}).get("name"):
                 raise ApiError(422, "Invalid", 'SandboxClaim.extensions.agents.x-k8s.io "%s" is invalid: '
@@ -780,6 +793,8 @@ class Cluster:
             self.kubelet()
             self.garbage_collector()
             self.agent_sandbox.reconcile()
+            if kueue.installed(self.config):
+                self.kueue.reconcile()
             self.namespace_controller()
 
     def owned_pods(self, job):
@@ -845,11 +860,13 @@ class Cluster:
             if "Complete" in types or "Failed" in types:
                 continue
             changed = False
+            pods = self.owned_pods(job)
+            if self.suspension(job, book, pods):
+                continue
             if "startTime" not in status:
                 status["startTime"] = now_rfc3339()
                 book["started"] = time.time()
                 changed = True
-            pods = self.owned_pods(job)
             for pod in pods:
                 phase = pod["status"].get("phase")
                 uid = pod["metadata"]["uid"]
@@ -926,6 +943,52 @@ class Cluster:
                 job["status"] = new_status
                 self.put("jobs", job)
 
+    def suspension(self, job, book, pods):
+        """spec.suspend (KEP-2232): a suspended Job has condition Suspended=True (JobSuspended),
+        no active pods (they are deleted) and no startTime, and its deadline does not run; on
+        resume the condition turns False (JobResumed) and startTime is reset to now, so the
+        deadline starts again (job_controller.go syncJob). True while the Job is suspended."""
+        status = job["status"]
+        suspended = job["spec"].get("suspend", False)
+        current = next((c for c in status.get("conditions", []) if c["type"] == "Suspended"), None)
+        if suspended:
+            changed = False
+            if current is None or current["status"] != "True":
+                stamp = now_rfc3339()
+                status["conditions"] = [c for c in status.get("conditions", []) if c["type"] != "Suspended"] + [
+                    {"type": "Suspended", "status": "True", "reason": "JobSuspended", "message": "Job suspended",
+                     "lastProbeTime": stamp, "lastTransitionTime": stamp}]
+                self.record_event(job, "Normal", "Suspended", "Job suspended")
+                status.pop("startTime", None)
+                changed = True
+            for pod in pods:
+                if pod["status"].get("phase") in ("Pending", "Running") and not pod["metadata"].get("deletionTimestamp"):
+                    self.begin_pod_termination(pod)
+                    self.put("pods", pod)
+                    self.record_event(job, "Normal", "SuccessfulDelete", "Deleted pod: " + pod["metadata"]["name"])
+                    changed = True
+            for pod in pods:  # pods that end meanwhile are still counted
+                if pod["status"].get("phase") in ("Succeeded", "Failed") and pod["metadata"]["uid"] not in \
+                        book["succeeded"] | book["failed"] | book["ignored"]:
+                    self.count_finished_pod(job, pod, book)
+                    changed = True
+            terminating = [p for p in self.owned_pods(job) if p["metadata"].get("deletionTimestamp")
+                           and p["status"].get("phase") in ("Pending", "Running")]
+            new_status = dict(self.job_status(job, [], terminating, book))
+            new_status.pop("ready", None)
+            if changed or new_status != status:
+                job["status"] = new_status
+                self.put("jobs", job)
+            return True
+        if current is not None and current["status"] == "True":
+            stamp = now_rfc3339()
+            current.update(status="False", reason="JobResumed", message="Job resumed", lastProbeTime=stamp,
+                           lastTransitionTime=stamp)
+            self.record_event(job, "Normal", "Resumed", "Job resumed")
+            status["startTime"] = stamp
+            book["started"] = time.time()
+        return False
+
     def job_status(self, job, active, terminating, book):
         old = job["status"]
         status = {}
@@ -938,7 +1001,8 @@ class Cluster:
             status["failed"] = len(book["failed"])
         status["ready"] = sum(1 for p in active if any(
             c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", [])))
-        status["startTime"] = old["startTime"]
+        if "startTime" in old:
+            status["startTime"] = old["startTime"]
         if book["succeeded"]:
             status["succeeded"] = len(book["succeeded"])
         status["terminating"] = len(terminating)

@@ -1,0 +1,360 @@
+"""kubernetes-sigs/kueue in the simulated cluster: the batch/job webhook, the Job reconciler,
+Workloads, LocalQueue and ClusterQueue status, FIFO admission against nominal quota, and
+preemption (as a configured fault), as v0.19.2 behaves (mirror ff69552 and tag v0.19.2; see
+ASSUMPTIONS.md, "Kueue").
+
+Installed only when cluster.json has "kueue": {"version": "v0.19.2", "clusterQueues": [...]}:
+  clusterQueues   [{"name": "team", "nominalQuota": {"cpu": "2", "memory": "4Gi"},
+                    "stopPolicy": "None"}], each with one flavor "default-flavor"
+  localQueues     [{"namespace": "ns", "name": "team", "clusterQueue": "team"}]
+  newNamespaceLocalQueue  {"name": "team", "clusterQueue": "team", "delaySeconds": 0.5}: a
+                  namespace policy (as Kyverno's generate rules do) that puts this LocalQueue
+                  in every new namespace
+  manageJobs      false: the batch/job integration is off (the label is ignored)
+  preempt         {"afterSeconds": 1.0, "times": 1}: the first admitted Workload is preempted
+                  this long after its admission, as if a higher-priority one had arrived
+"""
+
+import datetime
+import hashlib
+import json
+import time
+import uuid
+
+GROUP = "kueue.x-k8s.io/v1beta2"
+RESOURCES = {
+    "resourceflavors": (GROUP, "ResourceFlavor", False, ".kueue.x-k8s.io"),
+    "clusterqueues": (GROUP, "ClusterQueue", False, ".kueue.x-k8s.io"),
+    "localqueues": (GROUP, "LocalQueue", True, ".kueue.x-k8s.io"),
+    "workloads": (GROUP, "Workload", True, ".kueue.x-k8s.io"),
+}
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+FLAVOR = "default-flavor"
+
+
+def installed(config):
+    return bool(config.get("kueue"))
+
+
+def stamp(at=None):
+    return datetime.datetime.fromtimestamp(int(at or time.time()), datetime.timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_quantity(value):
+    value = str(value)
+    for suffix, factor in (("Ki", 2 ** 10), ("Mi", 2 ** 20), ("Gi", 2 ** 30), ("m", 1e-3)):
+        if value.endswith(suffix):
+            return float(value[:-len(suffix)]) * factor
+    return float(value)
+
+
+def quantity(resource, amount):
+    """How resource.Quantity prints an amount: CPU in cores or millicores, memory in Mi or Gi."""
+    if resource == "cpu":
+        return ("%d" % round(amount)) if abs(amount - round(amount)) < 1e-9 else "%dm" % round(amount * 1000)
+    if amount % 2 ** 30 == 0:
+        return "%dGi" % (amount // 2 ** 30)
+    return "%dMi" % round(amount / 2 ** 20)
+
+
+def set_condition(obj, type_, status, reason, message, at=None):
+    """meta.SetStatusCondition: the transition time changes only with the status."""
+    conditions = obj.setdefault("status", {}).setdefault("conditions", [])
+    new = {"type": type_, "status": status, "reason": reason, "message": message,
+           "lastTransitionTime": stamp(at), "observedGeneration": obj["metadata"].get("generation", 1)}
+    for index, old in enumerate(conditions):
+        if old["type"] == type_:
+            if old["status"] == status:
+                new["lastTransitionTime"] = old["lastTransitionTime"]
+            changed = old != new
+            conditions[index] = new
+            return changed
+    conditions.append(new)
+    return True
+
+
+def condition(obj, type_):
+    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
+
+
+def workload_name(job):
+    """jobframework.GetWorkloadNameForOwnerWithGVK: job-<name>-<first 5 hex of sha1(kind, group,
+    name, uid)> (workload_names.go)."""
+    digest = hashlib.sha1(("Job\nbatch\n%s\n%s" % (job["metadata"]["name"], job["metadata"]["uid"])).encode())
+    return "job-%s-%s" % (job["metadata"]["name"][:247], digest.hexdigest()[:5])
+
+
+class Kueue:
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.config = cluster.config.get("kueue") or {}
+        self.preempt = dict(self.config.get("preempt") or {})
+        self.admitted_at = {}  # workload uid -> when it was last admitted (for the preemption fault)
+
+    # ------------------------------------------------------------ setup
+
+    def seed(self, new_metadata):
+        c = self.cluster
+        c.put("resourceflavors", {"apiVersion": GROUP, "kind": "ResourceFlavor",
+                                  "metadata": dict(new_metadata({"name": FLAVOR}, ""), generation=1), "spec": {}})
+        for queue in self.config.get("clusterQueues", []):
+            resources = sorted(queue.get("nominalQuota", {}))
+            c.put("clusterqueues", {
+                "apiVersion": GROUP, "kind": "ClusterQueue",
+                "metadata": dict(new_metadata({"name": queue["name"]}, ""), generation=1),
+                "spec": {"namespaceSelector": {}, "queueingStrategy": "BestEffortFIFO",
+                         "stopPolicy": queue.get("stopPolicy", "None"),
+                         "resourceGroups": [{"coveredResources": resources, "flavors": [{"name": FLAVOR, "resources": [
+                             {"name": name, "nominalQuota": queue["nominalQuota"][name]} for name in resources]}]}]}})
+        for queue in self.config.get("localQueues", []):
+            self.make_local_queue(queue["namespace"], queue["name"], queue["clusterQueue"], new_metadata)
+
+    def make_local_queue(self, namespace, name, cluster_queue, new_metadata):
+        meta = dict(new_metadata({"name": name}, namespace), generation=1)
+        self.cluster.put("localqueues", {"apiVersion": GROUP, "kind": "LocalQueue", "metadata": meta,
+                                         "spec": {"clusterQueue": cluster_queue, "stopPolicy": "None"}})
+
+    def webhook(self, job):
+        """mjob.kb.io on CREATE: a Job with the queue label is stored suspended."""
+        if self.config.get("manageJobs", True) and QUEUE_LABEL in (job["metadata"].get("labels") or {}):
+            job.setdefault("spec", {})["suspend"] = True
+
+    # ------------------------------------------------------------ controllers
+
+    def reconcile(self):
+        self.namespace_policy()
+        self.queue_status()
+        self.job_reconciler()
+        self.scheduler()
+        self.preemption_fault()
+        self.garbage_collector()
+
+    def namespace_policy(self):
+        policy = self.config.get("newNamespaceLocalQueue")
+        if not policy:
+            return
+        c = self.cluster
+        for ns in c.items("namespaces"):
+            name = ns["metadata"]["name"]
+            born = c.namespace_born.get(name, 0.0)
+            if not born or ns["metadata"].get("deletionTimestamp") or c.get("localqueues", name, policy["name"]):
+                continue
+            if time.time() - born >= policy.get("delaySeconds", 0.5):
+                self.make_local_queue(name, policy["name"], policy["clusterQueue"], c.new_metadata)
+
+    def queue_status(self):
+        c = self.cluster
+        for cq in c.items("clusterqueues"):
+            stopped = cq["spec"].get("stopPolicy", "None") != "None"
+            changed = set_condition(cq, "Active", "False" if stopped else "True", "Stopped" if stopped else "Ready",
+                                    "Can't admit new workloads: is stopped." if stopped else "Can admit new workloads")
+            if changed:
+                c.put("clusterqueues", cq)
+        for lq in c.items("localqueues"):
+            cq = c.get("clusterqueues", "", lq["spec"].get("clusterQueue"))
+            if lq["spec"].get("stopPolicy", "None") != "None":
+                args = ("False", "Stopped", "LocalQueue is stopped")
+            elif cq is None:
+                args = ("False", "ClusterQueueDoesNotExist", "Can't submit new workloads to clusterQueue")
+            elif condition(cq, "Active").get("status") != "True":
+                args = ("False", "ClusterQueueIsInactive", "Can't submit new workloads to clusterQueue")
+            else:
+                args = ("True", "Ready", "Can submit new workloads to localQueue")
+            if set_condition(lq, "Active", *args):
+                c.put("localqueues", lq)
+
+    def job_reconciler(self):
+        c = self.cluster
+        if not self.config.get("manageJobs", True):
+            return
+        for job in c.items("jobs"):
+            queue = (job["metadata"].get("labels") or {}).get(QUEUE_LABEL)
+            if not queue or job["metadata"].get("deletionTimestamp"):
+                continue
+            namespace = job["metadata"]["namespace"]
+            workload = next((w for w in c.items("workloads", namespace) if (w["metadata"].get("labels") or {}).get(
+                JOB_UID_LABEL) == job["metadata"]["uid"]), None)
+            if workload is None:
+                workload = self.create_workload(job, queue)
+                continue
+            finished = {x["type"] for x in job["status"].get("conditions", []) if x["status"] == "True"} & {
+                "Complete", "Failed"}
+            if finished and condition(workload, "Finished").get("status") != "True":
+                done = "Complete" in finished
+                set_condition(workload, "Finished", "True", "Succeeded" if done else "Failed",
+                              "Job finished successfully" if done else "Job failed")
+                c.put("workloads", workload)
+                continue
+            admitted = condition(workload, "Admitted").get("status") == "True"
+            evicted = condition(workload, "Evicted").get("status") == "True"
+            suspended = job["spec"].get("suspend", False)
+            if admitted and not evicted and suspended:
+                # startJob: unsuspend (RunWithPodSetsInfo); the Job controller then resumes it.
+                job["spec"]["suspend"] = False
+                c.put("jobs", job)
+                c.record_event(job, "Normal", "Started", "Admitted by clusterQueue %s"
+                               % workload["status"]["admission"]["clusterQueue"], "kueue-job-controller")
+            elif evicted and not suspended:
+                # stopJob: suspend; the Job controller deletes the pods.
+                job["spec"]["suspend"] = True
+                c.put("jobs", job)
+                c.record_event(job, "Normal", "Stopped", condition(workload, "Evicted").get("message", ""),
+                               "kueue-job-controller")
+            elif evicted and suspended and admitted and not job["status"].get("active") and not any(
+                    p["metadata"].get("deletionTimestamp") for p in c.owned_pods(job)):
+                # Every pod gone: the quota is released and the Workload requeued.
+                message = condition(workload, "Evicted")["message"]
+                reason = condition(workload, "Evicted")["reason"]
+                workload["status"]["admission"] = None
+                set_condition(workload, "QuotaReserved", "False", reason, message)
+                set_condition(workload, "Admitted", "False", "NoReservation", "The workload has no reservation")
+                set_condition(workload, "Requeued", "True", reason, message)
+                c.put("workloads", workload)
+
+    def create_workload(self, job, queue):
+        c = self.cluster
+        spec = job["spec"]
+        template = json.loads(json.dumps(spec["template"]))
+        body = {"apiVersion": GROUP, "kind": "Workload",
+                "metadata": {"name": workload_name(job), "labels": {JOB_UID_LABEL: job["metadata"]["uid"]},
+                             "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                                                  "name": job["metadata"]["name"], "uid": job["metadata"]["uid"],
+                                                  "controller": True, "blockOwnerDeletion": True}]},
+                "spec": {"active": True, "queueName": queue, "priority": 0, "podSets": [
+                    {"name": "main", "count": min(spec.get("parallelism", 1), spec.get("completions", 1)),
+                     "template": template}]}, "status": {}}
+        workload = c.api_create("workloads", job["metadata"]["namespace"], body)
+        c.record_event(job, "Normal", "CreatedWorkload", "Created Workload: %s/%s" % (
+            job["metadata"]["namespace"], workload["metadata"]["name"]), "kueue-job-controller")
+        return workload
+
+    def demand(self, workload):
+        """Per resource: container requests plus the RuntimeClass's Pod overhead (Kueue adds it
+        to a Job's pod template itself: the template has none), times the pod count."""
+        podset = workload["spec"]["podSets"][0]
+        spec = podset["template"]["spec"]
+        total = {}
+        for container in spec.get("containers", []):
+            for name, value in (container.get("resources", {}).get("requests") or {}).items():
+                total[name] = total.get(name, 0.0) + parse_quantity(value)
+        runtime = self.cluster.get("runtimeclasses", "", spec.get("runtimeClassName") or "")
+        for name, value in ((runtime or {}).get("overhead", {}).get("podFixed") or {}).items():
+            total[name] = total.get(name, 0.0) + parse_quantity(value)
+        return {name: amount * podset["count"] for name, amount in total.items()}
+
+    def usage(self, cq_name):
+        used = {}
+        for workload in self.cluster.items("workloads"):
+            admission = (workload.get("status") or {}).get("admission")
+            if admission and admission.get("clusterQueue") == cq_name and \
+                    condition(workload, "Finished").get("status") != "True":
+                for name, value in admission["podSetAssignments"][0]["resourceUsage"].items():
+                    used[name] = used.get(name, 0.0) + parse_quantity(value)
+        return used
+
+    def scheduler(self):
+        """BestEffortFIFO: pending Workloads oldest first; one that does not fit does not block
+        the others (v0.19.x: reason Pending; Inadmissible for a queue problem)."""
+        c = self.cluster
+        pending = [w for w in c.items("workloads") if condition(w, "QuotaReserved").get("status") != "True"
+                   and condition(w, "Finished").get("status") != "True"]
+        pending.sort(key=lambda w: (w["metadata"]["creationTimestamp"], w["metadata"]["name"]))
+        for workload in pending:
+            namespace, queue = workload["metadata"]["namespace"], workload["spec"]["queueName"]
+            lq = c.get("localqueues", namespace, queue)
+            cq = c.get("clusterqueues", "", (lq or {}).get("spec", {}).get("clusterQueue", ""))
+            if lq is None:
+                self.not_admitted(workload, "Inadmissible", "LocalQueue %s is terminating or missing" % queue)
+            elif lq["spec"].get("stopPolicy", "None") != "None":
+                self.not_admitted(workload, "Inadmissible", "LocalQueue %s is stopped" % queue)
+            elif cq is None:
+                self.not_admitted(workload, "Inadmissible", "ClusterQueue %s is terminating or missing"
+                                  % lq["spec"]["clusterQueue"])
+            elif cq["spec"].get("stopPolicy", "None") != "None":
+                self.not_admitted(workload, "Inadmissible", "ClusterQueue %s is stopped" % cq["metadata"]["name"])
+            else:
+                self.try_admit(workload, cq)
+
+    def try_admit(self, workload, cq):
+        quota = {r["name"]: parse_quantity(r["nominalQuota"])
+                 for r in cq["spec"]["resourceGroups"][0]["flavors"][0]["resources"]}
+        demand, used = self.demand(workload), self.usage(cq["metadata"]["name"])
+        reasons = []
+        for name in sorted(demand):
+            if name not in quota:
+                reasons.append("resource %s unavailable in ClusterQueue" % name)
+            elif demand[name] > quota[name] + 1e-9:
+                reasons.append("insufficient quota for %s in flavor %s, previously considered podsets requests (%s) + "
+                               "current podset request (%s) > maximum capacity (%s)" % (
+                                   name, FLAVOR, quantity(name, 0), quantity(name, demand[name]),
+                                   quantity(name, quota[name])))
+            elif used.get(name, 0.0) + demand[name] > quota[name] + 1e-9:
+                reasons.append("insufficient unused quota for %s in flavor %s, %s more needed" % (
+                    name, FLAVOR, quantity(name, used.get(name, 0.0) + demand[name] - quota[name])))
+        if reasons:
+            self.not_admitted(workload, "Pending", "couldn't assign flavors to pod set main: " + ", ".join(reasons))
+            return
+        c = self.cluster
+        now = time.time()
+        previously = condition(workload, "Evicted")
+        workload["status"]["admission"] = {"clusterQueue": cq["metadata"]["name"], "podSetAssignments": [{
+            "name": "main", "count": workload["spec"]["podSets"][0]["count"],
+            "flavors": {name: FLAVOR for name in sorted(demand)},
+            "resourceUsage": {name: quantity(name, amount) for name, amount in sorted(demand.items())}}]}
+        set_condition(workload, "QuotaReserved", "True", "QuotaReserved",
+                      "Quota reserved in ClusterQueue %s" % cq["metadata"]["name"], now)
+        set_condition(workload, "Admitted", "True", "Admitted", "The workload is admitted", now)
+        if previously.get("status") == "True":
+            for kind in ("Evicted", "Preempted"):
+                old = condition(workload, kind)
+                if old:
+                    set_condition(workload, kind, "False", "QuotaReserved", "Previously: " + old["message"], now)
+            requeued = condition(workload, "Requeued")
+            if requeued:
+                set_condition(workload, "Requeued", "False", "QuotaReserved", "Previously: " + requeued["message"], now)
+        c.put("workloads", workload)
+        self.admitted_at[workload["metadata"]["uid"]] = now
+        queued_since = workload["metadata"]["creationTimestamp"]
+        waited = now - datetime.datetime.fromisoformat(queued_since.replace("Z", "+00:00")).timestamp()
+        c.record_event(workload, "Normal", "QuotaReserved", "Quota reserved in ClusterQueue %s, wait time since queued "
+                       "was %.0fs" % (cq["metadata"]["name"], waited), "kueue-admission")
+        c.record_event(workload, "Normal", "Admitted", "Admitted by ClusterQueue %s, wait time since reservation was 0s"
+                       % cq["metadata"]["name"], "kueue-admission")
+
+    def not_admitted(self, workload, reason, message):
+        changed = set_condition(workload, "QuotaReserved", "False", reason, message)
+        if changed:
+            self.cluster.put("workloads", workload)
+            self.cluster.record_event(workload, "Warning", reason, message, "kueue-admission")
+
+    def preemption_fault(self):
+        """As if a higher-priority Workload had arrived: Evicted (Preempted) and Preempted
+        (InClusterQueue) with the preemptor's message (pkg/scheduler/preemption/preemption.go)."""
+        if self.preempt.get("times", 1) <= 0 or "afterSeconds" not in self.preempt:
+            return
+        for workload in self.cluster.items("workloads"):
+            at = self.admitted_at.get(workload["metadata"]["uid"])
+            if at is None or time.time() - at < self.preempt["afterSeconds"] or \
+                    condition(workload, "Admitted").get("status") != "True" or \
+                    condition(workload, "Evicted").get("status") == "True" or \
+                    condition(workload, "Finished").get("status") == "True":
+                continue
+            self.preempt["times"] = self.preempt.get("times", 1) - 1
+            message = ("Preempted to accommodate a workload (UID: %s, JobUID: %s) due to prioritization in the "
+                       "ClusterQueue; preemptor path: /%s; preemptee path: /%s" % (
+                           uuid.uuid4(), uuid.uuid4(), workload["status"]["admission"]["clusterQueue"],
+                           workload["status"]["admission"]["clusterQueue"]))
+            set_condition(workload, "Evicted", "True", "Preempted", message)
+            set_condition(workload, "Preempted", "True", "InClusterQueue", message)
+            self.cluster.put("workloads", workload)
+            self.cluster.record_event(workload, "Normal", "Preempted", message, "kueue-admission")
+            return
+
+    def garbage_collector(self):
+        jobs = {job["metadata"]["uid"] for job in self.cluster.items("jobs")}
+        for workload in self.cluster.items("workloads"):
+            owner = (workload["metadata"].get("ownerReferences") or [{}])[0]
+            if owner.get("kind") == "Job" and owner.get("uid") not in jobs:
+                self.cluster.remove("workloads", workload)
