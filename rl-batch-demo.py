@@ -129,6 +129,21 @@ TERMINAL_CLAIM_REASONS = ("InvalidMetadata", "EnvVarsInjectionRejected", "Volume
                           "ClaimExpired", "SandboxExpired", "WarmPoolNotFound", "TemplateNotFound")
 WARM_KIND = "WarmPoolEpisode"  # an exec'd episode in the shape of a pod, in episodes.json
 
+# Kueue (kubernetes-sigs/kueue): --queue puts the Job under a LocalQueue.
+KUEUE_VERSION = "v0.19.2"  # the release the install hint names
+KUEUE_INSTALL = ("kubectl --context %s apply --server-side -f https://github.com/kubernetes-sigs/kueue/releases/"
+                 "download/" + KUEUE_VERSION + "/manifests.yaml")
+KUEUE_API = "kueue.x-k8s.io/v1beta2"  # served since v0.15, storage since v0.16
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"  # on the Job's Workload
+WORKLOADS = "workloads.kueue.x-k8s.io"
+DEFAULT_QUEUE_TIMEOUT_SECONDS = 3600  # how long the client waits for an admission (the deadline does not run meanwhile)
+LOCAL_QUEUE_WAIT_SECONDS = 10  # for a LocalQueue that a namespace policy puts in every new namespace
+WORKLOAD_WAIT_SECONDS = 30  # for Kueue to make the Job's Workload
+# A Workload that waiting will not admit: a queue that is missing or stopped, a batch over the
+# ClusterQueue's maximum capacity (QuotaReserved=False reasons and messages, Kueue v0.19).
+NEVER_ADMISSIBLE_REASONS = ("Inadmissible", "Misconfigured", "ExceedsMaxQuota", "Suspended")
+
 # ============================================================================
 # The episode program (runs inside each sandbox)
 # ============================================================================
@@ -404,9 +419,19 @@ def claim_manifests(namespace, run_id, count, shutdown_time):
             for index in range(count)]
 
 
+def local_queue_manifest(namespace, run_id, name, cluster_queue):
+    """The run's own LocalQueue (with --cluster-queue): its namespace is new, so no queue of
+    the user's can be in it."""
+    return {"apiVersion": KUEUE_API, "kind": "LocalQueue",
+            "metadata": {"name": name, "namespace": namespace, "labels": object_labels(run_id, "queue")},
+            "spec": {"clusterQueue": cluster_queue}}
+
+
 def run_manifests(args, namespace, run_id):
     """Every object of one run, in creation order (the namespace first, the Job last)."""
     objects = [namespace_manifest(namespace, run_id), configmap_manifest(namespace, run_id, args.program)]
+    if getattr(args, "cluster_queue", None):
+        objects.append(local_queue_manifest(namespace, run_id, args.queue, args.cluster_queue))
     if args.tasks_list is not None:
         objects.append(tasks_configmap_manifest(namespace, run_id, args.tasks_list))
     if args.network == "none":
@@ -419,6 +444,15 @@ def run_manifests(args, namespace, run_id):
     objects.append(job_manifest(namespace, run_id, args.count, args.parallelism, args.image, runtime,
                                 args.timeout, indexed=bool(args.episode), retries=args.retries,
                                 tasks=args.tasks_list is not None))
+    if getattr(args, "queue", None):
+        # Kueue's webhook stores the Job suspended; it runs once its Workload is admitted.
+        objects[-1]["metadata"]["labels"][QUEUE_LABEL] = args.queue
+        if not args.episode:
+            # A preemption suspends the Job, and the Job controller counts the pods it deletes
+            # then as failed (there is no condition to tell them apart: kubernetes-sigs/jobset
+            # #1117), so backoffLimit 0 would fail the batch at its first preemption. Room for
+            # three preempted waves; validation still refuses any failed pod of the last cycle.
+            objects[-1]["spec"]["backoffLimit"] = 3 * min(args.parallelism, args.count)
     return objects
 
 
@@ -1357,6 +1391,24 @@ def results_from_folder(output):
             if (output / (pod["metadata"]["name"] + ".log")).exists() else None for pod in pods]
     flags = run_info["flags"]
     observed = read_saved(output / "observed.json") or {}
+    queue = read_saved(output / "queue.json")
+    earlier = []
+    if queue and len(queue["cycles"]) > 1:
+        # Pods of a preempted admission cycle are never results: they were created before the
+        # last admission (API server clock, whole seconds).
+        boundary = last_admission_time(queue)
+        earlier = [index for index, pod in enumerate(pods) if parse_k8s_time(pod["metadata"]["creationTimestamp"]) < boundary]
+        kept = [index for index in range(len(pods)) if index not in earlier]
+        earlier_pods = [pods[index] for index in earlier]
+        pods, logs = [pods[index] for index in kept], [logs[index] for index in kept]
+        expected = run_info.get("expected_episodes", flags["count"])
+        finished = [pod for pod in earlier_pods if pod.get("status", {}).get("phase") == "Succeeded"]
+        if len(pods) < expected and finished and not run_info.get("custom_episode"):
+            raise EpisodeInvalid(
+                "expected %d pods after the last admission, found %d: %d pod(s) of a preempted admission cycle "
+                "finished anyway inside their grace period, the Job counted them as succeeded and did not run those "
+                "episodes again, and they are not results (e.g. %s); an episode that exits 0 after SIGTERM is "
+                "counted as done" % (expected, len(pods), len(finished), finished[0]["metadata"]["name"]))
     validate = collect_samples if run_info.get("custom_episode") else collect
     report = validate(pods, logs, job, run_info.get("expected_episodes", flags["count"]), observed)
     local = run_info.get("backend") == "local"
@@ -1378,6 +1430,14 @@ def results_from_folder(output):
         report["round"] = run_info["round"]
     if warm:
         report.update(warm_pool_summary(output, report, observed))
+    if queue:
+        report["queue"] = queue_summary(queue)
+        report["queue"]["preempted_cycle_pods"] = len(earlier)
+        admitted = last_admission_time(queue)
+        readies = [row["times"]["ready"] for row in report["pods"] if row["times"].get("ready")]
+        report["batch_to_all_ready_after_admission_seconds"] = (
+            max(readies) - admitted if readies and admitted and report["clock_skew"]["headline_withheld"] is None
+            else None)
     if (output.parent / "prewarm" / "prewarm.json").exists() or (output / "prewarm" / "prewarm.json").exists():
         where = output / "prewarm" if (output / "prewarm").exists() else output.parent / "prewarm"
         prewarm = read_json(where / "prewarm.json", "the prewarm record")
@@ -1435,6 +1495,10 @@ def summary_view(report):
     view["phase_p50_seconds"] = {name: phase["p50"] for name, phase in report["phases"].items()}
     if "infrastructure_failures" in report:
         view["infrastructure_failures"] = len(report["infrastructure_failures"])
+    if report.get("queue"):
+        view["queued_seconds"] = report["queue"]["queued_seconds"]
+        view["admission_cycles"] = report["queue"]["admission_cycles"]
+        view["batch_to_all_ready_after_admission_seconds"] = report.get("batch_to_all_ready_after_admission_seconds")
     if report.get("backend") == "warm-pool":
         view["pool_fill_seconds"] = report["pool"]["fill_seconds"]
         view["refill_pods_created_during_batch"] = report["refill_pods"]["created_during_batch"]
@@ -1534,7 +1598,9 @@ def cleanup_command(output):
 # A Job run, a warm-pool run and a cold (pool size 0) run side by side: rows a backend does not
 # have are n/a in its column, and dropped when no column has them. "number": a count, by key.
 REPORT_ROWS = [("tasks / rewards", "count", None), ("launch types warm / cold", "launch", None),
-               ("warm pool fill (setup, not measured in the batch)", "batch", "pool.fill_seconds")] + [
+               ("warm pool fill (setup, not measured in the batch)", "batch", "pool.fill_seconds"),
+               ("queued: Job created -> admitted (first cycle)", "batch", "queue.queued_seconds"),
+               ("Kueue admission cycles", "number", "queue.admission_cycles")] + [
     (SCHEMES[phase_scheme(name)][1][name][2] + " P50 / P95", "phase", name) for name in (
         "scheduling", "sandbox_start", "container_start", "scheduled_to_container_started", "interpreter_start",
         "claim_binding", "bound_to_claim_ready", "claim_ready_to_exec", "exec_to_first_statement",
@@ -1651,6 +1717,9 @@ WARM_TIMELINE_COLOURS = {  # a claim is drawn like a pod: its own phases, the ep
 }
 
 
+QUEUED_COLOUR = "#f2c14e"
+
+
 def row_created(row):
     """When an episode's pod (or, warm pool, its claim) was created: the timeline's row order."""
     return row["times"].get("pod_created", row["times"].get("claim_created"))
@@ -1684,6 +1753,15 @@ def timeline_svg(runs):
             label, results["episodes"], results["parallelism"], results["runtime"], where)
         parts.append('<text x="%d" y="%d" font-size="13" font-weight="bold">%s</text>' % (left, y + 12, escape(title)))
         y += 22
+        for cycle in (results.get("queue") or {}).get("cycles") or []:
+            # The queued span(s): the Job waits suspended until Kueue admits it.
+            x0 = left + max(0.0, cycle["queued_since_unix"] - origin) * scale
+            x1 = left + max(0.0, cycle["admitted_at_unix"] - origin) * scale
+            parts.append('<rect class="queued" x="%.2f" y="%d" width="%.2f" height="8" fill="%s"><title>queued (cycle '
+                         '%d): %s</title></rect>' % (x0, y, max(0.0, x1 - x0), QUEUED_COLOUR, cycle["cycle"],
+                                                     format_seconds(cycle["queued_seconds"])))
+        if (results.get("queue") or {}).get("cycles"):
+            y += 12
         top = y
         for row in rows:
             warm = scheme_of(row) == "warm"
@@ -1715,6 +1793,8 @@ def timeline_svg(runs):
                                           else "Job"))
         y += 40
     legend = {}
+    if any((results.get("queue") or {}).get("cycles") for _, results in runs):
+        legend["queued: Job created (or evicted) -> admitted by Kueue"] = QUEUED_COLOUR
     for _, results in runs:
         scheme = "warm" if results.get("backend") == "warm-pool" else "pod"
         for phase, colour in (WARM_TIMELINE_COLOURS if scheme == "warm" else TIMELINE_COLOURS).items():
@@ -1838,6 +1918,31 @@ class JobProgress:
         self.pods = self.watches.pods[job_name]
         self.observed = self.watches.observed[job_name]
         self.failed_creates = []  # the Job's FailedCreate events, as last read
+        self.workload_watch, self.cycles = None, None  # with --queue: the Job's Workload
+        self.last_queue_state = None
+        self.queue_timeout = DEFAULT_QUEUE_TIMEOUT_SECONDS
+
+    def watch_workloads(self):
+        """With --queue, before the Job is created (so that no admission is missed): every
+        Workload of the run's namespace; the Job's is told apart by its job-uid label."""
+        self.workload_watch = Watch(self.cluster, "Workload", "-n", self.namespace, WORKLOADS, timed=True)
+
+    def follow_workload(self, job_uid, job_created, job_created_server, queue_timeout):
+        self.job_uid = job_uid
+        self.cycles = AdmissionCycles(job_created, job_created_server)
+        self.queue_timeout = queue_timeout
+
+    def absorb_workload(self):
+        """Take in the Job's Workload's states; returns the monotonic time its current cycle
+        began (admission, or since when it has been queued)."""
+        for arrival, workload in self.workload_watch.drain():
+            if (workload["metadata"].get("labels") or {}).get(JOB_UID_LABEL) != self.job_uid:
+                continue
+            before = len(self.cycles.cycles), self.cycles.admitted
+            self.cycles.update(arrival, workload)
+            if (len(self.cycles.cycles), self.cycles.admitted) != before:
+                self.cycle_began = time.monotonic()
+        return self.cycle_began
 
     def absorb_pods(self):
         self.watches.absorb()
@@ -1853,9 +1958,20 @@ class JobProgress:
         """Until Complete, FailureTarget/Failed, a reason the pods can never start, or the client
         deadline. Returns (job, 'Complete'|'Failed'|None, blocking reason or None)."""
         deadline = started + wait_seconds
+        self.cycle_began = started
         live = json.loads(self.cluster.read("-n", self.namespace, "get", "job", self.job_name, "-o", "json"))
         progress, progress_at, polled_at = None, time.monotonic(), time.monotonic()
         while True:
+            queue_state = None
+            if self.cycles is not None:
+                # The Job's deadline runs only while it is admitted, and restarts at each
+                # admission; while queued the client waits up to --queue-timeout.
+                began = self.absorb_workload()
+                deadline = began + (wait_seconds if self.cycles.admitted else self.queue_timeout)
+                queue_state = self.cycles.state()
+                if queue_state != self.last_queue_state and not show_progress:
+                    note("%s: %s" % (self.job_name, queue_state))  # one line per change, for logs
+                self.last_queue_state = queue_state
             if self.watches.absorb(timeout=WATCH_WAIT_SECONDS) and self.job_name in self.watches.jobs:
                 live = self.watches.jobs[self.job_name]
             elif time.monotonic() - polled_at >= FALLBACK_POLL_SECONDS:
@@ -1865,10 +1981,18 @@ class JobProgress:
             status = live.get("status", {})
             counts = tuple(status.get(key, 0) for key in ("active", "ready", "succeeded", "failed"))
             if show_progress:
-                sys.stderr.write("\r%s: active %d, ready %d, succeeded %d, failed %d, %.0f s   "
-                                 % ((self.job_name,) + counts + (time.monotonic() - started,)))
+                sys.stderr.write("\r%s: %sactive %d, ready %d, succeeded %d, failed %d, %.0f s   "
+                                 % ((self.job_name, "%s; " % queue_state[:100] if queue_state else "") + counts +
+                                    (time.monotonic() - started,)))
                 sys.stderr.flush()
             blocked = None
+            if self.cycles is not None and not outcome:
+                never = self.cycles.never_admissible()
+                if never:
+                    blocked = "the Job's Workload can never be admitted: %s" % never
+                elif self.cycles.workload is None and time.monotonic() - started > WORKLOAD_WAIT_SECONDS:
+                    blocked = ("Kueue made no Workload for Job %s within %d s; is its job integration and controller "
+                               "running?" % (self.job_name, WORKLOAD_WAIT_SECONDS))
             if counts != progress:
                 progress, progress_at = counts, time.monotonic()
             elif not outcome and time.monotonic() - progress_at >= STALL_CHECK_SECONDS:
@@ -1877,6 +2001,8 @@ class JobProgress:
             if outcome or blocked or time.monotonic() > deadline:
                 if show_progress:
                     sys.stderr.write("\n")
+                if self.cycles is not None:
+                    self.absorb_workload()
                 return live, outcome, blocked
 
     def settled_pods(self, job, timeout=2.0):
@@ -1902,6 +2028,8 @@ class JobProgress:
     def stop(self):
         if self.own_watches:
             self.watches.stop()
+        if self.workload_watch is not None:
+            self.workload_watch.stop()
 
 
 def log_workers(count):
@@ -2042,15 +2170,24 @@ def save_what_is_known(cluster, namespace, job_name, folder, progress=None):
         print("warning: could not save everything: %s" % error, file=sys.stderr)
 
 
-def submit_job(cluster, job, folder, receipt, output):
+def submit_job(cluster, job, folder, receipt, output, progress=None, queue_timeout=DEFAULT_QUEUE_TIMEOUT_SECONDS):
     """Create one Job (recording its UID in the receipt at once); return the client's start time."""
     write_json(folder / "job-submitted.json", job)
-    started = time.monotonic()
+    started, created_at = time.monotonic(), time.time()
     created = cluster.create_owned(job, receipt["run_id"])
     receipt.setdefault("jobs", {})[job["metadata"]["name"]] = created["metadata"]["uid"]
     if job["metadata"]["name"] == JOB_NAME:
         receipt["job_uid"] = created["metadata"]["uid"]  # the seed's key
     write_json(output / "receipt.json", receipt)
+    queue = job["metadata"]["labels"].get(QUEUE_LABEL)
+    if queue:
+        if created.get("spec", {}).get("suspend") is not True:
+            raise DemoError("Kueue did not suspend Job %s when it was created, so it runs unqueued: this cluster's "
+                            "Kueue does not manage batch/v1 Jobs (its batch/job integration is off, or its webhook is "
+                            "not installed)" % job["metadata"]["name"])
+        if progress is not None:
+            progress.follow_workload(created["metadata"]["uid"], created_at,
+                                     parse_k8s_time(created["metadata"]["creationTimestamp"]), queue_timeout)
     return started
 
 
@@ -2073,11 +2210,13 @@ def finish_job(args, cluster, namespace, job_name, folder, started, run_info, no
         settled = progress.settled_pods(live) if outcome == "Complete" else None
     except KeyboardInterrupt:
         progress.stop()
+        save_queue_record(folder, progress, run_info)
         save_what_is_known(cluster, namespace, job_name, folder, progress)
         raise
     finally:
         progress.stop()
     write_json(folder / "observed.json", progress.observed)
+    save_queue_record(folder, progress, run_info)
     try:
         pods, gone = settled, None
         if pods is None:
@@ -2119,9 +2258,12 @@ def finish_job(args, cluster, namespace, job_name, folder, started, run_info, no
             raise DemoError("%s; stopped early instead of waiting for the deadline; %s" % (blocked, where))
         not_started = why_not_started(pods, progress.failed_creates)
         why = "; pods not running: %s" % "; ".join(not_started[:3]) if not_started else ""
+        if outcome is None and progress.cycles is not None and not progress.cycles.admitted:
+            raise BatchTimeout("Job %s was not admitted by Kueue within %d s (--queue-timeout; %s); %s"
+                               % (job_name, progress.queue_timeout, progress.cycles.state(), where))
         if outcome is None:
-            raise BatchTimeout("Job %s did not finish within the client's %d s wait%s; %s"
-                               % (job_name, wait_seconds, why, where))
+            raise BatchTimeout("Job %s did not finish within the client's %d s wait%s%s; %s"
+                               % (job_name, wait_seconds, " after its admission" if progress.cycles else "", why, where))
         failed = job_condition(live, "Failed") or job_condition(live, "FailureTarget")
         message = "Job %s failed (%s: %s)" % (job_name, failed.get("reason"), failed.get("message"))
         details = describe_failed_pods(pods, [logs.get(pod["metadata"]["name"], "") for pod in pods])
@@ -2160,6 +2302,16 @@ def finish_job(args, cluster, namespace, job_name, folder, started, run_info, no
     report["log_archive"] = log_archive_summary(folder)
     write_json(folder / "results.json", report)
     return report
+
+
+def save_queue_record(folder, progress, run_info):
+    """With --queue: queue.json (the admission cycles as the watch saw them) and workload.json."""
+    if progress.cycles is None:
+        return
+    queue = run_info.get("queue") or {}
+    write_json(folder / "queue.json", progress.cycles.record(queue.get("local_queue"), queue.get("cluster_queue")))
+    if progress.cycles.workload is not None:
+        write_json(folder / "workload.json", progress.cycles.workload)
 
 
 def log_archive_summary(folder):
@@ -2222,6 +2374,8 @@ def cmd_run(args):
     run_id = uuid.uuid4().hex[:12]
     namespace = NAMESPACE_PREFIX + run_id
     receipt = {"context": context, "namespace": namespace, "run_id": run_id}
+    if args.queue:
+        receipt["queue"] = args.queue  # cleanup then also waits for the Job's Workload to go
     # The receipt names the namespace before any cluster change, so every failure after
     # this line leaves something `cleanup` can finish.
     write_json(output / "receipt.json", receipt)
@@ -2337,6 +2491,8 @@ def read_cluster_facts(args, cluster):
                             "--context %s get runtimeclass`, then pass --runtime NAME (or "
                             "--no-runtime-class for the cluster's default runtime)"
                             % (runtime, cluster.context, cluster.context)) from None
+    if args.queue:
+        facts["kueue"] = check_kueue(args, cluster, facts["runtime_class"])
     facts["preflight"] = None
     try:
         facts["nodes"] = json.loads(cluster.read("get", "nodes", "-o", "json"))["items"]
@@ -2379,6 +2535,9 @@ def run_experiment(args, cluster, output, receipt, facts):
     say("Test namespace:", namespace)
     for obj in supporting:
         cluster.create_owned(obj, run_id)
+    if args.queue:
+        run_info["queue"] = prepare_queue(args, cluster, namespace, facts["kueue"])
+        write_json(output / "run.json", run_info)
 
     def prepare(folder, expected, extra):
         folder.mkdir(exist_ok=True)
@@ -2398,7 +2557,9 @@ def run_experiment(args, cluster, output, receipt, facts):
         job = dict(job, metadata=dict(job["metadata"], name=JOB_NAME if args.rounds == 1 else "%s-%d" % (
             JOB_NAME, number)))
         progress = JobProgress(cluster, namespace, job["metadata"]["name"])
-        started = submit_job(cluster, job, folder, receipt, output)
+        if args.queue:
+            progress.watch_workloads()
+        started = submit_job(cluster, job, folder, receipt, output, progress, args.queue_timeout)
         if args.rounds > 1:
             note("round %d of %d: Job %s" % (number, args.rounds, job["metadata"]["name"]))
         rounds.append(finish_job(args, cluster, namespace, job["metadata"]["name"], folder, started, info, nodes,
@@ -2452,6 +2613,10 @@ def human_summary(report, output):
     startup = "claim" if report.get("backend") == "warm-pool" else "pod"
     lines.append("%s created -> ready: P50 %s, P95 %s." % (startup.capitalize(), seconds(startup + "_to_ready_p50_seconds"),
                                                          seconds(startup + "_to_ready_p95_seconds")))
+    if report.get("queue"):
+        queued = report["queue"]["queued_seconds"]
+        lines.append("Queued %s before Kueue admitted the Job (%d admission cycle(s)); the batch times above include "
+                     "it." % ("n/a" if queued is None else "%.2f s" % queued, report["queue"]["admission_cycles"]))
     if report.get("backend") == "warm-pool":
         lines.append("Launch types: %s; %d refill pods started during the batch." % (", ".join(
             "%s %d" % item for item in report["launch_types"].items()), report["refill_pods"]["created_during_batch"]))
@@ -2666,6 +2831,225 @@ def run_local_batch(args, folder, run_info):
         error_type = BatchTimeout if timed_out else BatchFailed
         raise error_type("local batch failed: %s; %s" % ("; ".join(details[:3]), where))
     return write_results(folder, where)
+
+
+# ============================================================================
+# Kueue: the Job through a LocalQueue; queue wait apart from startup
+# ============================================================================
+
+
+def queue_demand(parallelism, count, runtime_class):
+    """What the Job's Workload asks of its ClusterQueue: (requests + Pod overhead) x
+    min(parallelism, completions) pods (Kueue's podSet count), per resource."""
+    overhead = (runtime_class or {}).get("overhead", {}).get("podFixed", {})
+    pods = min(parallelism, count)
+    return {name: (parse_quantity(EPISODE_REQUESTS.get(name, 0)) + parse_quantity(overhead.get(name, 0))) * pods
+            for name in sorted(set(EPISODE_REQUESTS) | set(overhead))}
+
+
+def never_fits(cluster_queue, demand):
+    """Why the batch can never be admitted by this ClusterQueue, or None: a resource it does
+    not cover, or a demand over its nominal quota (summed over flavors). A queue in a cohort
+    may borrow, so only its uncovered resources are judged."""
+    groups = cluster_queue.get("spec", {}).get("resourceGroups") or []
+    nominal = {}
+    for group in groups:
+        for flavor in group.get("flavors") or []:
+            for resource in flavor.get("resources") or []:
+                nominal[resource["name"]] = nominal.get(resource["name"], 0.0) + parse_quantity(resource["nominalQuota"])
+    for name, amount in demand.items():
+        if name not in nominal:
+            return "ClusterQueue %s covers no %s" % (cluster_queue["metadata"]["name"], name)
+        if amount > nominal[name] + 1e-9 and not cluster_queue.get("spec", {}).get("cohort"):
+            shown = "%.0fm" % (amount * 1000) if name == "cpu" else mebibytes(amount)
+            limit = "%.0fm" % (nominal[name] * 1000) if name == "cpu" else mebibytes(nominal[name])
+            return ("the batch needs %s %s at once, over ClusterQueue %s's nominal quota of %s"
+                    % (shown, name, cluster_queue["metadata"]["name"], limit))
+    return None
+
+
+def queue_refusal(cluster_queue, demand):
+    """Why a readable ClusterQueue can never admit the batch (stopped, inactive, too small), or None."""
+    name = cluster_queue["metadata"]["name"]
+    if cluster_queue.get("spec", {}).get("stopPolicy", "None") not in ("None", None):
+        return "ClusterQueue %s is stopped (stopPolicy %s)" % (name, cluster_queue["spec"]["stopPolicy"])
+    active = next((c for c in (cluster_queue.get("status") or {}).get("conditions") or []
+                   if c.get("type") == "Active"), None)
+    if active is not None and active.get("status") != "True":
+        return "ClusterQueue %s is not active (%s: %s)" % (name, active.get("reason"), active.get("message"))
+    return never_fits(cluster_queue, demand)
+
+
+def check_kueue(args, cluster, runtime_class):
+    """Read-only, before anything is created: Kueue's API is served and, with --cluster-queue,
+    that ClusterQueue exists, is active, is not stopped and could ever fit the batch. A
+    ClusterQueue the user may not read is "unknown", not a failure."""
+    served = set(cluster.read("api-resources", "--api-group=kueue.x-k8s.io", "-o", "name").split())
+    if not {"localqueues.kueue.x-k8s.io", WORKLOADS} <= served:
+        raise DemoError("--queue needs Kueue on context %s, and the API serves no LocalQueues or Workloads; install it "
+                        "with `%s`, or leave --queue out" % (cluster.context, KUEUE_INSTALL % cluster.context))
+    facts = {"cluster_queue": args.cluster_queue, "cluster_queue_state": "unknown",
+             "demand": {name: round(value, 6) for name, value in
+                        queue_demand(args.parallelism, args.count, runtime_class).items()}}
+    if not args.cluster_queue:
+        return facts
+    try:
+        queue = cluster.get_json("clusterqueues.kueue.x-k8s.io", args.cluster_queue)
+    except KubectlError as error:
+        if "(Forbidden)" not in error.stderr:
+            raise
+        note("cannot read ClusterQueue %s (forbidden): whether it can admit the batch is unknown" % args.cluster_queue)
+        return facts
+    if queue is None:
+        raise DemoError("ClusterQueue %s does not exist on context %s; list them with `kubectl --context %s get "
+                        "clusterqueues` and pass one with --cluster-queue" % (args.cluster_queue, cluster.context,
+                                                                              cluster.context))
+    refusal = queue_refusal(queue, queue_demand(args.parallelism, args.count, runtime_class))
+    if refusal:
+        raise DemoError("--queue: %s, so the batch could never be admitted; choose another --cluster-queue or a "
+                        "smaller --parallelism" % refusal)
+    facts["cluster_queue_state"] = "active, fits"
+    return facts
+
+
+def prepare_queue(args, cluster, namespace, facts):
+    """The LocalQueue in the run's namespace, before the Job: the run's own (--cluster-queue,
+    created with the other objects) must turn Active; without it a namespace policy must have
+    put one of that name there. Its ClusterQueue is then checked like in check_kueue."""
+    deadline = time.monotonic() + (30 if args.cluster_queue else LOCAL_QUEUE_WAIT_SECONDS)
+    while True:
+        queue = cluster.get_json("-n", namespace, "localqueues.kueue.x-k8s.io", args.queue)
+        active = next((c for c in ((queue or {}).get("status") or {}).get("conditions") or []
+                       if c.get("type") == "Active"), {})
+        if active.get("status") == "True":
+            break
+        if time.monotonic() > deadline:
+            if queue is None:
+                raise DemoError("LocalQueue %s does not exist in the run's namespace %s: the tool runs in a new "
+                                "namespace of its own, so pass --cluster-queue NAME to have it create LocalQueue %s "
+                                "there for that ClusterQueue (or have a namespace policy create it)"
+                                % (args.queue, namespace, args.queue))
+            raise DemoError("LocalQueue %s is not active (%s: %s); check its ClusterQueue %s" % (
+                args.queue, active.get("reason"), active.get("message"), queue["spec"].get("clusterQueue")))
+        time.sleep(0.25)
+    cluster_queue = queue["spec"].get("clusterQueue")
+    record = dict(facts, local_queue=args.queue, cluster_queue=cluster_queue,
+                  local_queue_created_by_tool=bool(args.cluster_queue))
+    if not args.cluster_queue:
+        try:
+            live = cluster.get_json("clusterqueues.kueue.x-k8s.io", cluster_queue)
+        except KubectlError as error:
+            if "(Forbidden)" not in error.stderr:
+                raise
+            live = None
+        if live is not None:
+            refusal = queue_refusal(live, facts["demand"])
+            if refusal:
+                raise DemoError("--queue %s: %s, so the batch could never be admitted" % (args.queue, refusal))
+            record["cluster_queue_state"] = "active, fits"
+    return record
+
+
+class AdmissionCycles:
+    """The Job's Workload as the watch delivers it: each admission cycle (admitted, then maybe
+    evicted), when each began and ended, and the Workload's latest state for the progress
+    line. `job_created` is the client's clock just before the Job's create call,
+    `job_created_server` the Job's creationTimestamp (for a cycle backfilled at 1 s)."""
+
+    def __init__(self, job_created, job_created_server):
+        self.job_created, self.job_created_server = job_created, job_created_server
+        self.cycles = []
+        self.workload = None
+        self.seen_first = None  # client time of the first Workload state seen
+
+    def update(self, arrival, workload):
+        first = self.workload is None
+        self.workload = workload
+        if first:
+            self.seen_first = arrival
+        admitted = workload_condition(workload, "Admitted")
+        evicted = workload_condition(workload, "Evicted")
+        open_cycle = self.cycles and self.cycles[-1].get("evicted_at") is None
+        if admitted.get("status") == "True" and evicted.get("status") != "True" and not open_cycle:
+            server = parse_k8s_time(admitted["lastTransitionTime"])
+            # The watch's first sight already admitted (it began late, or restarted): the moment
+            # itself was missed, so both ends come from the API, at whole seconds.
+            late = first and not self.cycles
+            self.cycles.append({
+                "admitted_at": server if late else arrival, "admitted_at_server": server,
+                "admitted_source": "Admitted lastTransitionTime - Job creationTimestamp (API clocks, whole seconds: "
+                                   "the watch saw it admitted first)" if late else "watch arrival (client clock)",
+                "queued_since": self.cycles[-1]["evicted_at"] if self.cycles else
+                self.job_created_server if late else self.job_created})
+        elif evicted.get("status") == "True" and open_cycle:
+            self.cycles[-1].update(evicted_at=arrival, evicted_reason=evicted.get("reason"),
+                                   evicted_message=evicted.get("message"))
+
+    @property
+    def admitted(self):
+        return bool(self.cycles) and self.cycles[-1].get("evicted_at") is None
+
+    def state(self):
+        """'admitted', or the reason and message it waits with (for the progress line)."""
+        if self.workload is None:
+            return "no Workload yet"
+        if self.admitted:
+            return "admitted"
+        evicted = workload_condition(self.workload, "Evicted")
+        if evicted.get("status") == "True" and workload_condition(self.workload, "QuotaReserved").get("status") == "True":
+            return "evicted (%s), its pods terminating: %s" % (evicted.get("reason"), evicted.get("message"))
+        reserved = workload_condition(self.workload, "QuotaReserved")
+        return "queued: %s" % ("%s: %s" % (reserved.get("reason"), reserved.get("message")) if reserved else "pending")
+
+    def never_admissible(self):
+        """The condition's message when waiting will not admit the Workload, else None."""
+        if self.workload is None or self.admitted:
+            return None
+        reserved = workload_condition(self.workload, "QuotaReserved")
+        if reserved.get("status") == "False" and (reserved.get("reason") in NEVER_ADMISSIBLE_REASONS or
+                                                  "maximum capacity" in (reserved.get("message") or "")):
+            return reserved.get("message") or reserved.get("reason")
+        return None
+
+    def record(self, local_queue, cluster_queue):
+        return {"local_queue": local_queue, "cluster_queue": cluster_queue,
+                "workload": (self.workload or {}).get("metadata", {}).get("name"), "job_create_called": self.job_created,
+                "cycles": self.cycles, "last_state": self.state()}
+
+
+def workload_condition(workload, kind):
+    return next((c for c in (workload.get("status") or {}).get("conditions") or [] if c.get("type") == kind), {})
+
+
+def queue_summary(record):
+    """results.json's `queue`: the first admission wait, every cycle with its reason and wait,
+    and what the batch figures include. Times on the client clock, except where backfilled."""
+    cycles = []
+    for number, cycle in enumerate(record["cycles"], 1):
+        cycles.append({"cycle": number, "queued_seconds": cycle["admitted_at"] - cycle["queued_since"],
+                       "queued_since_unix": cycle["queued_since"], "admitted_at_unix": cycle["admitted_at"],
+                       "admitted_source": cycle["admitted_source"],
+                       "admitted_at_server": iso_micro(cycle["admitted_at_server"]),
+                       "ran_seconds": (cycle["evicted_at"] - cycle["admitted_at"]) if cycle.get("evicted_at") else None,
+                       "evicted_reason": cycle.get("evicted_reason"), "evicted_message": cycle.get("evicted_message")})
+    return {"local_queue": record["local_queue"], "cluster_queue": record["cluster_queue"],
+            "workload": record["workload"], "admission_cycles": len(cycles),
+            "queued_seconds": cycles[0]["queued_seconds"] if cycles else None,
+            "total_queued_seconds": sum(c["queued_seconds"] for c in cycles) if cycles else None,
+            "queued_definition": "Job create call -> the Workload's Admitted=True as the watch delivered it (client "
+                                 "clock); a cycle after an eviction is queued from the eviction's arrival",
+            "cycles": cycles,
+            "batch_figures_include_queueing": True,
+            "batch_figures_note": "batch_to_all_ready_seconds and batch_to_all_rewards_seconds run from the Job's "
+                                  "creation, so they include the queue wait; batch_to_all_ready_after_admission_seconds "
+                                  "does not; every per-episode phase starts at pod creation, after admission",
+            "deadline_note": "activeDeadlineSeconds does not run while the Job is suspended, and each admission "
+                             "restarts it (the Job's startTime is reset on resume)"}
+
+
+def last_admission_time(record):
+    """The server time of the last admission (whole seconds), or None."""
+    return record["cycles"][-1]["admitted_at_server"] if record.get("cycles") else None
 
 
 # ============================================================================
@@ -3198,6 +3582,13 @@ def cleanup_one(output):
     if live_jobs:
         wait_until_gone(cluster, "Jobs or their pods in %s" % namespace, ("-n", namespace, "jobs"),
                         CLEANUP_WAIT_SECONDS)
+    if receipt.get("queue"):
+        # A Job's Workload goes with it (garbage collection, ownerReference); wait as for pods.
+        try:
+            wait_until_gone(cluster, "Workloads in %s" % namespace, ("-n", namespace, WORKLOADS), CLEANUP_WAIT_SECONDS)
+        except KubectlError as error:
+            if "doesn't have a resource type" not in error.stderr:
+                raise
     try:
         delete_retrying(cluster, "delete", "namespace", namespace, "--wait=false")
     except KubectlError as error:
@@ -3308,6 +3699,8 @@ def run_row(namespace, jobs, receipts, now, claims=None):
         state = "no Job"
     elif "Failed" in outcomes:
         state = "Failed"
+    elif any(job.get("spec", {}).get("suspend") and outcome is None for job, outcome in zip(jobs, outcomes)):
+        state = "Queued"  # suspended until Kueue admits it
     else:
         state = "Complete" if all(outcome == "Complete" for outcome in outcomes) else "Running"
     receipt = "-"
@@ -3454,6 +3847,15 @@ def build_parser():
     run.add_argument("--network", choices=("default", "none"), default="default",
                      help="`none`: a default-deny NetworkPolicy (ingress and egress) in the run's "
                           "namespace; needs a CNI that enforces NetworkPolicies (default: default)")
+    run.add_argument("--queue", metavar="NAME",
+                     help="submit the Job through the Kueue LocalQueue NAME (label kueue.x-k8s.io/queue-name): it "
+                          "waits suspended until admitted; the queue wait is reported apart from startup")
+    run.add_argument("--cluster-queue", metavar="NAME",
+                     help="with --queue: create LocalQueue NAME in the run's new namespace for this ClusterQueue "
+                          "(without it, a namespace policy must put the LocalQueue there)")
+    run.add_argument("--queue-timeout", type=int, default=DEFAULT_QUEUE_TIMEOUT_SECONDS, metavar="SECONDS",
+                     help="with --queue: how long to wait for an admission (the Job's deadline does not run while "
+                          "it is queued) (default %d)" % DEFAULT_QUEUE_TIMEOUT_SECONDS)
     run.add_argument("--dry-run", action="store_true",
                      help="print the objects a run would create (JSON for `kubectl create -f -`); "
                           "touch neither the cluster nor the output folder")
@@ -3545,6 +3947,13 @@ def parse_args(argv):
         if not args.output and not args.dry_run:
             args.subparser.error("--output DIR is required (unless --dry-run)")
         load_episode_inputs(args)
+        if args.cluster_queue and not args.queue:
+            args.subparser.error("--cluster-queue needs --queue NAME (the LocalQueue to create for it)")
+        if args.queue and (args.backend != "kubernetes" or args.prewarm):
+            args.subparser.error("--queue is for the Job backend without --prewarm (Kueue admits Jobs; prewarm Jobs "
+                                 "would have to queue too)")
+        if args.queue_timeout < 1:
+            args.subparser.error("--queue-timeout must be at least 1 second, got %d" % args.queue_timeout)
         if args.backend != "warm-pool":
             for flag, used in (("--pool-size", args.pool_size is not None),
                                ("--exec-concurrency", args.exec_concurrency is not None)):

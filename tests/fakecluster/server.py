@@ -522,7 +522,8 @@ class Cluster:
         spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
         spec.setdefault("suspend", False)
         template = spec.setdefault("template", {})
-        template.setdefault("metadata", {})["labels"] = {**template["metadata"].get("labels", {}), **labels}
+        template_meta = template.setdefault("metadata", {})
+        template_meta["labels"] = {**template_meta.get("labels", {}), **labels}
         pod_spec = template.setdefault("spec", {})
         for container in pod_spec.get("containers", []):
             image = container.get("image", "")
@@ -979,7 +980,9 @@ class Cluster:
             if changed or new_status != status:
                 job["status"] = new_status
                 self.put("jobs", job)
-            return True
+            # The backoff limit is judged while suspended too: the pods deleted at suspension
+            # count as failed (isPodFailed: deleted and not Succeeded).
+            return len(book["failed"]) <= job["spec"]["backoffLimit"]
         if current is not None and current["status"] == "True":
             stamp = now_rfc3339()
             current.update(status="False", reason="JobResumed", message="Job resumed", lastProbeTime=stamp,

@@ -1,0 +1,248 @@
+"""Issue 13: the batch through a Kueue LocalQueue, its queue wait apart from startup, through the
+simulated cluster (Kueue v0.19.2), end to end as a user runs it."""
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import SCRIPT
+from test_custom import read
+
+TEAM = {"name": "team", "nominalQuota": {"cpu": "2", "memory": "4Gi"}}
+
+
+def kueue(**extra):
+    return {"kueue": dict({"version": "v0.19.2", "clusterQueues": [TEAM]}, **extra)}
+
+
+def queued_run(run_tool, cluster, output, *args):
+    return run_tool("run", "--no-runtime-class", "--count", "4", "--output", output, *args, cluster=cluster)
+
+
+def test_a_batch_through_a_free_queue_is_queued_about_a_tick_and_returns_every_reward(make_cluster, run_tool,
+                                                                                     tmp_path):
+    cluster = make_cluster(kueue())
+    done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "team")
+    assert done.code == 0, done
+    results = read(tmp_path / "out" / "results.json")
+    assert (results["successful_episodes"], results["reward_sum"]) == (4, 4)
+    queue = results["queue"]
+    assert (queue["local_queue"], queue["cluster_queue"], queue["admission_cycles"]) == ("team", "team", 1)
+    assert 0 <= queue["queued_seconds"] < 1.5
+    assert queue["workload"].startswith("job-rollout-") and queue["batch_figures_include_queueing"] is True
+    assert results["batch_to_all_ready_after_admission_seconds"] is not None
+    job = read(tmp_path / "out" / "job-submitted.json")
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team"
+    assert read(tmp_path / "out" / "workload.json")["metadata"]["labels"]["kueue.x-k8s.io/job-uid"] == \
+        read(tmp_path / "out" / "receipt.json")["job_uid"]
+
+
+def start_blocker(cluster, tmp_path, seconds):
+    """A Job of another team that holds 1.9 of the ClusterQueue's 2 CPUs for `seconds`."""
+    job = {"apiVersion": "batch/v1", "kind": "Job",
+           "metadata": {"name": "blocker", "namespace": "default", "labels": {"kueue.x-k8s.io/queue-name": "team"}},
+           "spec": {"completions": 1, "parallelism": 1, "template": {"spec": {"restartPolicy": "Never", "containers": [
+               {"name": "work", "image": "slow:1", "command": ["python", "-c", "pass"],
+                "resources": {"requests": {"cpu": "1900m", "memory": "64Mi"}}}]}}}}
+    cluster.kubectl("create", "-f", "-", stdin=json.dumps(job))
+    deadline = time.monotonic() + 10
+    while True:
+        workloads = cluster.get_json("-n", "default", "workloads")["items"]
+        if workloads and any(c["type"] == "Admitted" and c["status"] == "True"
+                             for c in workloads[0].get("status", {}).get("conditions", [])):
+            return
+        assert time.monotonic() < deadline, "the blocker was never admitted"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def busy_cluster(make_cluster, tmp_path):
+    image = tmp_path / "image-slow"
+    image.write_text("#!/bin/sh\nexec sleep 3\n")
+    image.chmod(0o755)
+    config = kueue(localQueues=[{"namespace": "default", "name": "team", "clusterQueue": "team"}])
+    config["images"] = {"python:3.12-alpine": {"python": sys.executable}, "slow:1": {"python": str(image)}}
+    return make_cluster(config)
+
+
+def test_a_batch_queued_behind_another_shows_the_wait_and_the_message(busy_cluster, run_tool, tmp_path):
+    start_blocker(busy_cluster, tmp_path, 3)
+    done = queued_run(run_tool, busy_cluster, "out", "--queue", "team", "--cluster-queue", "team")
+    assert done.code == 0, done
+    assert ("rollout: queued: Pending: couldn't assign flavors to pod set main: insufficient unused quota for cpu in "
+            "flavor default-flavor, 300m more needed") in done.stderr
+    results = read(tmp_path / "out" / "results.json")
+    assert results["queue"]["queued_seconds"] > 1.0
+    # the queue wait is in the batch figures from the Job's creation, not in the per-episode phases
+    assert results["batch_to_all_ready_seconds"] > results["batch_to_all_ready_after_admission_seconds"]
+    assert results["phases"]["pod_to_ready"]["max"] < results["queue"]["queued_seconds"] + \
+        results["batch_to_all_ready_after_admission_seconds"]
+
+
+def test_a_misspelt_cluster_queue_is_refused_before_anything_is_created(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster(kueue())
+    done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "tema")
+    assert done.code == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ClusterQueue tema does not exist on context kind-rl")
+    assert not (tmp_path / "out").exists()
+    assert "agc-rl-" not in cluster.kubectl("get", "namespaces").stdout
+
+
+def test_a_missing_local_queue_is_refused_before_the_job_and_cleanup_finishes(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster(kueue(newNamespaceLocalQueue={"name": "team", "clusterQueue": "team", "delaySeconds": 0.2}))
+    done = queued_run(run_tool, cluster, "out", "--queue", "tema")
+    assert done.code == 1
+    assert "LocalQueue tema does not exist in the run's namespace" in done.stderr and "--cluster-queue" in done.stderr
+    assert "job_uid" not in read(tmp_path / "out" / "receipt.json")
+    assert run_tool("cleanup", "--output", "out", cluster=cluster).code == 0
+
+
+def test_a_local_queue_made_by_a_namespace_policy_is_used(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster(kueue(newNamespaceLocalQueue={"name": "team", "clusterQueue": "team", "delaySeconds": 0.5}))
+    done = queued_run(run_tool, cluster, "out", "--queue", "team")
+    assert done.code == 0, done
+    queue = read(tmp_path / "out" / "results.json")["queue"]
+    assert (queue["cluster_queue"], queue["admission_cycles"]) == ("team", 1)
+
+
+def test_a_batch_that_never_fits_is_refused_by_the_preflight(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster(kueue(clusterQueues=[{"name": "tiny", "nominalQuota": {"cpu": "200m", "memory": "4Gi"}}]))
+    done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "tiny")
+    assert done.code == 1
+    assert "the batch needs 400m cpu at once, over ClusterQueue tiny's nominal quota of 200m" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_batch_that_never_fits_an_unreadable_queue_stops_early_with_the_condition(make_cluster, run_tool,
+                                                                                     tmp_path):
+    cluster = make_cluster(dict(kueue(
+        clusterQueues=[{"name": "tiny", "nominalQuota": {"cpu": "200m", "memory": "4Gi"}}],
+        newNamespaceLocalQueue={"name": "team", "clusterQueue": "tiny", "delaySeconds": 0.2}),
+        forbid=[{"verb": "get", "resource": "clusterqueues"}]))
+    started = time.monotonic()
+    done = queued_run(run_tool, cluster, "out", "--queue", "team")
+    assert done.code == 1, done
+    assert time.monotonic() - started < 30  # not the client's deadline
+    assert ("the Job's Workload can never be admitted: couldn't assign flavors to pod set main: insufficient quota "
+            "for cpu in flavor default-flavor, previously considered podsets requests (0) + current podset request "
+            "(400m) > maximum capacity (200m)") in done.stderr
+    assert run_tool("cleanup", "--output", "out", cluster=cluster).code == 0
+
+
+def test_a_preempted_and_readmitted_batch_reports_two_cycles_and_correct_results(make_cluster, run_tool, tmp_path):
+    # VM sandboxes start in 2-5 s: the preemption 1.8 s after admission kills pods that have not run.
+    cluster = make_cluster(dict(kueue(preempt={"afterSeconds": 1.8}), profile="vm-sandbox"))
+    done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "team")
+    assert done.code == 0, done
+    assert "rollout: evicted (Preempted), its pods terminating: Preempted to accommodate a workload" in done.stderr
+    results = read(tmp_path / "out" / "results.json")
+    queue = results["queue"]
+    assert queue["admission_cycles"] == 2
+    assert queue["cycles"][0]["evicted_reason"] == "Preempted" and queue["cycles"][1]["evicted_reason"] is None
+    assert queue["preempted_cycle_pods"] == 4
+    assert (results["successful_episodes"], results["reward_sum"]) == (4, 4)
+    pods = read(tmp_path / "out" / "pods.json")
+    assert len(pods) == 8 and {row["pod"] for row in results["pods"]} <= {p["metadata"]["name"] for p in pods}
+
+
+def test_kueue_that_does_not_manage_jobs_is_named_as_such(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster(kueue(manageJobs=False))
+    done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "team")
+    assert done.code == 1
+    assert "Kueue did not suspend Job rollout when it was created" in done.stderr
+    assert "does not manage batch/v1 Jobs" in done.stderr
+
+
+def test_a_cluster_without_kueue_gets_one_line_with_the_install_command(cluster, run_tool, tmp_path):
+    done = queued_run(run_tool, cluster, "out", "--queue", "team")
+    assert done.code == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--queue needs Kueue on context kind-rl" in lines[0]
+    assert "kubectl --context kind-rl apply --server-side -f https://github.com/kubernetes-sigs/kueue/releases/" \
+           "download/v0.19.2/manifests.yaml" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_cleanup_of_a_queued_run_waits_for_the_workload(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster(kueue())
+    assert queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "team").code == 0
+    namespace = read(tmp_path / "out" / "receipt.json")["namespace"]
+    done = run_tool("cleanup", "--output", "out", cluster=cluster)
+    assert done.code == 0, done
+    assert namespace not in cluster.kubectl("get", "namespaces").stdout
+    assert cluster.get_json("-A", "workloads")["items"] == []
+
+
+def test_report_shows_the_queue_wait_and_the_timeline_draws_it(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster(kueue())
+    assert run_tool("run", "--no-runtime-class", "--count", "4", "--output", "plain", cluster=cluster).code == 0
+    assert queued_run(run_tool, cluster, "queued", "--queue", "team", "--cluster-queue", "team").code == 0
+    done = run_tool("report", "plain", "queued", "--json", "--timeline", "both.svg")
+    assert done.code == 0, done
+    rows = {row["measure"]: row for row in json.loads(done.stdout)["rows"]}
+    assert rows["queued: Job created -> admitted (first cycle)"]["values"][0] is None
+    assert rows["queued: Job created -> admitted (first cycle)"]["values"][1].endswith("ms")
+    assert rows["Kueue admission cycles"]["values"] == [None, "1"]
+    svg = (tmp_path / "both.svg").read_text()
+    assert svg.count('class="queued"') == 1 and "queued: Job created (or evicted) -&gt; admitted by Kueue" in svg
+
+
+def test_dry_run_shows_the_queue_label_and_the_local_queue(run_tool):
+    done = run_tool("run", "--count", "4", "--queue", "team", "--cluster-queue", "gpu", "--dry-run")
+    assert done.code == 0, done
+    items = json.loads(done.stdout)["items"]
+    queue = next(item for item in items if item["kind"] == "LocalQueue")
+    assert queue["spec"] == {"clusterQueue": "gpu"} and queue["metadata"]["name"] == "team"
+    job = items[-1]
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team"
+    assert job["spec"]["backoffLimit"] == 12  # room for preempted waves (3 x min(parallelism, count))
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--cluster-queue", "team"), "--cluster-queue needs --queue"),
+    (("--queue", "team", "--backend", "local"), "--queue is for the Job backend"),
+    (("--queue", "team", "--prewarm"), "--queue is for the Job backend without --prewarm"),
+])
+def test_queue_flags_that_do_not_fit_are_usage_errors(args, message, run_tool):
+    done = run_tool("run", "--count", "4", "--dry-run", *args)
+    assert done.code == 2 and message in done.stderr
+
+
+def test_list_shows_a_suspended_job_as_queued(tool):
+    namespace = {"metadata": {"name": "agc-rl-x", "creationTimestamp": "2026-11-30T00:00:00Z",
+                              "labels": {"agc-demo-run": "x"}, "uid": "u"}}
+    job = {"metadata": {"name": "rollout"}, "spec": {"suspend": True, "completions": 4},
+           "status": {"conditions": [{"type": "Suspended", "status": "True"}]}}
+    assert tool.run_row(namespace, [job], {}, 0)["state"] == "Queued"
+
+
+def test_admission_cycles_backfill_a_late_watch_from_the_condition(tool):
+    cycles = tool.AdmissionCycles(job_created=1000.4, job_created_server=1000.0)
+    workload = {"metadata": {"name": "job-rollout-abcde"}, "status": {"conditions": [
+        {"type": "Admitted", "status": "True", "lastTransitionTime": "1970-01-01T00:16:42Z"}]}}  # 1002 s
+    cycles.update(1003.7, workload)
+    [cycle] = cycles.cycles
+    assert (cycle["admitted_at"], cycle["queued_since"]) == (1002.0, 1000.0)  # both from the API, whole seconds
+    assert "lastTransitionTime" in cycle["admitted_source"]
+
+
+def test_an_interrupted_queued_run_leaves_what_cleanup_needs(busy_cluster, run_tool, tmp_path):
+    import signal
+    start_blocker(busy_cluster, tmp_path, 3)
+    process = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--no-runtime-class", "--count", "4", "--queue",
+                                "team", "--cluster-queue", "team", "--output", "out"], cwd=str(tmp_path),
+                               env=busy_cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    receipt = tmp_path / "out" / "receipt.json"
+    deadline = time.monotonic() + 30
+    while not (receipt.exists() and "job_uid" in receipt.read_text()):
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.1)
+    time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert read(tmp_path / "out" / "queue.json")["cycles"] == []
+    assert run_tool("cleanup", "--output", "out", cluster=busy_cluster).code == 0
