@@ -27,7 +27,7 @@ def test_kind_smoke_workflow_checks_results_and_cleanup():
     text = (ROOT / ".github" / "workflows" / "kind-smoke.yml").read_text()
     assert "rl-batch-demo.py run --count 10" in text
     assert 'results["reward_sum"] == 10' in text and 'results["episodes"] == 10' in text
-    assert "for out in smoke-out warm-out" in text and 'rl-batch-demo.py cleanup --output "$out"' in text
+    assert "for out in smoke-out warm-out queued-out" in text and 'rl-batch-demo.py cleanup --output "$out"' in text
     assert "actions/upload-artifact" in text
 
 
@@ -36,6 +36,12 @@ def test_kind_smoke_workflow_runs_a_warm_pool_batch_on_a_pinned_agent_sandbox(to
     assert "AGENT_SANDBOX_VERSION: %s" % tool.AGENT_SANDBOX_VERSION in text
     assert "releases/download/${AGENT_SANDBOX_VERSION}/sandbox-with-extensions.yaml" in text
     assert "run --backend warm-pool --count 5" in text and 'results["backend"] == "warm-pool"' in text
+
+
+def test_kind_smoke_workflow_runs_a_queued_batch_on_a_pinned_kueue(tool):
+    text = (ROOT / ".github" / "workflows" / "kind-smoke.yml").read_text()
+    assert "KUEUE_VERSION: %s" % tool.KUEUE_VERSION in text
+    assert "--queue smoke --cluster-queue smoke" in text and 'results["queue"]["admission_cycles"] >= 1' in text
 
 
 def test_script_imports_only_the_standard_library():
