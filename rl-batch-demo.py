@@ -8,6 +8,9 @@ What it does
     checks that every episode really succeeded, and only then writes results.json with
     how fast the batch became ready and returned its rewards.
     `cleanup` deletes what one `run` created, after proving it owns it.
+    `run --backend warm-pool` runs each episode in a sandbox claimed from a
+    kubernetes-sigs/agent-sandbox warm pool (exec'd through the API server) instead, and
+    `run --queue NAME` submits the Job through a Kueue LocalQueue, its queue wait apart.
 
 How to run
     python3 rl-batch-demo.py run --count 10 --output rl-parallel-10
@@ -17,6 +20,8 @@ How to run
     python3 rl-batch-demo.py list                 # runs of this tool left on the context
     python3 rl-batch-demo.py run --backend local --episode my_episode.py --tasks tasks.jsonl \
         --output trial                            # your own episodes, no cluster needed
+    python3 rl-batch-demo.py run --backend warm-pool --count 10 --output warm-10
+    python3 rl-batch-demo.py run --count 10 --queue team --cluster-queue team-cq --output queued-10
 
     Only the Python standard library (3.9+) and `kubectl` are needed. Set KUBECTL to use
     another kubectl program. Every kubectl call names the context explicitly.
@@ -26,7 +31,8 @@ The safety promise
       namespace, run id) into the output folder BEFORE it changes the cluster, then adds
       the namespace UID and the Job UID as soon as the API server returns them.
     * `cleanup` deletes nothing unless the live namespace's UID and `agc-demo-run` label,
-      and the live Job's UID, equal what the receipt (or the saved job.json) recorded.
+      and the live Job's UID, equal what the receipt (or the saved job.json) recorded; for a
+      warm-pool run, also every claim's label and the pool's and template's UIDs.
       It never removes finalizers. Local output is never deleted.
     * An existing output folder is never overwritten.
 
