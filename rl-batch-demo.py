@@ -148,7 +148,7 @@ LOCAL_QUEUE_WAIT_SECONDS = 10  # for a LocalQueue that a namespace policy puts i
 WORKLOAD_WAIT_SECONDS = 30  # for Kueue to make the Job's Workload
 # A Workload that waiting will not admit: a queue that is missing or stopped, a batch over the
 # ClusterQueue's maximum capacity (QuotaReserved=False reasons and messages, Kueue v0.19).
-NEVER_ADMISSIBLE_REASONS = ("Inadmissible", "Misconfigured", "ExceedsMaxQuota", "Suspended")
+NEVER_ADMISSIBLE_REASONS = ("Inadmissible", "Misconfigured", "ExceedsMaxQuota", "Suspended", "Deactivated")
 
 # ============================================================================
 # The episode program (runs inside each sandbox)
@@ -3011,8 +3011,12 @@ class AdmissionCycles:
         """The condition's message when waiting will not admit the Workload, else None."""
         if self.workload is None or self.admitted:
             return None
+        evicted = workload_condition(self.workload, "Evicted")
+        if self.workload.get("spec", {}).get("active") is False or (
+                evicted.get("status") == "True" and (evicted.get("reason") or "").startswith("Deactivated")):
+            return evicted.get("message") or "the Workload is deactivated (spec.active is false)"
         reserved = workload_condition(self.workload, "QuotaReserved")
-        if reserved.get("status") == "False" and (reserved.get("reason") in NEVER_ADMISSIBLE_REASONS or
+        if reserved.get("status") == "False" and ((reserved.get("reason") or "").startswith(NEVER_ADMISSIBLE_REASONS) or
                                                   "maximum capacity" in (reserved.get("message") or "")):
             return reserved.get("message") or reserved.get("reason")
         return None

@@ -246,3 +246,33 @@ def test_an_interrupted_queued_run_leaves_what_cleanup_needs(busy_cluster, run_t
     assert process.returncode == 130, stderr
     assert read(tmp_path / "out" / "queue.json")["cycles"] == []
     assert run_tool("cleanup", "--output", "out", cluster=busy_cluster).code == 0
+
+
+def test_a_pods_ready_timeout_evicts_and_requeues_with_back_off_then_the_batch_completes(make_cluster, run_tool,
+                                                                                        tmp_path):
+    # The first pods wait 4 s for their image, longer than the 2 s PodsReady timeout; after a
+    # 2 s back-off the second admission finds the image cached and has 2 s to get ready.
+    cluster = make_cluster(dict(kueue(waitForPodsReady={"timeoutSeconds": 2, "backoffBaseSeconds": 2}),
+                                imagePullSeconds=4))
+    done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "team", "--queue-timeout", "60",
+                      "--timeout", "60")
+    assert done.code == 0, done
+    queue = read(tmp_path / "out" / "results.json")["queue"]
+    assert queue["admission_cycles"] == 2
+    first, second = queue["cycles"]
+    assert first["evicted_reason"] == "PodsReadyTimeout"
+    assert first["evicted_message"].startswith("Exceeded the PodsReady timeout agc-rl-")
+    assert second["queued_seconds"] > 0.5  # the requeue back-off (requeueAt is whole seconds)
+    assert read(tmp_path / "out" / "workload.json")["status"]["requeueState"]["count"] == 1
+
+
+def test_a_workload_deactivated_after_its_requeue_limit_stops_the_run_early(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster(dict(kueue(waitForPodsReady={"timeoutSeconds": 1, "backoffLimitCount": 0}),
+                                imagePullSeconds=30))
+    started = time.monotonic()
+    done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "team")
+    assert done.code == 1, done
+    assert time.monotonic() - started < 20
+    assert ("the Job's Workload can never be admitted: The workload is deactivated due to exceeding the maximum "
+            "number of re-queuing retries") in done.stderr
+    assert run_tool("cleanup", "--output", "out", cluster=cluster).code == 0

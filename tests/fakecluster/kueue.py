@@ -13,6 +13,8 @@ Installed only when cluster.json has "kueue": {"version": "v0.19.2", "clusterQue
   manageJobs      false: the batch/job integration is off (the label is ignored)
   preempt         {"afterSeconds": 1.0, "times": 1}: the first admitted Workload is preempted
                   this long after its admission, as if a higher-priority one had arrived
+  waitForPodsReady  {"timeoutSeconds": 1800, "backoffBaseSeconds": 60, "backoffMaxSeconds": 3600,
+                  "backoffLimitCount": null}: on by default since v0.19.0 with these values
 """
 
 import datetime
@@ -79,6 +81,10 @@ def condition(obj, type_):
     return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
 
 
+def parse_time(value):
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
 def workload_name(job):
     """jobframework.GetWorkloadNameForOwnerWithGVK: job-<name>-<first 5 hex of sha1(kind, group,
     name, uid)> (workload_names.go)."""
@@ -91,7 +97,9 @@ class Kueue:
         self.cluster = cluster
         self.config = cluster.config.get("kueue") or {}
         self.preempt = dict(self.config.get("preempt") or {})
-        self.admitted_at = {}  # workload uid -> when it was last admitted (for the preemption fault)
+        self.admitted_at = {}  # workload uid -> when it was last admitted (preemption fault, PodsReady timeout)
+        self.pods_ready = dict({"timeoutSeconds": 1800, "backoffBaseSeconds": 60, "backoffMaxSeconds": 3600,
+                                "backoffLimitCount": None}, **(self.config.get("waitForPodsReady") or {}))
 
     # ------------------------------------------------------------ setup
 
@@ -127,7 +135,9 @@ class Kueue:
         self.namespace_policy()
         self.queue_status()
         self.job_reconciler()
+        self.requeue_backoff()
         self.scheduler()
+        self.wait_for_pods_ready()
         self.preemption_fault()
         self.garbage_collector()
 
@@ -210,7 +220,13 @@ class Kueue:
                 workload["status"]["admission"] = None
                 set_condition(workload, "QuotaReserved", "False", reason, message)
                 set_condition(workload, "Admitted", "False", "NoReservation", "The workload has no reservation")
-                set_condition(workload, "Requeued", "True", reason, message)
+                if reason == "PodsReadyTimeout":
+                    # Requeued only once the back-off is over (requeue_backoff)
+                    set_condition(workload, "Requeued", "False", reason, message)
+                elif reason.startswith("Deactivated"):
+                    set_condition(workload, "Requeued", "False", "Deactivated", message)
+                else:
+                    set_condition(workload, "Requeued", "True", reason, message)
                 c.put("workloads", workload)
 
     def create_workload(self, job, queue):
@@ -259,7 +275,9 @@ class Kueue:
         the others (v0.19.x: reason Pending; Inadmissible for a queue problem)."""
         c = self.cluster
         pending = [w for w in c.items("workloads") if condition(w, "QuotaReserved").get("status") != "True"
-                   and condition(w, "Finished").get("status") != "True"]
+                   and condition(w, "Finished").get("status") != "True" and w["spec"].get("active", True)
+                   and not (condition(w, "Requeued").get("status") == "False"
+                            and condition(w, "Requeued").get("reason") == "PodsReadyTimeout")]
         pending.sort(key=lambda w: (w["metadata"]["creationTimestamp"], w["metadata"]["name"]))
         for workload in pending:
             namespace, queue = workload["metadata"]["namespace"], workload["spec"]["queueName"]
@@ -306,6 +324,7 @@ class Kueue:
         set_condition(workload, "QuotaReserved", "True", "QuotaReserved",
                       "Quota reserved in ClusterQueue %s" % cq["metadata"]["name"], now)
         set_condition(workload, "Admitted", "True", "Admitted", "The workload is admitted", now)
+        set_condition(workload, "PodsReady", "False", "WaitForStart", "Not all pods are ready or succeeded", now)
         if previously.get("status") == "True":
             for kind in ("Evicted", "Preempted"):
                 old = condition(workload, kind)
@@ -328,6 +347,59 @@ class Kueue:
         if changed:
             self.cluster.put("workloads", workload)
             self.cluster.record_event(workload, "Warning", reason, message, "kueue-admission")
+
+    def requeue_backoff(self):
+        """After a PodsReady timeout a Workload waits until status.requeueState.requeueAt; then
+        Requeued=True BackoffFinished "The workload backoff was finished" (workload_controller.go)."""
+        for workload in self.cluster.items("workloads"):
+            requeued = condition(workload, "Requeued")
+            state = (workload.get("status") or {}).get("requeueState") or {}
+            if requeued.get("status") == "False" and requeued.get("reason") == "PodsReadyTimeout" and \
+                    state.get("requeueAt") and time.time() >= parse_time(state["requeueAt"]):
+                state.pop("requeueAt", None)
+                set_condition(workload, "Requeued", "True", "BackoffFinished", "The workload backoff was finished")
+                self.cluster.put("workloads", workload)
+
+    def wait_for_pods_ready(self):
+        """waitForPodsReady (on by default since v0.19.0): PodsReady turns True (Started) once
+        ready + succeeded pods reach the podSet count; an admitted Workload that does not get
+        there within the timeout is evicted (PodsReadyTimeout, "Exceeded the PodsReady timeout
+        ns/name") with a requeue back-off of base x 2^(n-1) s, capped; past backoffLimitCount it
+        is deactivated instead (spec.active false, Evicted DeactivatedDueToRequeuingLimitExceeded)."""
+        c, settings = self.cluster, self.pods_ready
+        jobs = {job["metadata"]["uid"]: job for job in c.items("jobs")}
+        for workload in c.items("workloads"):
+            if condition(workload, "Admitted").get("status") != "True" or \
+                    condition(workload, "Evicted").get("status") == "True" or \
+                    condition(workload, "PodsReady").get("status") == "True":
+                continue
+            job = jobs.get(((workload["metadata"].get("ownerReferences") or [{}])[0]).get("uid"))
+            status = (job or {}).get("status", {})
+            if status.get("ready", 0) + status.get("succeeded", 0) >= workload["spec"]["podSets"][0]["count"]:
+                set_condition(workload, "PodsReady", "True", "Started",
+                              "All pods reached readiness and the workload is running")
+                c.put("workloads", workload)
+                continue
+            admitted = self.admitted_at.get(workload["metadata"]["uid"])
+            if admitted is None or time.time() - admitted < settings["timeoutSeconds"]:
+                continue
+            state = workload["status"].setdefault("requeueState", {})
+            limit = settings.get("backoffLimitCount")
+            if limit is not None and state.get("count", 0) + 1 > limit:
+                workload["spec"]["active"] = False
+                set_condition(workload, "Evicted", "True", "DeactivatedDueToRequeuingLimitExceeded",
+                              "The workload is deactivated due to exceeding the maximum number of re-queuing retries")
+                c.put("workloads", workload)
+                continue
+            state["count"] = state.get("count", 0) + 1
+            wait = min(settings["backoffMaxSeconds"], settings["backoffBaseSeconds"] * 2 ** (state["count"] - 1))
+            state["requeueAt"] = stamp(time.time() + wait)
+            message = "Exceeded the PodsReady timeout %s/%s" % (workload["metadata"]["namespace"],
+                                                              workload["metadata"]["name"])
+            set_condition(workload, "Evicted", "True", "PodsReadyTimeout", message)
+            set_condition(workload, "PodsReady", "False", "WaitForStart", "Not all pods are ready or succeeded")
+            c.put("workloads", workload)
+            c.record_event(workload, "Normal", "EvictedDueToPodsReadyTimeout", message, "kueue-admission")
 
     def preemption_fault(self):
         """As if a higher-priority Workload had arrived: Evicted (Preempted) and Preempted

@@ -61,6 +61,8 @@ DEFAULT_CONFIG = {
     # {"version": "v0.5.6", "extensions": true} (false: CRDs installed, the controller without
     # --extensions, so pools and claims are never reconciled). See agentsandbox.py.
     "agentSandbox": None,
+    # Seconds the first pod of an image on a node waits for the image's pull (0: every image cached).
+    "imagePullSeconds": 0,
     # kubernetes-sigs/kueue: None, or {"version": "v0.19.2", "clusterQueues": [...], ...}; see kueue.py.
     "kueue": None,
 }
@@ -325,6 +327,7 @@ class Cluster:
         self.namespace_born = {}  # namespace -> when it was created (its ServiceAccount comes later)
         self.timing = dict(PROFILES[config.get("profile", "default")], **config.get("timing", {}))
         self.job_synced = {}  # job uid -> when the Job controller last synced it (batching)
+        self.image_pulled = {}  # (node, image) -> when its pull is done (imagePullSeconds)
         self.mount_namespaces = pod_mount_namespaces_available(config.get("podMountNamespaces", "auto"))
         self.agent_sandbox = agentsandbox.AgentSandbox(self)
         self.kueue = kueue.Kueue(self)
@@ -1164,6 +1167,10 @@ class Cluster:
         for pod in self.items("pods"):
             node = pod["spec"].get("nodeName")
             if not node:
+                if pod["metadata"].get("deletionTimestamp"):
+                    # Never scheduled: no kubelet to wait for, the deletion is immediate
+                    # (pod strategy CheckGracefulDelete: grace 0 when spec.nodeName is empty).
+                    self.finish_pod_termination(pod, None)
                 continue
             uid = pod["metadata"]["uid"]
             record = self.processes.get(uid)
@@ -1174,8 +1181,15 @@ class Cluster:
                 continue
             if record is None:
                 low, high = self.timing["sandboxStartSeconds"]
-                self.processes[uid] = {"process": None, "log_path": None,
-                                       "sandbox_ready_at": time.time() + random.uniform(low, high)}
+                ready_at = time.time() + random.uniform(low, high)
+                pull = self.config.get("imagePullSeconds", 0)
+                if pull:
+                    # The first pod of an image on a node waits for its pull, which goes on
+                    # even if that pod is deleted; later pods find the image cached. (Folded
+                    # into the sandbox start here: on a real node the pull comes after it.)
+                    key = (node, pod["spec"]["containers"][0].get("image"))
+                    ready_at = max(ready_at, self.image_pulled.setdefault(key, time.time() + pull))
+                self.processes[uid] = {"process": None, "log_path": None, "sandbox_ready_at": ready_at}
             elif record.get("sandbox_ready_at") is not None:
                 if time.time() >= record["sandbox_ready_at"]:
                     self.start_pod(pod, node)
@@ -1499,6 +1513,8 @@ class Cluster:
         `python` that installs no handler keeps running), and SIGKILL when the period is over."""
         if not pod["metadata"].get("deletionTimestamp"):
             grace = pod["spec"].get("terminationGracePeriodSeconds", 30) if grace is None else grace
+            if not pod["spec"].get("nodeName"):
+                grace = 0
             pod["metadata"]["deletionTimestamp"] = now_rfc3339(time.time() + grace)
             pod["metadata"]["deletionGracePeriodSeconds"] = grace
             record = self.processes.get(pod["metadata"]["uid"])
@@ -1512,6 +1528,8 @@ class Cluster:
                         pass
 
     def finish_pod_termination(self, pod, record):
+        if (record or {}).get("starting"):  # deleted while its root was still being set up
+            self.mark_running(pod, pod["spec"]["nodeName"], *record.pop("starting"))
         process = (record or {}).get("process")
         if process is not None and process.poll() is None:
             if time.time() < record.get("kill_at", 0):
