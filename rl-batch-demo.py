@@ -2382,6 +2382,8 @@ def cmd_run(args):
     receipt = {"context": context, "namespace": namespace, "run_id": run_id}
     if args.queue:
         receipt["queue"] = args.queue  # cleanup then also waits for the Job's Workload to go
+    if args.backend == "warm-pool":
+        receipt["backend"] = "warm-pool"  # cleanup then proves and deletes claims, pool and template
     # The receipt names the namespace before any cluster change, so every failure after
     # this line leaves something `cleanup` can finish.
     write_json(output / "receipt.json", receipt)
@@ -3312,7 +3314,6 @@ def run_warm_pool(args, cluster, output, receipt, facts):
         run_info["preflight"] = facts["preflight"]
     write_run_facts(output, run_info, facts)
     namespace_obj, *supporting, template, pool = run_manifests(args, namespace, run_id)
-    receipt["backend"] = "warm-pool"
     receipt["uid"] = cluster.create_owned(namespace_obj, run_id)["metadata"]["uid"]
     write_json(output / "receipt.json", receipt)
     say("Test namespace:", namespace)
