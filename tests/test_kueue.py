@@ -276,3 +276,27 @@ def test_a_workload_deactivated_after_its_requeue_limit_stops_the_run_early(make
     assert ("the Job's Workload can never be admitted: The workload is deactivated due to exceeding the maximum "
             "number of re-queuing retries") in done.stderr
     assert run_tool("cleanup", "--output", "out", cluster=cluster).code == 0
+
+
+def test_each_round_of_a_queued_run_is_queued_and_reported(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster(kueue())
+    done = run_tool("run", "--no-runtime-class", "--count", "2", "--rounds", "2", "--queue", "team",
+                    "--cluster-queue", "team", "--output", "out", cluster=cluster)
+    assert done.code == 0, done
+    for number in (1, 2):
+        queue = read(tmp_path / "out" / ("round-%d" % number) / "results.json")["queue"]
+        assert queue["admission_cycles"] == 1 and queue["workload"].startswith("job-rollout-%d-" % number)
+
+
+def test_custom_episodes_of_a_preempted_cycle_are_retried_and_only_the_last_cycle_counts(make_cluster, run_tool,
+                                                                                        tmp_path):
+    from test_custom import EPISODE, write_tasks
+    write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok", "reward": 1}, {"mode": "ok", "reward": 0.5}])
+    cluster = make_cluster(dict(kueue(preempt={"afterSeconds": 1.8}), profile="vm-sandbox"))
+    done = run_tool("run", "--no-runtime-class", "--episode", EPISODE, "--tasks", "tasks.jsonl", "--retries", "1",
+                    "--queue", "team", "--cluster-queue", "team", "--output", "out", cluster=cluster)
+    assert done.code == 0, done
+    results = read(tmp_path / "out" / "results.json")
+    assert results["queue"]["admission_cycles"] == 2 and results["queue"]["preempted_cycle_pods"] == 2
+    assert (results["successful_episodes"], results["rewards"]["sum"], results["infrastructure_failures"]) == (
+        2, 1.5, [])
