@@ -116,7 +116,6 @@ EXIT_TERMINATED = 143  # SIGTERM (128 + 15), e.g. a CI runner or `timeout` stopp
 AGENT_SANDBOX_VERSION = "v0.5.6"  # the release the install hint and the kind workflow pin
 AGENT_SANDBOX_INSTALL = ("kubectl --context %s apply -f https://github.com/kubernetes-sigs/agent-sandbox/releases/"
                          "download/" + AGENT_SANDBOX_VERSION + "/sandbox-with-extensions.yaml")
-SANDBOX_API = "agents.x-k8s.io/v1beta1"
 EXTENSIONS_API = "extensions.agents.x-k8s.io/v1beta1"
 CONTROLLER_NAMESPACE, CONTROLLER_DEPLOYMENT = "agent-sandbox-system", "agent-sandbox-controller"
 TEMPLATE_NAME, POOL_NAME, CLAIM_PREFIX = "episode", "episodes", "episode-"
@@ -1160,7 +1159,7 @@ def attempt_failure(pod, log):
     evicted = eviction_message(pod)
     if evicted:
         return "evicted: %s" % evicted
-    if status.get("reason") in ("ExecFailed", "ExecTimedOut", "ClaimNotReady"):
+    if status.get("reason") in ("ExecFailed", "ExecTimedOut"):
         return "%s: %s" % (status["reason"], status.get("message"))
     container = (status.get("containerStatuses") or [{}])[0]
     state = container.get("state") or {}
@@ -1403,12 +1402,11 @@ def results_from_folder(output):
         # Pods of a preempted admission cycle are never results: they were created before the
         # last admission (API server clock, whole seconds).
         boundary = last_admission_time(queue)
-        earlier = [index for index, pod in enumerate(pods) if parse_k8s_time(pod["metadata"]["creationTimestamp"]) < boundary]
-        kept = [index for index in range(len(pods)) if index not in earlier]
-        earlier_pods = [pods[index] for index in earlier]
-        pods, logs = [pods[index] for index in kept], [logs[index] for index in kept]
+        later = [parse_k8s_time(pod["metadata"]["creationTimestamp"]) >= boundary for pod in pods]
+        earlier = [pod for pod, kept in zip(pods, later) if not kept]
+        pods, logs = [pod for pod, kept in zip(pods, later) if kept], [log for log, kept in zip(logs, later) if kept]
         expected = run_info.get("expected_episodes", flags["count"])
-        finished = [pod for pod in earlier_pods if pod.get("status", {}).get("phase") == "Succeeded"]
+        finished = [pod for pod in earlier if pod.get("status", {}).get("phase") == "Succeeded"]
         if len(pods) < expected and finished and not run_info.get("custom_episode"):
             raise EpisodeInvalid(
                 "expected %d pods after the last admission, found %d: %d pod(s) of a preempted admission cycle "
@@ -3105,9 +3103,10 @@ def warm_pool_summary(output, report, observed):
     claimed = {row.get("pod") for row in rows} | {claim["metadata"]["name"] for claim in claims}
     refill = [pod for pod in pods if pod["metadata"]["name"] not in at_fire and pod["metadata"]["name"] not in claimed]
     last_reward = max((row["times"]["reward"] for row in rows if row["times"].get("reward")), default=None)
-    started = [pod for pod in refill if ((pod.get("status", {}).get("containerStatuses") or [{}])[0].get("state") or {})
-               .get("running", {}).get("startedAt") and last_reward is not None and parse_k8s_time(
-        pod["status"]["containerStatuses"][0]["state"]["running"]["startedAt"]) <= last_reward]
+    running_since = [((pod.get("status", {}).get("containerStatuses") or [{}])[0].get("state") or {})
+                     .get("running", {}).get("startedAt") for pod in refill]
+    started = [since for since in running_since
+               if since and last_reward is not None and parse_k8s_time(since) <= last_reward]
     by_type = {}
     for kind in sorted(set(row.get("launch_type") for row in rows) - {None}):
         subset = [row for row in rows if row.get("launch_type") == kind]
@@ -3182,6 +3181,7 @@ def wait_for_pool(cluster, namespace, size, wait_seconds, show_progress):
     started = time.monotonic()
     try:
         pool, checked = cluster.get_json("-n", namespace, "sandboxwarmpools", POOL_NAME), time.monotonic()
+        last_ready = None
         while True:
             for state in watch.drain(timeout=WATCH_WAIT_SECONDS):
                 pool = state
@@ -3199,6 +3199,9 @@ def wait_for_pool(cluster, namespace, size, wait_seconds, show_progress):
                                     EXTENSIONS_WAIT_SECONDS, AGENT_SANDBOX_INSTALL % cluster.context))
             if time.monotonic() - checked >= STALL_CHECK_SECONDS:
                 checked = time.monotonic()
+                progressed, last_ready = status.get("readyReplicas", 0) != last_ready, status.get("readyReplicas", 0)
+                if progressed and elapsed <= wait_seconds:
+                    continue  # filling: the Sandboxes are read only when it stalls
                 sandboxes = json.loads(cluster.read("-n", namespace, "get", "sandboxes", "-o", "json"))["items"]
                 messages = [c.get("message", "") for s in sandboxes for c in (s.get("status") or {}).get(
                     "conditions") or [] if c.get("type") == "Ready" and c.get("status") == "False"]
@@ -3347,6 +3350,7 @@ def run_warm_pool(args, cluster, output, receipt, facts):
     claims = claim_manifests(namespace, run_id, args.count, shutdown)
     write_json(output / "claims-submitted.json", claims)
     names = [claim["metadata"]["name"] for claim in claims]
+    position = {name: index for index, name in enumerate(names)}  # the episode's index
     observed = {name: {} for name in names}
     latest, sandboxes, results = {}, {}, {}
     started = time.monotonic()
@@ -3355,7 +3359,7 @@ def run_warm_pool(args, cluster, output, receipt, facts):
     pending = {}
 
     def run_episode(name):
-        index = names.index(name)
+        index = position[name]
         bound = (latest[name].get("status") or {}).get("sandbox", {}).get("name")
         sandbox = sandboxes.get(bound) or cluster.get_json("-n", namespace, "sandboxes", bound)
         pod_name = (sandbox or {}).get("metadata", {}).get("annotations", {}).get(POD_NAME_ANNOTATION) or bound
@@ -3443,11 +3447,12 @@ def save_warm_state(cluster, namespace, output, selector, names, latest, sandbox
     creation), events.txt."""
     write_json(output / "observed.json", observed)
     write_json(output / "run.json", run_info)
+    position = {name: index for index, name in enumerate(names)}  # the episode's index
     try:
         claims = json.loads(cluster.read("-n", namespace, "get", "sandboxclaims", "-l", selector, "-o", "json"))["items"]
         listed = {claim["metadata"]["name"] for claim in claims}
         claims += [latest[name] for name in names if name in latest and name not in listed]
-        claims.sort(key=lambda claim: names.index(claim["metadata"]["name"]) if claim["metadata"]["name"] in names else 0)
+        claims.sort(key=lambda claim: position.get(claim["metadata"]["name"], 0))
         sandbox_list = json.loads(cluster.read("-n", namespace, "get", "sandboxes", "-o", "json"))["items"]
         pods = json.loads(cluster.read("-n", namespace, "get", "pods", "-l", selector, "-o", "json"))["items"]
     except DemoError as error:
@@ -3468,7 +3473,7 @@ def save_warm_state(cluster, namespace, output, selector, names, latest, sandbox
             launch[name] = (sandbox["metadata"].get("labels") or {}).get(LAUNCH_TYPE_LABEL)
         if name in results:
             result = results[name]
-            records.append(warm_episode_record(claim, names.index(name), sandbox or result["sandbox"],
+            records.append(warm_episode_record(claim, position[name], sandbox or result["sandbox"],
                                                pods_by_name.get(result["pod_name"]), result, observed[name]))
     pool_record = read_saved(output / "warm-pool.json") or {}
     pool_record["launch_types"] = launch

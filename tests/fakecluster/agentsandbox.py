@@ -284,15 +284,14 @@ class AgentSandbox:
             followed = c.get("sandboxes", namespace, bound_name) if bound_name else None
             key = (meta["resourceVersion"], (followed or {}).get("metadata", {}).get("resourceVersion"))
             lifecycle = claim["spec"].get("lifecycle") or {}
-            if self.synced.get(meta["uid"]) == key and not lifecycle.get("shutdownTime"):
-                continue
-            if self.synced.get(meta["uid"]) == key and time.time() < parse_time(lifecycle["shutdownTime"]):
+            expired = lifecycle.get("shutdownTime") and time.time() >= parse_time(lifecycle["shutdownTime"])
+            if self.synced.get(meta["uid"]) == key and not expired:
                 continue
             annotations = meta.setdefault("annotations", {})
             if FIRST_OBSERVED not in annotations:
                 annotations[FIRST_OBSERVED] = rfc3339_nano()
                 c.put("sandboxclaims", claim)
-            if lifecycle.get("shutdownTime") and time.time() >= parse_time(lifecycle["shutdownTime"]):
+            if expired:
                 c.record_event(claim, "Normal", "ClaimExpired", "Claim expired", "sandboxclaim-controller")
                 if lifecycle.get("shutdownPolicy", "Retain") in ("Delete", "DeleteForeground"):
                     c.remove("sandboxclaims", claim)  # GC takes the Sandbox and its pod
