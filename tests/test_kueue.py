@@ -300,3 +300,20 @@ def test_custom_episodes_of_a_preempted_cycle_are_retried_and_only_the_last_cycl
     assert results["queue"]["admission_cycles"] == 2 and results["queue"]["preempted_cycle_pods"] == 2
     assert (results["successful_episodes"], results["rewards"]["sum"], results["infrastructure_failures"]) == (
         2, 1.5, [])
+
+
+def test_a_queued_batch_survives_what_real_clusters_do(make_cluster, run_tool, tmp_path):
+    # A late ServiceAccount, watches that end with an ERROR Status (the Workload watch restarts
+    # and lists again), etcd errors on the LocalQueue's create after the commit and on Workload
+    # lists, VM sandboxes, and a preemption: still two cycles and every reward.
+    cluster = make_cluster(dict(kueue(preempt={"afterSeconds": 1.8}), profile="vm-sandbox",
+                                serviceAccountDelaySeconds=2, watchEnds={"afterSeconds": 1, "with": "expired"},
+                                transientFailures=[
+                                    {"verb": "create", "resource": "localqueues", "times": 1,
+                                     "kind": "etcd-leader-changed", "afterCommit": True},
+                                    {"verb": "list", "resource": "workloads", "times": 2, "kind": "etcd-timeout"}]))
+    done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "team")
+    assert done.code == 0, done
+    results = read(tmp_path / "out" / "results.json")
+    assert results["queue"]["admission_cycles"] == 2 and results["successful_episodes"] == 4
+    assert run_tool("cleanup", "--output", "out", cluster=cluster).code == 0

@@ -226,3 +226,20 @@ def test_ctrl_c_during_a_warm_pool_batch_saves_the_claims_and_cleanup_finishes(s
     assert done.code == 0, done
     namespace = read(tmp_path / "out" / "receipt.json")["namespace"]
     assert namespace not in sandbox_cluster.kubectl("get", "namespaces").stdout
+
+
+def test_a_warm_pool_batch_survives_what_real_clusters_do(make_cluster, run_tool, tmp_path):
+    # Facts 25-28: a late ServiceAccount (pool pods refused at first), watches that end with
+    # an ERROR Status, etcd errors on claim creates after the commit and on a read, VM sandboxes.
+    cluster = make_cluster(dict(AGENT_SANDBOX, profile="vm-sandbox", serviceAccountDelaySeconds=2,
+                                watchEnds={"afterSeconds": 1, "with": "expired"}, transientFailures=[
+                                    {"verb": "create", "resource": "sandboxclaims", "times": 2,
+                                     "kind": "etcd-leader-changed", "afterCommit": True},
+                                    {"verb": "get", "resource": "sandboxwarmpools", "times": 1,
+                                     "kind": "etcd-timeout"}]))
+    done = warm_run(run_tool, cluster, "warm", "--count", "6", "--pool-size", "4")
+    assert done.code == 0, done
+    results = read(tmp_path / "warm" / "results.json")
+    assert (results["successful_episodes"], sum(results["launch_types"].values())) == (6, 6)
+    assert len(read(tmp_path / "warm" / "claims.json")) == 6  # the committed creates were adopted, not repeated
+    assert run_tool("cleanup", "--output", "warm", cluster=cluster).code == 0
