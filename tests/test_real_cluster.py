@@ -298,8 +298,11 @@ def test_an_evicted_episode_without_a_termination_message_says_its_log_is_gone(m
 def test_a_retried_evicted_attempt_is_listed_among_failed_attempts(make_cluster, run_tool, tmp_path):
     # This episode handles SIGTERM and exits 143: the evicted attempt fails, is deleted by the
     # API server, and the Job controller replaces it (DisruptionTarget is ignored, not counted).
-    cluster = make_cluster({"nodes": [{"name": "kind-worker", "apiEvictFirstPodAfterSeconds": 0.3}]})
-    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": 0, "sleep": 1, "on_sigterm": "exit"}])
+    # The drain comes after the ready event, so the handler is in place: on a loaded machine a
+    # drain 0.3 s after start came before it and the episode (PID 1) ignored SIGTERM and succeeded.
+    cluster = make_cluster({"nodes": [{"name": "kind-worker", "apiEvictFirstPodAfterSeconds": 0.2,
+                                       "apiEvictFirstPodAfterLogLine": '"event": "ready"'}]})
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": 0, "sleep": 2, "on_sigterm": "exit"}])
     result = run_tool("run", "--episode", EPISODE, "--tasks", tasks, "--output", "out", cluster=cluster)
     assert result.code == 0, result
     row = read(tmp_path / "out" / "results.json")["pods"][0]

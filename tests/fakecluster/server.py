@@ -1205,6 +1205,10 @@ class Cluster:
                 self.finish_synthetic_episode(pod, record)
             elif record.get("evict_at") is not None and time.time() >= record["evict_at"]:
                 self.evict(pod, record)
+            elif isinstance(record.get("api_evict_at"), tuple):
+                _, text, delay = record["api_evict_at"]
+                if text.encode() in Path(record["log_path"]).read_bytes():
+                    record["api_evict_at"] = time.time() + delay
             elif record.get("api_evict_at") is not None and time.time() >= record["api_evict_at"]:
                 self.evict_through_api(pod, record)
             elif record.get("pull_failed_at") is not None and time.time() - record["pull_failed_at"] >= 1.0:
@@ -1351,6 +1355,12 @@ class Cluster:
         if self.node_config(node).get("apiEvictFirstPodAfterSeconds") is not None and node not in self.evicted_nodes:
             self.evicted_nodes.add(node)  # fault: a drain evicts this node's first pod through the Eviction API
             api_evict_at = time.time() + self.node_config(node)["apiEvictFirstPodAfterSeconds"]
+            if self.node_config(node).get("apiEvictFirstPodAfterLogLine"):
+                # Counted from the moment the log first shows this text instead: a test whose
+                # episode must have installed its SIGTERM handler before the drain says so, rather
+                # than hoping the interpreter starts within a fixed time on a loaded machine.
+                api_evict_at = ("after log line", self.node_config(node)["apiEvictFirstPodAfterLogLine"],
+                                self.node_config(node)["apiEvictFirstPodAfterSeconds"])
         process = self.spawn(argv, env, workdir, log_path, truncate=True)
         self.processes[uid] = {"process": process, "log_path": log_path, "argv": argv, "env": env,
                                "mounts": mounts, "bin_dir": bin_dir, "execs": [],
