@@ -1398,10 +1398,10 @@ def results_from_folder(output):
     observed = read_saved(output / "observed.json") or {}
     queue = read_saved(output / "queue.json")
     earlier = []
-    if queue and len(queue["cycles"]) > 1:
+    boundary = last_admission_time(queue) if queue else None
+    if queue and len(queue["cycles"]) > 1 and boundary is not None:
         # Pods of a preempted admission cycle are never results: they were created before the
         # last admission (API server clock, whole seconds).
-        boundary = last_admission_time(queue)
         later = [parse_k8s_time(pod["metadata"]["creationTimestamp"]) >= boundary for pod in pods]
         earlier = [pod for pod, kept in zip(pods, later) if not kept]
         pods, logs = [pod for pod, kept in zip(pods, later) if kept], [log for log, kept in zip(logs, later) if kept]
@@ -1759,6 +1759,8 @@ def timeline_svg(runs):
         y += 22
         for cycle in (results.get("queue") or {}).get("cycles") or []:
             # The queued span(s): the Job waits suspended until Kueue admits it.
+            if cycle["queued_seconds"] is None:
+                continue  # a wait the watch did not see
             x0 = left + max(0.0, cycle["queued_since_unix"] - origin) * scale
             x1 = left + max(0.0, cycle["admitted_at_unix"] - origin) * scale
             parts.append('<rect class="queued" x="%.2f" y="%d" width="%.2f" height="8" fill="%s"><title>queued (cycle '
@@ -1943,7 +1945,11 @@ class JobProgress:
             if (workload["metadata"].get("labels") or {}).get(JOB_UID_LABEL) != self.job_uid:
                 continue
             before = len(self.cycles.cycles), self.cycles.admitted
+            unseen_before = self.cycles.unseen_evictions()
             self.cycles.update(arrival, workload)
+            for reason in self.cycles.unseen_evictions()[len(unseen_before):]:
+                note("%s: evicted (%s) and re-admitted while the Workload watch was down (counted by Kueue's "
+                     "status.schedulingStats; when is unknown)" % (self.job_name, reason))
             if (len(self.cycles.cycles), self.cycles.admitted) != before:
                 self.cycle_began = time.monotonic()
         return self.cycle_began
@@ -2960,13 +2966,21 @@ class AdmissionCycles:
     """The Job's Workload as the watch delivers it: each admission cycle (admitted, then maybe
     evicted), when each began and ended, and the Workload's latest state for the progress
     line. `job_created` is the client's clock just before the Job's create call,
-    `job_created_server` the Job's creationTimestamp (for a cycle backfilled at 1 s)."""
+    `job_created_server` the Job's creationTimestamp (for a cycle backfilled at 1 s).
+
+    A watch can be down (ended, relisting, the list failing) while Kueue evicts and re-admits
+    the Workload; the relist then shows it admitted as if nothing happened. Kueue counts every
+    eviction in `status.schedulingStats.evictions` in the same update as the Evicted condition,
+    so evictions the watch never delivered are still counted and named, their times unknown."""
+
+    UNSEEN = "not seen: the watch was down while Kueue evicted and re-admitted the Workload"
 
     def __init__(self, job_created, job_created_server):
         self.job_created, self.job_created_server = job_created, job_created_server
         self.cycles = []
         self.workload = None
         self.seen_first = None  # client time of the first Workload state seen
+        self.evictions_accounted = {}  # (reason, underlyingCause) -> count already in self.cycles
 
     def update(self, arrival, workload):
         first = self.workload is None
@@ -2975,25 +2989,60 @@ class AdmissionCycles:
             self.seen_first = arrival
         admitted = workload_condition(workload, "Admitted")
         evicted = workload_condition(workload, "Evicted")
-        open_cycle = self.cycles and self.cycles[-1].get("evicted_at") is None
-        if admitted.get("status") == "True" and evicted.get("status") != "True" and not open_cycle:
+        counts = eviction_counts(workload)
+        unseen = sorted(reason for key, count in counts.items()
+                        for reason in [eviction_reason(*key)] * (count - self.evictions_accounted.get(key, 0)))
+        if admitted.get("status") == "True" and evicted.get("status") != "True":
+            if self.admitted and not unseen:
+                return
+            if unseen:
+                previously = evicted.get("message") or ""
+                self.close_unseen(unseen, previously[len("Previously: "):] if previously.startswith("Previously: ")
+                                  else None)
             server = parse_k8s_time(admitted["lastTransitionTime"])
             # The watch's first sight already admitted (it began late, or restarted): the moment
-            # itself was missed, so both ends come from the API, at whole seconds.
-            late = first and not self.cycles
+            # itself was missed, so it comes from the API, at whole seconds.
+            late = (first and not self.cycles) or bool(unseen)
             self.cycles.append({
                 "admitted_at": server if late else arrival, "admitted_at_server": server,
-                "admitted_source": "Admitted lastTransitionTime - Job creationTimestamp (API clocks, whole seconds: "
-                                   "the watch saw it admitted first)" if late else "watch arrival (client clock)",
+                "admitted_source": "watch arrival (client clock)" if not late else
+                "Admitted lastTransitionTime (API clock, whole seconds: the watch missed the eviction before it)"
+                if unseen else "Admitted lastTransitionTime - Job creationTimestamp (API clocks, whole seconds: "
+                               "the watch saw it admitted first)",
                 "queued_since": self.cycles[-1]["evicted_at"] if self.cycles else
                 self.job_created_server if late else self.job_created})
-        elif evicted.get("status") == "True" and open_cycle:
+        elif evicted.get("status") == "True" and (self.admitted or unseen):
+            observed = next((r for r in unseen if r == evicted.get("reason")), None)
+            if observed is not None:
+                unseen.remove(observed)
+            self.close_unseen(unseen, None)
+            if not self.admitted:
+                self.cycles.append(self.unseen_cycle())
             self.cycles[-1].update(evicted_at=arrival, evicted_reason=evicted.get("reason"),
                                    evicted_message=evicted.get("message"))
+        else:
+            return
+        self.evictions_accounted = counts
+
+    def unseen_evictions(self):
+        return [cycle["evicted_reason"] for cycle in self.cycles if cycle.get("evicted_source") == self.UNSEEN]
+
+    def unseen_cycle(self):
+        return {"admitted_at": None, "admitted_at_server": None, "admitted_source": self.UNSEEN,
+                "queued_since": None}
+
+    def close_unseen(self, reasons, last_message):
+        """Cycles ended by evictions the watch never delivered: the open cycle first, then one
+        more cycle each; reasons from schedulingStats (their order unknown), times unknown."""
+        for number, reason in enumerate(reasons, 1):
+            if not self.admitted:
+                self.cycles.append(self.unseen_cycle())
+            self.cycles[-1].update(evicted_at=None, evicted_reason=reason, evicted_source=self.UNSEEN,
+                                   evicted_message=last_message if number == len(reasons) else None)
 
     @property
     def admitted(self):
-        return bool(self.cycles) and self.cycles[-1].get("evicted_at") is None
+        return bool(self.cycles) and "evicted_reason" not in self.cycles[-1]
 
     def state(self):
         """'admitted', or the reason and message it waits with (for the progress line)."""
@@ -3031,23 +3080,44 @@ def workload_condition(workload, kind):
     return next((c for c in (workload.get("status") or {}).get("conditions") or [] if c.get("type") == kind), {})
 
 
+def eviction_counts(workload):
+    """status.schedulingStats.evictions as {(reason, underlyingCause): count} (Kueue v0.14+;
+    empty on older versions, which then count only the evictions the watch delivers)."""
+    stats = ((workload.get("status") or {}).get("schedulingStats") or {}).get("evictions") or []
+    return {(entry.get("reason"), entry.get("underlyingCause") or ""): entry.get("count", 0) for entry in stats}
+
+
+def eviction_reason(reason, underlying_cause):
+    """The Evicted condition's reason for a schedulingStats entry: Kueue appends the cause to
+    "Deactivated" only (`DeactivatedDueToRequeuingLimitExceeded`, evict.go)."""
+    return reason + "DueTo" + underlying_cause if reason == "Deactivated" and underlying_cause else reason
+
+
 def queue_summary(record):
     """results.json's `queue`: the first admission wait, every cycle with its reason and wait,
     and what the batch figures include. Times on the client clock, except where backfilled."""
     cycles = []
     for number, cycle in enumerate(record["cycles"], 1):
-        cycles.append({"cycle": number, "queued_seconds": cycle["admitted_at"] - cycle["queued_since"],
+        known = cycle["admitted_at"] is not None
+        cycles.append({"cycle": number, "queued_seconds": cycle["admitted_at"] - cycle["queued_since"]
+                       if known and cycle["queued_since"] is not None else None,
                        "queued_since_unix": cycle["queued_since"], "admitted_at_unix": cycle["admitted_at"],
                        "admitted_source": cycle["admitted_source"],
-                       "admitted_at_server": iso_micro(cycle["admitted_at_server"]),
-                       "ran_seconds": (cycle["evicted_at"] - cycle["admitted_at"]) if cycle.get("evicted_at") else None,
-                       "evicted_reason": cycle.get("evicted_reason"), "evicted_message": cycle.get("evicted_message")})
+                       "admitted_at_server": iso_micro(cycle["admitted_at_server"]) if known else None,
+                       "ran_seconds": (cycle["evicted_at"] - cycle["admitted_at"])
+                       if known and cycle.get("evicted_at") is not None else None,
+                       "evicted_reason": cycle.get("evicted_reason"), "evicted_message": cycle.get("evicted_message"),
+                       "evicted_source": cycle.get("evicted_source", "watch arrival (client clock)")
+                       if cycle.get("evicted_reason") else None})
+    waits = [c["queued_seconds"] for c in cycles if c["queued_seconds"] is not None]
     return {"local_queue": record["local_queue"], "cluster_queue": record["cluster_queue"],
             "workload": record["workload"], "admission_cycles": len(cycles),
             "queued_seconds": cycles[0]["queued_seconds"] if cycles else None,
-            "total_queued_seconds": sum(c["queued_seconds"] for c in cycles) if cycles else None,
+            "total_queued_seconds": sum(waits) if cycles else None,
+            "cycles_not_seen": sum(1 for c in cycles if c["admitted_at_unix"] is None or c["queued_seconds"] is None),
             "queued_definition": "Job create call -> the Workload's Admitted=True as the watch delivered it (client "
-                                 "clock); a cycle after an eviction is queued from the eviction's arrival",
+                                 "clock); a cycle after an eviction is queued from the eviction's arrival; a wait "
+                                 "the watch did not see (it was down) is null and left out of the total",
             "cycles": cycles,
             "batch_figures_include_queueing": True,
             "batch_figures_note": "batch_to_all_ready_seconds and batch_to_all_rewards_seconds run from the Job's "

@@ -30,7 +30,7 @@ def test_a_batch_through_a_free_queue_is_queued_about_a_tick_and_returns_every_r
     assert (results["successful_episodes"], results["reward_sum"]) == (4, 4)
     queue = results["queue"]
     assert (queue["local_queue"], queue["cluster_queue"], queue["admission_cycles"]) == ("team", "team", 1)
-    assert 0 <= queue["queued_seconds"] < 1.5
+    assert 0 <= queue["queued_seconds"] < 3  # whole seconds; a loaded machine slows the admission tick
     assert queue["workload"].startswith("job-rollout-") and queue["batch_figures_include_queueing"] is True
     assert results["batch_to_all_ready_after_admission_seconds"] is not None
     job = read(tmp_path / "out" / "job-submitted.json")
@@ -39,8 +39,9 @@ def test_a_batch_through_a_free_queue_is_queued_about_a_tick_and_returns_every_r
         read(tmp_path / "out" / "receipt.json")["job_uid"]
 
 
-def start_blocker(cluster, tmp_path, seconds):
-    """A Job of another team that holds 1.9 of the ClusterQueue's 2 CPUs for `seconds`."""
+def start_blocker(cluster):
+    """A Job of another team that holds 1.9 of the ClusterQueue's 2 CPUs until the test
+    releases it (a file): a fixed duration would race the tool's own start on a loaded machine."""
     job = {"apiVersion": "batch/v1", "kind": "Job",
            "metadata": {"name": "blocker", "namespace": "default", "labels": {"kueue.x-k8s.io/queue-name": "team"}},
            "spec": {"completions": 1, "parallelism": 1, "template": {"spec": {"restartPolicy": "Never", "containers": [
@@ -60,19 +61,43 @@ def start_blocker(cluster, tmp_path, seconds):
 @pytest.fixture
 def busy_cluster(make_cluster, tmp_path):
     image = tmp_path / "image-slow"
-    image.write_text("#!/bin/sh\nexec sleep 3\n")
+    image.write_text("#!/bin/sh\nwhile [ ! -e %s ]; do sleep 0.05; done\n" % (tmp_path / "release-blocker"))
     image.chmod(0o755)
     config = kueue(localQueues=[{"namespace": "default", "name": "team", "clusterQueue": "team"}])
     config["images"] = {"python:3.12-alpine": {"python": sys.executable}, "slow:1": {"python": str(image)}}
     return make_cluster(config)
 
 
-def test_a_batch_queued_behind_another_shows_the_wait_and_the_message(busy_cluster, run_tool, tmp_path):
-    start_blocker(busy_cluster, tmp_path, 3)
-    done = queued_run(run_tool, busy_cluster, "out", "--queue", "team", "--cluster-queue", "team")
-    assert done.code == 0, done
+def start_queued_run(cluster, tmp_path):
+    return subprocess.Popen([sys.executable, str(SCRIPT), "run", "--no-runtime-class", "--count", "4", "--queue",
+                             "team", "--cluster-queue", "team", "--output", "out"], cwd=str(tmp_path),
+                            env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_until_queued(cluster, process):
+    """Until the run's Workload waits for quota (QuotaReserved=False, reason Pending)."""
+    deadline = time.monotonic() + 60
+    while True:
+        pending = [w for w in cluster.get_json("-A", "workloads")["items"]
+                   if w["metadata"]["namespace"].startswith("agc-rl-") and any(
+                       c["type"] == "QuotaReserved" and c.get("reason") == "Pending"
+                       for c in w.get("status", {}).get("conditions", []))]
+        if pending:
+            return
+        assert time.monotonic() < deadline and process.poll() is None, "the run's Workload never waited for quota"
+        time.sleep(0.1)
+
+
+def test_a_batch_queued_behind_another_shows_the_wait_and_the_message(busy_cluster, tmp_path):
+    start_blocker(busy_cluster)
+    process = start_queued_run(busy_cluster, tmp_path)
+    wait_until_queued(busy_cluster, process)
+    time.sleep(1.5)
+    (tmp_path / "release-blocker").touch()
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr
     assert ("rollout: queued: Pending: couldn't assign flavors to pod set main: insufficient unused quota for cpu in "
-            "flavor default-flavor, 300m more needed") in done.stderr
+            "flavor default-flavor, 300m more needed") in stderr
     results = read(tmp_path / "out" / "results.json")
     assert results["queue"]["queued_seconds"] > 1.0
     # the queue wait is in the batch figures from the Job's creation, not in the per-episode phases
@@ -133,8 +158,8 @@ def test_a_batch_that_never_fits_an_unreadable_queue_stops_early_with_the_condit
 
 
 def test_a_preempted_and_readmitted_batch_reports_two_cycles_and_correct_results(make_cluster, run_tool, tmp_path):
-    # VM sandboxes start in 2-5 s: the preemption 1.8 s after admission kills pods that have not run.
-    cluster = make_cluster(dict(kueue(preempt={"afterSeconds": 1.8}), profile="vm-sandbox"))
+    # VM sandboxes start in 2-5 s: the preemption comes once the Job's 4 pods exist, none started.
+    cluster = make_cluster(dict(kueue(preempt={"whilePodsPending": 4}), profile="vm-sandbox"))
     done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "team")
     assert done.code == 0, done
     assert "rollout: evicted (Preempted), its pods terminating: Preempted to accommodate a workload" in done.stderr
@@ -229,31 +254,76 @@ def test_admission_cycles_backfill_a_late_watch_from_the_condition(tool):
     assert "lastTransitionTime" in cycle["admitted_source"]
 
 
+def admitted_workload(at, evictions=(), previously=None):
+    conditions = [{"type": "Admitted", "status": "True", "lastTransitionTime": at}]
+    if previously:
+        conditions.append({"type": "Evicted", "status": "False", "reason": "QuotaReserved", "lastTransitionTime": at,
+                           "message": "Previously: " + previously})
+    status = {"conditions": conditions}
+    if evictions:
+        status["schedulingStats"] = {"evictions": [
+            {"reason": reason, "underlyingCause": cause, "count": count} for reason, cause, count in evictions]}
+    return {"metadata": {"name": "job-rollout-abcde"}, "status": status}
+
+
+def test_an_eviction_the_watch_missed_is_still_counted_from_scheduling_stats(tool):
+    # Admitted at 1001 (seen), preempted and re-admitted at 1004 while the watch was down: the
+    # relist shows it admitted again, with Kueue's eviction count and "Previously: ...".
+    cycles = tool.AdmissionCycles(job_created=1000.4, job_created_server=1000.0)
+    cycles.update(1001.2, admitted_workload("1970-01-01T00:16:41Z"))
+    cycles.update(1004.6, admitted_workload("1970-01-01T00:16:44Z", [("Preempted", "", 1)], "Preempted to fit"))
+    first, second = cycles.cycles
+    assert (first["evicted_reason"], first["evicted_message"], first["evicted_at"]) == (
+        "Preempted", "Preempted to fit", None)
+    assert (second["admitted_at"], second["admitted_at_server"], second["queued_since"]) == (1004.0, 1004.0, None)
+    summary = tool.queue_summary(cycles.record("team", "team"))
+    assert summary["admission_cycles"] == 2 and summary["cycles_not_seen"] == 1
+    assert [c["queued_seconds"] for c in summary["cycles"]] == [1.0, None]  # the first backfilled at 1 s
+    assert summary["total_queued_seconds"] == 1.0  # the unseen wait is not made up
+    assert tool.last_admission_time(cycles.record("team", "team")) == 1004.0
+
+
+def test_a_watch_that_first_sees_a_readmitted_workload_counts_the_cycles_before_it(tool):
+    cycles = tool.AdmissionCycles(job_created=1000.4, job_created_server=1000.0)
+    cycles.update(1009.0, admitted_workload("1970-01-01T00:16:48Z", [("PodsReadyTimeout", "", 2)]))
+    assert [c["evicted_reason"] for c in cycles.cycles[:-1]] == ["PodsReadyTimeout", "PodsReadyTimeout"]
+    assert [c["admitted_at"] for c in cycles.cycles] == [None, None, 1008.0] and cycles.admitted
+
+
+def test_an_eviction_the_watch_delivered_is_not_counted_twice(tool):
+    cycles = tool.AdmissionCycles(job_created=1000.4, job_created_server=1000.0)
+    cycles.update(1001.2, admitted_workload("1970-01-01T00:16:41Z"))
+    evicted = admitted_workload("1970-01-01T00:16:41Z", [("Preempted", "", 1)])
+    evicted["status"]["conditions"].append({"type": "Evicted", "status": "True", "reason": "Preempted",
+                                            "message": "Preempted to fit", "lastTransitionTime": "x"})
+    cycles.update(1002.5, evicted)
+    cycles.update(1002.9, evicted)
+    cycles.update(1004.6, admitted_workload("1970-01-01T00:16:44Z", [("Preempted", "", 1)], "Preempted to fit"))
+    first, second = cycles.cycles
+    assert (first["evicted_at"], first.get("evicted_source"), second["admitted_at"], second["queued_since"]) == (
+        1002.5, None, 1004.6, 1002.5)
+
+
 def test_an_interrupted_queued_run_leaves_what_cleanup_needs(busy_cluster, run_tool, tmp_path):
     import signal
-    start_blocker(busy_cluster, tmp_path, 3)
-    process = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--no-runtime-class", "--count", "4", "--queue",
-                                "team", "--cluster-queue", "team", "--output", "out"], cwd=str(tmp_path),
-                               env=busy_cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    receipt = tmp_path / "out" / "receipt.json"
-    deadline = time.monotonic() + 30
-    while not (receipt.exists() and "job_uid" in receipt.read_text()):
-        assert time.monotonic() < deadline and process.poll() is None
-        time.sleep(0.1)
+    start_blocker(busy_cluster)
+    process = start_queued_run(busy_cluster, tmp_path)
+    wait_until_queued(busy_cluster, process)
     time.sleep(0.5)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
     assert read(tmp_path / "out" / "queue.json")["cycles"] == []
+    (tmp_path / "release-blocker").touch()
     assert run_tool("cleanup", "--output", "out", cluster=busy_cluster).code == 0
 
 
 def test_a_pods_ready_timeout_evicts_and_requeues_with_back_off_then_the_batch_completes(make_cluster, run_tool,
                                                                                         tmp_path):
-    # The first pods wait 4 s for their image, longer than the 2 s PodsReady timeout; after a
-    # 2 s back-off the second admission finds the image cached and has 2 s to get ready.
-    cluster = make_cluster(dict(kueue(waitForPodsReady={"timeoutSeconds": 2, "backoffBaseSeconds": 2}),
-                                imagePullSeconds=4))
+    # The first pods wait 6 s for their image, longer than the 3 s PodsReady timeout; after a
+    # 2 s back-off the second admission finds the image cached and has 3 s to get ready.
+    cluster = make_cluster(dict(kueue(waitForPodsReady={"timeoutSeconds": 3, "backoffBaseSeconds": 2}),
+                                imagePullSeconds=6))
     done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "team", "--queue-timeout", "60",
                       "--timeout", "60")
     assert done.code == 0, done
@@ -292,7 +362,7 @@ def test_custom_episodes_of_a_preempted_cycle_are_retried_and_only_the_last_cycl
                                                                                         tmp_path):
     from test_custom import EPISODE, write_tasks
     write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok", "reward": 1}, {"mode": "ok", "reward": 0.5}])
-    cluster = make_cluster(dict(kueue(preempt={"afterSeconds": 1.8}), profile="vm-sandbox"))
+    cluster = make_cluster(dict(kueue(preempt={"whilePodsPending": 2}), profile="vm-sandbox"))
     done = run_tool("run", "--no-runtime-class", "--episode", EPISODE, "--tasks", "tasks.jsonl", "--retries", "1",
                     "--queue", "team", "--cluster-queue", "team", "--output", "out", cluster=cluster)
     assert done.code == 0, done

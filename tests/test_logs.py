@@ -72,7 +72,9 @@ def test_prewarm_on_many_nodes_uses_two_watches_in_all(make_cluster, run_tool, t
 
 
 def test_the_stall_check_reads_only_the_jobs_failed_create_events(make_cluster, run_tool, tmp_path):
-    cluster = make_cluster({"serviceAccountDelaySeconds": 4})
+    # The pods are refused until the ServiceAccount comes, 7 s after the namespace: a stall of
+    # at least the 3 s that starts a check, even when a loaded machine slows the tool's start.
+    cluster = make_cluster({"serviceAccountDelaySeconds": 7})
     assert run_tool("run", "--count", "2", "--output", "out", cluster=cluster).code == 0
     event_reads = [call for call in cluster.calls() if "events" in call and "--sort-by" not in " ".join(call)]
     assert event_reads, "the run made no stall check"

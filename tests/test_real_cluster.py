@@ -20,9 +20,10 @@ from test_e2e import cluster_with_image
 
 
 def test_serviceaccount_lag_in_a_new_namespace_does_not_stop_the_run(make_cluster, run_tool, tmp_path):
-    # The namespace's `default` ServiceAccount appears 4 s late, on a VM-sandbox timing profile:
-    # every pod creation is refused for longer than the stall check's 3 s.
-    cluster = make_cluster({"serviceAccountDelaySeconds": 4, "profile": "vm-sandbox"})
+    # The namespace's `default` ServiceAccount appears 6 s late, on a VM-sandbox timing profile:
+    # every pod creation is refused for longer than the stall check's 3 s (with room for a
+    # loaded machine's slow start of the tool before the Job is created).
+    cluster = make_cluster({"serviceAccountDelaySeconds": 6, "profile": "vm-sandbox"})
     result = run_tool("run", "--count", "3", "--output", "out", cluster=cluster)
     assert result.code == 0, result
     assert read(tmp_path / "out" / "results.json")["successful_episodes"] == 3

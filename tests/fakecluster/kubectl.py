@@ -471,8 +471,15 @@ def cmd_exec(positionals, flags, namespace, timeout, out):
     if phase in ("Succeeded", "Failed"):
         raise Failure("error: cannot exec into a container in a completed pod; current phase is %s" % phase)
     stdin = sys.stdin.read() if flags.get("-i") == "true" or flags.get("--stdin") == "true" else None
-    answer = call({"verb": "exec", "namespace": namespace, "name": name, "container": flags.get("-c"),
-                   "command": command, "stdin": stdin}, timeout)
+    try:
+        answer = call({"verb": "exec", "namespace": namespace, "name": name, "container": flags.get("-c"),
+                       "command": command, "stdin": stdin}, timeout)
+    except ApiFailure as failure:
+        if failure.status.get("reason") != "InternalError":
+            raise
+        # The stream upgrade's failure reaches kubectl as a plain error, not a Status: `error:
+        # Internal error occurred: unable to upgrade connection: ...` (see ASSUMPTIONS.md).
+        raise Failure("error: " + failure.status["message"])
     out.write(answer["stdout"])
     out.flush()
     sys.stderr.write(answer["stderr"])

@@ -12,7 +12,9 @@ Installed only when cluster.json has "kueue": {"version": "v0.19.2", "clusterQue
                   in every new namespace
   manageJobs      false: the batch/job integration is off (the label is ignored)
   preempt         {"afterSeconds": 1.0, "times": 1}: the first admitted Workload is preempted
-                  this long after its admission, as if a higher-priority one had arrived
+                  this long after its admission, as if a higher-priority one had arrived;
+                  {"whilePodsPending": N}: instead once its Job has N pods, none of them started
+                  (a test about pods that never ran says so rather than racing the sandbox start)
   waitForPodsReady  {"timeoutSeconds": 1800, "backoffBaseSeconds": 60, "backoffMaxSeconds": 3600,
                   "backoffLimitCount": null}: on by default since v0.19.0 with these values
 """
@@ -59,6 +61,18 @@ def quantity(resource, amount):
     if amount % 2 ** 30 == 0:
         return "%dGi" % (amount // 2 ** 30)
     return "%dMi" % round(amount / 2 ** 20)
+
+
+def count_eviction(workload, reason, underlying_cause=""):
+    """workloadEvictionStateInc (pkg/workload/evict/evict.go): every eviction adds one to
+    `status.schedulingStats.evictions[reason, underlyingCause].count`, in the same status patch
+    as the Evicted condition. Deactivation counts as reason "Deactivated" with its cause."""
+    evictions = workload["status"].setdefault("schedulingStats", {}).setdefault("evictions", [])
+    for entry in evictions:
+        if (entry["reason"], entry["underlyingCause"]) == (reason, underlying_cause):
+            entry["count"] += 1
+            return
+    evictions.append({"reason": reason, "underlyingCause": underlying_cause, "count": 1})
 
 
 def set_condition(obj, type_, status, reason, message, at=None):
@@ -389,6 +403,7 @@ class Kueue:
                 workload["spec"]["active"] = False
                 set_condition(workload, "Evicted", "True", "DeactivatedDueToRequeuingLimitExceeded",
                               "The workload is deactivated due to exceeding the maximum number of re-queuing retries")
+                count_eviction(workload, "Deactivated", "RequeuingLimitExceeded")
                 c.put("workloads", workload)
                 continue
             state["count"] = state.get("count", 0) + 1
@@ -397,6 +412,7 @@ class Kueue:
             message = "Exceeded the PodsReady timeout %s/%s" % (workload["metadata"]["namespace"],
                                                               workload["metadata"]["name"])
             set_condition(workload, "Evicted", "True", "PodsReadyTimeout", message)
+            count_eviction(workload, "PodsReadyTimeout")
             set_condition(workload, "PodsReady", "False", "WaitForStart", "Not all pods are ready or succeeded")
             c.put("workloads", workload)
             c.record_event(workload, "Normal", "EvictedDueToPodsReadyTimeout", message, "kueue-admission")
@@ -404,21 +420,30 @@ class Kueue:
     def preemption_fault(self):
         """As if a higher-priority Workload had arrived: Evicted (Preempted) and Preempted
         (InClusterQueue) with the preemptor's message (pkg/scheduler/preemption/preemption.go)."""
-        if self.preempt.get("times", 1) <= 0 or "afterSeconds" not in self.preempt:
+        if self.preempt.get("times", 1) <= 0 or not {"afterSeconds", "whilePodsPending"} & set(self.preempt):
             return
         for workload in self.cluster.items("workloads"):
             at = self.admitted_at.get(workload["metadata"]["uid"])
-            if at is None or time.time() - at < self.preempt["afterSeconds"] or \
+            if at is None or time.time() - at < self.preempt.get("afterSeconds", 0) or \
                     condition(workload, "Admitted").get("status") != "True" or \
                     condition(workload, "Evicted").get("status") == "True" or \
                     condition(workload, "Finished").get("status") == "True":
                 continue
+            if "whilePodsPending" in self.preempt:
+                job_uid = (workload["metadata"].get("ownerReferences") or [{}])[0].get("uid")
+                pods = [pod for pod in self.cluster.items("pods")
+                        if pod["metadata"].get("labels", {}).get("batch.kubernetes.io/controller-uid") == job_uid
+                        and not pod["metadata"].get("deletionTimestamp")]
+                if len(pods) < self.preempt["whilePodsPending"] or \
+                        any(pod.get("status", {}).get("phase") != "Pending" for pod in pods):
+                    continue
             self.preempt["times"] = self.preempt.get("times", 1) - 1
             message = ("Preempted to accommodate a workload (UID: %s, JobUID: %s) due to prioritization in the "
                        "ClusterQueue; preemptor path: /%s; preemptee path: /%s" % (
                            uuid.uuid4(), uuid.uuid4(), workload["status"]["admission"]["clusterQueue"],
                            workload["status"]["admission"]["clusterQueue"]))
             set_condition(workload, "Evicted", "True", "Preempted", message)
+            count_eviction(workload, "Preempted")
             set_condition(workload, "Preempted", "True", "InClusterQueue", message)
             self.cluster.put("workloads", workload)
             self.cluster.record_event(workload, "Normal", "Preempted", message, "kueue-admission")

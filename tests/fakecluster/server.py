@@ -709,8 +709,8 @@ class Cluster:
             running = record.get("synthetic_keepalive") or (
                 record.get("process") is not None and record["process"].poll() is None)
             if container not in names or not running or pod["metadata"].get("deletionTimestamp"):
-                raise ApiError(400, "BadRequest", 'unable to upgrade connection: container not found ("%s")'
-                               % container)
+                raise ApiError(500, "InternalError", 'Internal error occurred: unable to upgrade connection: '
+                               'container not found ("%s")' % container)
             env = dict(record.get("env") or {})
             argv = list(command)
             if record.get("synthetic_keepalive"):
