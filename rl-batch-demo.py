@@ -1942,17 +1942,32 @@ class JobProgress:
         """Take in the Job's Workload's states; returns the monotonic time its current cycle
         began (admission, or since when it has been queued)."""
         for arrival, workload in self.workload_watch.drain():
-            if (workload["metadata"].get("labels") or {}).get(JOB_UID_LABEL) != self.job_uid:
-                continue
-            before = len(self.cycles.cycles), self.cycles.admitted
-            unseen_before = self.cycles.unseen_evictions()
-            self.cycles.update(arrival, workload)
-            for reason in self.cycles.unseen_evictions()[len(unseen_before):]:
-                note("%s: evicted (%s) and re-admitted while the Workload watch was down (counted by Kueue's "
-                     "status.schedulingStats; when is unknown)" % (self.job_name, reason))
-            if (len(self.cycles.cycles), self.cycles.admitted) != before:
-                self.cycle_began = time.monotonic()
+            if (workload["metadata"].get("labels") or {}).get(JOB_UID_LABEL) == self.job_uid:
+                self.take_workload(arrival, workload)
         return self.cycle_began
+
+    def take_workload(self, arrival, workload):
+        before = len(self.cycles.cycles), self.cycles.admitted
+        unseen_before = self.cycles.unseen_evictions()
+        self.cycles.update(arrival, workload)
+        for reason in self.cycles.unseen_evictions()[len(unseen_before):]:
+            note("%s: evicted (%s) and re-admitted while the Workload watch was down (counted by Kueue's "
+                 "status.schedulingStats; when is unknown)" % (self.job_name, reason))
+        if (len(self.cycles.cycles), self.cycles.admitted) != before:
+            self.cycle_began = time.monotonic()
+
+    def read_workload(self):
+        """The Job's Workload as the API has it now, once the wait is over: the watch may be down
+        or behind, and every admission and eviction must be known before pods are judged."""
+        try:
+            listed = json.loads(self.cluster.read("-n", self.namespace, "get", WORKLOADS, "-l", "%s=%s" % (
+                JOB_UID_LABEL, self.job_uid), "-o", "json"))
+        except KubectlError as error:
+            note("%s: could not read its Workload's last state (%s); the admission cycles are as the watch saw "
+                 "them" % (self.job_name, meaningful_line(error.stderr)))
+            return
+        for workload in listed.get("items") or []:
+            self.take_workload(time.time(), workload)
 
     def absorb_pods(self):
         self.watches.absorb()
@@ -2013,6 +2028,7 @@ class JobProgress:
                     sys.stderr.write("\n")
                 if self.cycles is not None:
                     self.absorb_workload()
+                    self.read_workload()
                 return live, outcome, blocked
 
     def settled_pods(self, job, timeout=2.0):
@@ -3114,7 +3130,7 @@ def queue_summary(record):
             "workload": record["workload"], "admission_cycles": len(cycles),
             "queued_seconds": cycles[0]["queued_seconds"] if cycles else None,
             "total_queued_seconds": sum(waits) if cycles else None,
-            "cycles_not_seen": sum(1 for c in cycles if c["admitted_at_unix"] is None or c["queued_seconds"] is None),
+            "unseen_queue_waits": sum(1 for c in cycles if c["queued_seconds"] is None),
             "queued_definition": "Job create call -> the Workload's Admitted=True as the watch delivered it (client "
                                  "clock); a cycle after an eviction is queued from the eviction's arrival; a wait "
                                  "the watch did not see (it was down) is null and left out of the total",

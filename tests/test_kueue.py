@@ -277,7 +277,7 @@ def test_an_eviction_the_watch_missed_is_still_counted_from_scheduling_stats(too
         "Preempted", "Preempted to fit", None)
     assert (second["admitted_at"], second["admitted_at_server"], second["queued_since"]) == (1004.0, 1004.0, None)
     summary = tool.queue_summary(cycles.record("team", "team"))
-    assert summary["admission_cycles"] == 2 and summary["cycles_not_seen"] == 1
+    assert summary["admission_cycles"] == 2 and summary["unseen_queue_waits"] == 1
     assert [c["queued_seconds"] for c in summary["cycles"]] == [1.0, None]  # the first backfilled at 1 s
     assert summary["total_queued_seconds"] == 1.0  # the unseen wait is not made up
     assert tool.last_admission_time(cycles.record("team", "team")) == 1004.0
@@ -387,3 +387,21 @@ def test_a_queued_batch_survives_what_real_clusters_do(make_cluster, run_tool, t
     results = read(tmp_path / "out" / "results.json")
     assert results["queue"]["admission_cycles"] == 2 and results["successful_episodes"] == 4
     assert run_tool("cleanup", "--output", "out", cluster=cluster).code == 0
+
+
+def test_a_preemption_while_the_workload_watch_is_down_is_still_counted(make_cluster, run_tool, tmp_path):
+    # The Workload watch cannot start for ~16 s (its list fails 20 times: 5 retries at 0.2 s, then
+    # 1 s each); meanwhile Kueue admits, preempts (the Job's 4 pods pending) and re-admits. The
+    # first state the watch delivers is admitted again: only schedulingStats tells of the eviction.
+    cluster = make_cluster(dict(kueue(preempt={"whilePodsPending": 4}), profile="vm-sandbox", transientFailures=[
+        {"verb": "list", "resource": "workloads", "times": 20, "kind": "etcd-timeout"}]))
+    done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "team")
+    assert done.code == 0, done
+    assert "rollout: evicted (Preempted) and re-admitted while the Workload watch was down" in done.stderr
+    results = read(tmp_path / "out" / "results.json")
+    queue = results["queue"]
+    assert (queue["admission_cycles"], queue["unseen_queue_waits"]) == (2, 2)  # both waits unseen
+    assert queue["cycles"][0]["evicted_reason"] == "Preempted" and queue["cycles"][0]["queued_seconds"] is None
+    assert queue["cycles"][0]["evicted_message"].startswith("Preempted to accommodate a workload")
+    assert queue["preempted_cycle_pods"] == 4
+    assert (results["successful_episodes"], results["reward_sum"]) == (4, 4)
