@@ -3016,15 +3016,19 @@ class AdmissionCycles:
                 self.close_unseen(unseen, previously[len("Previously: "):] if previously.startswith("Previously: ")
                                   else None)
             server = parse_k8s_time(admitted["lastTransitionTime"])
-            # The watch's first sight already admitted (it began late, or restarted): the moment
-            # itself was missed, so it comes from the API, at whole seconds.
-            late = (first and not self.cycles) or bool(unseen)
+            # When the watch missed the moment itself (its first sight was already admitted, or
+            # it missed the eviction before), the admission comes from the API, at whole seconds.
+            if unseen:
+                source = ("Admitted lastTransitionTime (API clock, whole seconds: the watch missed the eviction "
+                          "before it)")
+            elif first and not self.cycles:
+                source = ("Admitted lastTransitionTime - Job creationTimestamp (API clocks, whole seconds: the watch "
+                          "saw it admitted first)")
+            else:
+                source = "watch arrival (client clock)"
+            late = source != "watch arrival (client clock)"
             self.cycles.append({
-                "admitted_at": server if late else arrival, "admitted_at_server": server,
-                "admitted_source": "watch arrival (client clock)" if not late else
-                "Admitted lastTransitionTime (API clock, whole seconds: the watch missed the eviction before it)"
-                if unseen else "Admitted lastTransitionTime - Job creationTimestamp (API clocks, whole seconds: "
-                               "the watch saw it admitted first)",
+                "admitted_at": server if late else arrival, "admitted_at_server": server, "admitted_source": source,
                 "queued_since": self.cycles[-1]["evicted_at"] if self.cycles else
                 self.job_created_server if late else self.job_created})
         elif evicted.get("status") == "True" and (self.admitted or unseen):

@@ -1205,10 +1205,10 @@ class Cluster:
                 self.finish_synthetic_episode(pod, record)
             elif record.get("evict_at") is not None and time.time() >= record["evict_at"]:
                 self.evict(pod, record)
-            elif isinstance(record.get("api_evict_at"), tuple):
-                _, text, delay = record["api_evict_at"]
+            elif record.get("api_evict_after_line") is not None:
+                text, delay = record["api_evict_after_line"]
                 if text.encode() in Path(record["log_path"]).read_bytes():
-                    record["api_evict_at"] = time.time() + delay
+                    record["api_evict_at"], record["api_evict_after_line"] = time.time() + delay, None
             elif record.get("api_evict_at") is not None and time.time() >= record["api_evict_at"]:
                 self.evict_through_api(pod, record)
             elif record.get("pull_failed_at") is not None and time.time() - record["pull_failed_at"] >= 1.0:
@@ -1348,26 +1348,27 @@ class Cluster:
             workdir = mounts.get("/workspace", pod_dir)
             env["RL_TERMINATION_LOG"] = str(termination_path)
         restart_fault = self.node_config(node).get("restartContainersOnce", False)
-        evict_at = api_evict_at = None
+        evict_at = api_evict_at = api_evict_after_line = None
         if self.node_config(node).get("evictFirstPod") and node not in self.evicted_nodes:
             self.evicted_nodes.add(node)  # fault: memory pressure on this node evicts its first pod
             evict_at = time.time() + 0.05  # before any episode of the tests can finish
         if self.node_config(node).get("apiEvictFirstPodAfterSeconds") is not None and node not in self.evicted_nodes:
             self.evicted_nodes.add(node)  # fault: a drain evicts this node's first pod through the Eviction API
-            api_evict_at = time.time() + self.node_config(node)["apiEvictFirstPodAfterSeconds"]
+            delay = self.node_config(node)["apiEvictFirstPodAfterSeconds"]
             if self.node_config(node).get("apiEvictFirstPodAfterLogLine"):
                 # Counted from the moment the log first shows this text instead: a test whose
                 # episode must have installed its SIGTERM handler before the drain says so, rather
                 # than hoping the interpreter starts within a fixed time on a loaded machine.
-                api_evict_at = ("after log line", self.node_config(node)["apiEvictFirstPodAfterLogLine"],
-                                self.node_config(node)["apiEvictFirstPodAfterSeconds"])
+                api_evict_after_line = (self.node_config(node)["apiEvictFirstPodAfterLogLine"], delay)
+            else:
+                api_evict_at = time.time() + delay
         process = self.spawn(argv, env, workdir, log_path, truncate=True)
         self.processes[uid] = {"process": process, "log_path": log_path, "argv": argv, "env": env,
                                "mounts": mounts, "bin_dir": bin_dir, "execs": [],
                                "workdir": workdir, "container_id": container_id,
                                "termination_path": termination_path,
                                "restart_once": restart_fault, "restarts": 0, "evict_at": evict_at,
-                               "api_evict_at": api_evict_at,
+                               "api_evict_at": api_evict_at, "api_evict_after_line": api_evict_after_line,
                                "log_drop_first_lines": self.node_config(node).get("logDropFirstLines", 0)}
         if self.mount_namespaces:
             # The runtime reports the container running once its root is in place (the process
