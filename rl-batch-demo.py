@@ -12,6 +12,11 @@ What it does
     kubernetes-sigs/agent-sandbox warm pool (exec'd through the API server) instead, and
     `run --queue NAME` submits the Job through a Kueue LocalQueue, its queue wait apart.
 
+    "The tutorial", wherever this file says it, is the one this tool started as a port of:
+    Tencent Cloud Agent Runtime's RL batch tutorial (README, first section). Its choices are
+    kept where a comparison depends on them: P50/P95 by linear interpolation, the `agc-`
+    names, a 240 s deadline, at most 20 episodes without --allow-large.
+
 How to run
     python3 rl-batch-demo.py run --count 10 --output rl-parallel-10
     python3 rl-batch-demo.py run --count 10 --parallelism 1 --output rl-sequential-10
@@ -43,11 +48,31 @@ Exit codes
     line; 3 timed out (the Job's deadline or the client's wait); 4 the batch failed or an
     episode did not pass validation; 5 custom episodes only: results written, but some
     episodes are infrastructure failures; 130 interrupted (Ctrl-C); 143 terminated (SIGTERM).
+
+Sections of this file, in order (each under a banner of the same name)
+    Constants and defaults             what every backend shares (each backend keeps its own)
+    The episode program                the built-in episode, shipped in a ConfigMap
+    Errors                             one exception type per exit code; kubectl's failure kinds
+    kubectl                            the one subprocess wrapper, a context-bound Cluster, watches
+    Console and output files           where people's lines go; atomic JSON files
+    Manifests                          pure functions: the objects every backend creates
+    Metrics and validation             pure: time points, phases, percentiles, episode checks
+    The results folder                 results.json from the saved files, and nothing else
+    Presentation                       the comparison table and the timeline picture
+    Backend interface                  RunSpec, Run, Backend, the start of every run, the summary
+    Job backend                        one batch/v1 Job: watches, logs, rounds, prewarm
+    Kueue gate                         --queue: the Job's admission by Kueue, a plug-in of the Job backend
+    Warm-pool backend                  agent-sandbox claims from a warm pool, episodes exec'd
+    Local backend                      local processes, no cluster
+    Backend registry                   BACKENDS: the one place that lists the backends
+    Cleanup, report and list           the other subcommands
+    Command line                       argparse, the RunSpec built once, main()
 """
 
 import argparse
 import collections
 import concurrent.futures
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -83,71 +108,31 @@ DEFAULT_RUNTIME = "cube"
 
 TOOL_NAME = "rl-batch-demo"
 RUN_LABEL = "agc-demo-run"  # namespace label holding the run id: the ownership proof
+BACKEND_LABEL = "agc-demo-backend"  # on a run's namespace unless the Job backend's, so `list` and `cleanup` know it
 NAMESPACE_PREFIX = "agc-rl-"
 JOB_NAME = "rollout"
 CONFIGMAP_NAME = "episode"
 CONTAINER_NAME = "episode"
 
-DEFAULT_TIMEOUT_SECONDS = 240  # the seed's activeDeadlineSeconds: the Job controller fails the Job after it
-CLIENT_GRACE_SECONDS = 30  # the client waits the Job's deadline plus this (240 + 30 = the seed's 270)
-POLL_INTERVAL_SECONDS = 1.0
+DEFAULT_TIMEOUT_SECONDS = 240  # the tutorial's activeDeadlineSeconds: the Job controller fails the Job after it
+CLIENT_GRACE_SECONDS = 30  # the client waits the Job's deadline plus this (240 + 30 = the tutorial's 270)
 STALL_CHECK_SECONDS = 3.0  # no progress this long: look for a reason the pods cannot start
-LOG_FETCH_WORKERS = 4  # the seed's concurrency, the floor for small batches
-MAX_LOG_FETCH_WORKERS = 16  # each is a kubectl process of its own
-WATCH_WAIT_SECONDS = 0.2  # the wait loop's tick while the watch is quiet
+WATCH_WAIT_SECONDS = 0.2  # a wait loop's tick while its watch is quiet
 FALLBACK_POLL_SECONDS = 5.0  # a poll now and then, in case a watch died
 EPISODE_REQUESTS = {"cpu": "100m", "memory": "64Mi"}
 EPISODE_LIMITS = {"cpu": "500m", "memory": "128Mi"}
 CLEANUP_WAIT_SECONDS = 120  # for the Job (and its pods), then again for the namespace
 KUBECTL_REQUEST_TIMEOUT = "30s"  # passed to kubectl: one API request
 KUBECTL_PROCESS_TIMEOUT_SECONDS = 60  # one kubectl process, all its requests
+RETRY_DELAYS_SECONDS = (0.5, 1, 2, 4, 8)  # a transient kubectl failure: then give up, about 15 s of trying
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_TIMEOUT, EXIT_BATCH_FAILED = 0, 1, 2, 3, 4
 EXIT_INFRA_FAILURES = 5  # custom episodes: results written, but some episodes are infrastructure failures
-CONFIGMAP_MAX_BYTES = 1048576  # the API server's limit on a ConfigMap's data
-TASKS_CONFIGMAP = "tasks"
-LOCAL_KIND = "LocalEpisode"  # the local backend's stand-in for a pod in pods.json
-INDEX_KEY = "batch.kubernetes.io/job-completion-index"
-JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT)
 EXIT_TERMINATED = 143  # SIGTERM (128 + 15), e.g. a CI runner or `timeout` stopping the tool
-
-# The warm-pool backend: kubernetes-sigs/agent-sandbox, API v1beta1 (served by v0.5.0 and later).
-AGENT_SANDBOX_VERSION = "v0.5.6"  # the release the install hint and the kind workflow pin
-AGENT_SANDBOX_INSTALL = ("kubectl --context %s apply -f https://github.com/kubernetes-sigs/agent-sandbox/releases/"
-                         "download/" + AGENT_SANDBOX_VERSION + "/sandbox-with-extensions.yaml")
-EXTENSIONS_API = "extensions.agents.x-k8s.io/v1beta1"
-CONTROLLER_NAMESPACE, CONTROLLER_DEPLOYMENT = "agent-sandbox-system", "agent-sandbox-controller"
-TEMPLATE_NAME, POOL_NAME, CLAIM_PREFIX = "episode", "episodes", "episode-"
-LAUNCH_TYPE_LABEL = "agents.x-k8s.io/launch-type"  # on the Sandbox: warm (from the pool) or cold
-POOL_MEMBER_LABEL = "agents.x-k8s.io/warm-pool-sandbox"  # on unclaimed pool Sandboxes and their pods
-POD_NAME_ANNOTATION = "agents.x-k8s.io/pod-name"
-BACKEND_LABEL = "agc-demo-backend"  # on a warm-pool run's namespace, so `list` and `cleanup` know it
-# The pod's own command: stay alive, exit at once on SIGTERM (agent-sandbox's own stress test
-# uses this); the episode is exec'd into it.
-KEEP_ALIVE_COMMAND = ["sh", "-c", "trap 'exit 0' TERM INT; sleep infinity & wait"]
-DEFAULT_EXEC_CONCURRENCY = 64  # concurrent `kubectl exec` processes (each tens of MB)
-CLAIM_SAFETY_NET_SECONDS = 600  # claims expire (shutdownPolicy Delete) this long after the client's deadline
-# Claim Ready=False reasons that waiting will not cure (the SDK's TERMINAL_CLAIM_READY_REASONS,
-# plus a pool or template that does not exist).
-TERMINAL_CLAIM_REASONS = ("InvalidMetadata", "EnvVarsInjectionRejected", "VolumeClaimTemplatesError",
-                          "ClaimExpired", "SandboxExpired", "WarmPoolNotFound", "TemplateNotFound")
-WARM_KIND = "WarmPoolEpisode"  # an exec'd episode in the shape of a pod, in episodes.json
-
-# Kueue (kubernetes-sigs/kueue): --queue puts the Job under a LocalQueue.
-KUEUE_VERSION = "v0.19.2"  # the release the install hint names
-KUEUE_INSTALL = ("kubectl --context %s apply --server-side -f https://github.com/kubernetes-sigs/kueue/releases/"
-                 "download/" + KUEUE_VERSION + "/manifests.yaml")
-KUEUE_API = "kueue.x-k8s.io/v1beta2"  # served since v0.15, storage since v0.16
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"  # on the Job's Workload
-WORKLOADS = "workloads.kueue.x-k8s.io"
-DEFAULT_QUEUE_TIMEOUT_SECONDS = 3600  # how long the client waits for an admission (the deadline does not run meanwhile)
-LOCAL_QUEUE_WAIT_SECONDS = 10  # for a LocalQueue that a namespace policy puts in every new namespace
-WORKLOAD_WAIT_SECONDS = 30  # for Kueue to make the Job's Workload
-# A Workload that waiting will not admit: a queue that is missing or stopped, a batch over the
-# ClusterQueue's maximum capacity (QuotaReserved=False reasons and messages, Kueue v0.19).
-NEVER_ADMISSIBLE_REASONS = ("Inadmissible", "Misconfigured", "ExceedsMaxQuota", "Suspended", "Deactivated")
+CONFIGMAP_MAX_BYTES = 1048576  # the API server's limit on a ConfigMap's data
+TASKS_CONFIGMAP = "tasks"
+INDEX_KEY = "batch.kubernetes.io/job-completion-index"  # an episode's index, on every backend's records
 
 # ============================================================================
 # The episode program (runs inside each sandbox)
@@ -230,13 +215,45 @@ class DemoError(Exception):
     exit_code = EXIT_ERROR
 
 
-class KubectlError(DemoError):
-    """A kubectl command failed; carries kubectl's own stderr."""
+class BatchTimeout(DemoError):
+    exit_code = EXIT_TIMEOUT
 
-    def __init__(self, args, returncode, stderr):
+
+class BatchFailed(DemoError):
+    exit_code = EXIT_BATCH_FAILED
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: handled like Ctrl-C (save what is known, print the cleanup command), exit 143."""
+
+
+# What kubectl's stderr says about a failure, by kind. Reasons in parentheses are the API
+# server's Status reasons, which kubectl prints as "Error from server (Reason): ..."; etcd's
+# errors reach kubectl as Status objects without a reason ("Error from server: etcdserver:
+# leader changed"; tests/fakecluster/ASSUMPTIONS.md, fact 27).
+TRANSIENT_MARKERS = ("(InternalError)", "(ServiceUnavailable)", "(Timeout)", "(ServerTimeout)",
+                     "(TooManyRequests)", "etcdserver: ", "connection to the server", "Unable to connect to the server",
+                     "i/o timeout", "TLS handshake timeout", "connection reset", "unexpected EOF", "http2:",
+                     "context deadline exceeded", "did not finish within")
+# A create answered with one of these was refused: nothing was made. Any other failure leaves
+# its outcome unknown, so the tool looks before it tries again.
+REFUSAL_MARKERS = ("(Forbidden)", "(Invalid)", "(BadRequest)", "(NotFound)", "(MethodNotAllowed)",
+                   "(Unauthorized)", "(UnsupportedMediaType)", "(RequestEntityTooLarge)", "Error in configuration",
+                   "error: ", "error parsing")
+# The API serves no such kind: `get`/`delete` of an unknown resource, `create` of an unknown kind.
+NO_SUCH_KIND_MARKERS = ("doesn't have a resource type", "resource mapping not found")
+
+
+class KubectlError(DemoError):
+    """A kubectl command failed; carries kubectl's own stderr (and stdout: `kubectl exec`
+    prints the command's output whatever its exit code) and knows what kind of failure it is,
+    so that no caller matches stderr text."""
+
+    def __init__(self, args, returncode, stderr, stdout=None):
         self.args_list = list(args)
         self.returncode = returncode
         self.stderr = (stderr or "").strip()
+        self.stdout = stdout
         detail = meaningful_line(self.stderr) or "no error message (exit code %s)" % returncode
         words = [word for word in args if not word.startswith("--request-timeout")]
         if words[:1] == ["--context"]:
@@ -247,13 +264,35 @@ class KubectlError(DemoError):
     def not_found(self):
         return "(NotFound)" in self.stderr
 
+    @property
+    def forbidden(self):
+        return "(Forbidden)" in self.stderr
 
-class BatchTimeout(DemoError):
-    exit_code = EXIT_TIMEOUT
+    @property
+    def invalid(self):
+        return "(Invalid)" in self.stderr
 
+    @property
+    def conflict(self):
+        return "(Conflict)" in self.stderr
 
-class BatchFailed(DemoError):
-    exit_code = EXIT_BATCH_FAILED
+    @property
+    def already_exists(self):
+        return "(AlreadyExists)" in self.stderr
+
+    @property
+    def no_such_kind(self):
+        return any(marker in self.stderr for marker in NO_SUCH_KIND_MARKERS)
+
+    @property
+    def transient(self):
+        """The API server, etcd or the network failed, not the request: try again."""
+        return any(marker in self.stderr for marker in TRANSIENT_MARKERS)
+
+    @property
+    def refused(self):
+        """A clear refusal of the request (nothing was done), as opposed to an unknown outcome."""
+        return any(marker in self.stderr for marker in REFUSAL_MARKERS) and not self.already_exists
 
 
 def last_line(text):
@@ -266,7 +305,6 @@ def last_line(text):
 KUBECTL_ERROR_STARTS = ("Error from server", "error:", "Error in configuration", "The connection to the server",
                         "Unable to connect to the server")
 
-
 def meaningful_line(text):
     """The line of kubectl's stderr that says what went wrong: the last of its own error
     lines, else the last line that is not a log or warning line."""
@@ -278,9 +316,360 @@ def meaningful_line(text):
              not line.startswith("Warning:")]
     return (plain or lines or [""])[-1]
 
+# ============================================================================
+# kubectl: the one subprocess wrapper, a Cluster bound to one context, watches
+# ============================================================================
+
+
+class Kubectl:
+    """The one way this tool starts kubectl. Every process is registered while it runs, and
+    every watch until it is stopped, so that an interrupt can stop them all and none outlives
+    the tool; `stopping` refuses new processes while the running ones are being stopped."""
+
+    def __init__(self, console, program=None):
+        self.console = console
+        self.program = program or os.environ.get("KUBECTL") or "kubectl"
+        self.running = set()  # kubectl processes running now
+        self.watches = []  # every Watch not yet stopped
+        self.stopping = threading.Event()
+
+    def run(self, argv, stdin_text=None, binary=False, timeout=KUBECTL_PROCESS_TIMEOUT_SECONDS):
+        """Run kubectl with an argument list; return stdout (bytes if binary) or raise KubectlError."""
+        program = self.program
+        if self.stopping.is_set():
+            raise DemoError("interrupted")
+        try:
+            process = subprocess.Popen([program, *argv], stdin=subprocess.PIPE if stdin_text is not None and not binary
+                                       else subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=not binary)
+            self.running.add(process)
+            try:
+                stdout, stderr = process.communicate(stdin_text if not binary else None, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()
+                raise
+            finally:
+                self.running.discard(process)
+        except FileNotFoundError:
+            raise DemoError("kubectl not found (looked for %r on PATH); install kubectl or set "
+                            "KUBECTL to its path" % program) from None
+        except PermissionError:
+            what = "a directory" if os.path.isdir(program) else "not executable"
+            raise DemoError("cannot run kubectl %r: it is %s; set KUBECTL to the kubectl program itself"
+                            % (program, what)) from None
+        except OSError as error:
+            raise DemoError("cannot run kubectl %r: %s; set KUBECTL to the kubectl program"
+                            % (program, error.strerror or error)) from None
+        except subprocess.TimeoutExpired:
+            raise KubectlError(argv, None, "kubectl did not finish within %d s" % timeout) from None
+        if process.returncode != 0:
+            raise KubectlError(argv, process.returncode, stderr.decode("utf-8", "replace") if binary else stderr,
+                               stdout)
+        return stdout
+
+    def stop_running(self, executor):
+        """After Ctrl-C: stop every running kubectl (and start none) until the worker threads of
+        `executor` have ended, so that what is saved next does not change under the saving."""
+        self.stopping.set()
+        try:
+            for process in list(self.running):
+                try:
+                    process.terminate()
+                except OSError:
+                    pass
+            executor.shutdown(wait=True, cancel_futures=True)
+        finally:
+            self.stopping.clear()
+
+    def stop_watches(self):
+        for watch in list(self.watches):
+            watch.stop()
+
+    def current_context(self):
+        try:
+            context = self.run(["config", "current-context"]).strip()
+        except KubectlError as error:
+            raise DemoError("no current kubectl context (%s); choose one with `kubectl config "
+                            "use-context NAME` or pass --context NAME" % error.stderr) from None
+        if not context:
+            raise DemoError("no current kubectl context; pass --context NAME")
+        return context
+
+
+class Cluster:
+    """kubectl bound to one context: every call carries --context and a request timeout."""
+
+    def __init__(self, runner, context):
+        self.runner, self.context = runner, context
+        self.console = runner.console
+
+    def kubectl(self, *parts, data=None, binary=False, timeout=KUBECTL_PROCESS_TIMEOUT_SECONDS,
+                request_timeout=KUBECTL_REQUEST_TIMEOUT):
+        argv = ["--context", self.context, "--request-timeout=" + request_timeout, *parts]
+        return self.runner.run(argv, json.dumps(data) if data is not None else None, binary, timeout)
+
+    def retrying(self, what, attempt):
+        """attempt(), tried again with backoff while its failure is transient; a note each time."""
+        for delay in RETRY_DELAYS_SECONDS + (None,):
+            try:
+                return attempt()
+            except KubectlError as error:
+                if delay is None or not error.transient:
+                    raise
+                self.console.note("kubectl %s: %s; retrying in %s s" % (what, meaningful_line(error.stderr), delay))
+                time.sleep(delay)
+
+    def read(self, *parts, binary=False):
+        """A read-only kubectl call, retried with backoff while the failure is transient."""
+        return self.retrying(" ".join(parts[:3]), lambda: self.kubectl(*parts, binary=binary))
+
+    def read_items(self, *parts):
+        """The items of a `get ... -o json` list."""
+        return json.loads(self.read(*parts, "-o", "json"))["items"]
+
+    def delete(self, *parts):
+        """A delete, retried while the failure is transient. NotFound means done: the object was
+        checked just before, so another cleanup or a committed earlier attempt removed it."""
+        def attempt():
+            try:
+                return self.kubectl(*parts)
+            except KubectlError as error:
+                if error.not_found:
+                    return ""
+                raise
+        return self.retrying(" ".join(parts[:4]), attempt)
+
+    def create_owned(self, obj, run_id):
+        """Create obj; whenever the outcome is unknown, look before trying again.
+
+        A create is never blindly repeated: the object may exist already (the API server
+        committed it before the answer was lost). It is adopted only if it carries this run's
+        label, and otherwise reported, not touched. Only a clear refusal (Forbidden, Invalid,
+        ...) is taken as "nothing was created".
+        """
+        meta = obj["metadata"]
+        where = ("-n", meta["namespace"]) if meta.get("namespace") else ()
+        kind = obj["kind"].lower()
+        for delay in RETRY_DELAYS_SECONDS + (None,):
+            try:
+                return json.loads(self.kubectl("create", "-f", "-", "-o", "json", data=obj))
+            except KubectlError as error:
+                if error.refused:
+                    raise
+                try:
+                    existing = self.get_json(*where, kind, meta["name"])
+                except KubectlError as look:
+                    raise DemoError("kubectl create %s %s: %s; whether it was created is unknown, and looking "
+                                    "failed too: %s" % (kind, meta["name"], meaningful_line(error.stderr),
+                                                        meaningful_line(look.stderr))) from None
+                if existing is not None:
+                    owner = existing["metadata"].get("labels", {}).get(RUN_LABEL)
+                    if owner == run_id:
+                        return existing
+                    raise DemoError("%s %s already exists and is not this run's (label %s is %r, expected "
+                                    "%r); refusing to use it" % (kind, meta["name"], RUN_LABEL, owner, run_id))
+                if delay is None:
+                    raise
+                self.console.note("kubectl create %s %s: %s; it does not exist, retrying in %s s"
+                                  % (kind, meta["name"], meaningful_line(error.stderr), delay))
+                time.sleep(delay)
+
+    def get_json(self, *parts):
+        """The object as a dict, or None when it does not exist."""
+        raw = self.read("get", *parts, "--ignore-not-found", "-o", "json")
+        return json.loads(raw) if raw.strip() else None
+
+    def exists(self, *parts):
+        return bool(self.read("get", *parts, "--ignore-not-found", "-o", "name").strip())
+
+    def watch(self, kind, *parts, timed=False):
+        return Watch(self, kind, *parts, timed=timed)
+
+    def wait_until_gone(self, what, parts, timeout):
+        deadline = time.monotonic() + timeout
+        delay = 0.25
+        while self.exists(*parts):
+            if time.monotonic() > deadline:
+                raise BatchTimeout("%s still terminating after %d s; inspect it with `kubectl --context "
+                                   "%s get %s` and run cleanup again" % (what, timeout, self.context, " ".join(parts)))
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+class Watch:
+    """`kubectl get ... --watch -o json` in the background: a queue of object states.
+
+    The stream is a sequence of JSON objects. A watch ends when the server ends it: kubectl
+    then exits 0, after printing an ERROR event's Status object (410 Expired, ...) like any
+    object (tests/fakecluster/ASSUMPTIONS.md, fact 25). Only objects of `kind` are
+    kept; when kubectl exits, it is started again (listing the current objects first); callers
+    also poll now and then, so a dead watch costs latency, never correctness.
+    """
+
+    def __init__(self, cluster, kind, *parts, timed=False):
+        self.kind = kind
+        self.timed = timed  # drain() gives (arrival time on the client's clock, state) pairs
+        self.restarts = 0
+        self.runner = cluster.runner
+        self.argv = [self.runner.program, "--context", cluster.context, "--request-timeout=0", "get", *parts,
+                     "--watch", "-o", "json"]
+        self.runner.watches.append(self)
+        self.states = queue.Queue()
+        self.stopped = threading.Event()
+        self.process = None
+        self.thread = threading.Thread(target=self.follow, daemon=True)
+        self.thread.start()
+
+    def follow(self):
+        while not self.stopped.is_set():
+            try:
+                self.process = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                                stdin=subprocess.DEVNULL, text=True)
+            except OSError:
+                return
+            # kubectl indents each object, so an object ends at a line that is exactly "}".
+            lines = []
+            for line in self.process.stdout:
+                lines.append(line)
+                if line.rstrip("\n") == "}":
+                    try:
+                        obj = json.loads("".join(lines))
+                    except ValueError:
+                        continue
+                    lines = []
+                    # An ERROR event's Status (or anything else) is not a state of the object.
+                    if isinstance(obj, dict) and obj.get("kind") == self.kind and \
+                            isinstance(obj.get("metadata"), dict) and obj["metadata"].get("name"):
+                        self.states.put((time.time(), obj) if self.timed else obj)
+            self.process.wait()
+            self.restarts += 1
+            self.stopped.wait(0.2 if self.restarts < 5 else 1.0)
+
+    def drain(self, timeout=0.0):
+        """Every state received so far, waiting up to `timeout` for the first one."""
+        states = []
+        try:
+            states.append(self.states.get(timeout=timeout) if timeout else self.states.get_nowait())
+            while True:
+                states.append(self.states.get_nowait())
+        except queue.Empty:
+            pass
+        return states
+
+    def stop(self):
+        self.stopped.set()
+        if self in self.runner.watches:
+            self.runner.watches.remove(self)
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
 
 # ============================================================================
-# Manifests: pure functions returning the objects `run` creates
+# Console and output files
+# ============================================================================
+
+
+class Console:
+    """Where the tool's lines go, handed to whatever prints (httpie's Environment, in spirit):
+    stdout carries results for scripts; notes, warnings and progress go to stderr. --quiet
+    silences notes and progress, never warnings or errors. Progress is one line rewritten in
+    place, and only on a terminal."""
+
+    def __init__(self, quiet=False, stdout=None, stderr=None):
+        self.quiet = quiet
+        self.stdout = stdout or sys.stdout
+        self.stderr = stderr or sys.stderr
+        self.progress_shown = False
+
+    @property
+    def interactive(self):
+        """A person watches stderr: progress lines and the human summary are worth writing."""
+        return self.stderr.isatty() and not self.quiet
+
+    def say(self, *parts, end="\n"):
+        """Print to stdout. A reader that stopped reading (`run ... | head -1`) must not stop the
+        run or end it in a traceback: from then on stdout goes to /dev/null."""
+        try:
+            print(*parts, end=end, file=self.stdout, flush=True)
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stdout.fileno())
+
+    def note(self, message):
+        """Progress for people (not with --quiet)."""
+        if not self.quiet:
+            print(message, file=self.stderr, flush=True)
+
+    def warn(self, message):
+        """Something the user must know even with --quiet."""
+        print("warning: " + message, file=self.stderr, flush=True)
+
+    def tell(self, message):
+        """A line for people that --quiet does not silence (interrupts, the human summary)."""
+        print(message, file=self.stderr, flush=True)
+
+    def progress(self, line):
+        """Rewrite the progress line in place (a terminal only)."""
+        if self.interactive:
+            self.stderr.write("\r%s   " % line)
+            self.stderr.flush()
+            self.progress_shown = True
+
+    def end_progress(self):
+        if self.progress_shown:
+            self.stderr.write("\n")
+            self.stderr.flush()
+            self.progress_shown = False
+
+
+def write_json(path, obj):
+    """Write atomically, so an interrupted write never leaves half a receipt. A list of
+    objects (pods.json) is written one object a line: greppable, and quick at 10,000 pods."""
+    partial = path.with_name(path.name + ".partial")
+    if isinstance(obj, list) and obj and all(isinstance(item, dict) for item in obj):
+        partial.write_text("[\n" + ",\n".join(json.dumps(item) for item in obj) + "\n]\n")
+    else:
+        partial.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(partial, path)
+
+def read_json(path, what, keys=(), shape=dict):
+    """A JSON object (or list) from a file of the output folder; one clear error when it is
+    missing, unreadable, of another shape, or lacks one of `keys`."""
+    try:
+        obj = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DemoError("no %s in %s" % (path.name, path.parent)) from None
+    except (OSError, ValueError) as error:
+        raise DemoError("cannot read %s (%s): %s" % (what, path, error)) from None
+    if not isinstance(obj, shape):
+        raise DemoError("%s is not %s of rl-batch-demo: a JSON %s was expected, it holds %s"
+                        % (path, what, "object" if shape is dict else "list",
+                           type(obj).__name__ if obj is not None else "null"))
+    missing = [key for key in keys if key not in obj]
+    if missing:
+        raise DemoError("%s is not %s of rl-batch-demo: it lacks %s" % (path, what, ", ".join(missing)))
+    return obj
+
+def read_saved(path):
+    return json.loads(path.read_text()) if path.exists() else None
+
+def program_name():
+    """How the user ran the tool: `rl-batch-demo` (the installed command) or `rl-batch-demo.py`."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return name if name.startswith("rl-batch-demo") else "rl-batch-demo"
+
+def cleanup_command(output):
+    program = program_name()
+    if program.endswith(".py"):
+        program = "python3 " + shlex.quote(sys.argv[0])
+    return "%s cleanup --output %s" % (program, shlex.quote(str(output)))
+
+# ============================================================================
+# Manifests: pure functions returning the objects a run creates
 # ============================================================================
 
 
@@ -290,7 +679,6 @@ def default_deadline(count, parallelism):
     1 s per 10 episodes beyond 20 (creating, scheduling and collecting more pods)."""
     waves = -(-count // parallelism)
     return DEFAULT_TIMEOUT_SECONDS + 30 * (waves - 1) + max(0, count - MAX_COUNT) // 10
-
 
 def object_labels(run_id, component):
     """Labels on every object the tool creates: the seed's run label plus the recommended
@@ -302,13 +690,11 @@ def object_labels(run_id, component):
             "app.kubernetes.io/component": component,
             "app.kubernetes.io/managed-by": TOOL_NAME}
 
-
 def namespace_manifest(namespace, run_id):
     # Pod Security Admission enforces `restricted` here: the cluster, not only this file,
     # then guarantees the sandboxes' posture (non-root, no escalation, no capabilities).
     labels = {**object_labels(run_id, "run"), "pod-security.kubernetes.io/enforce": "restricted"}
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": labels}}
-
 
 def configmap_manifest(namespace, run_id, program=EPISODE_PROGRAM):
     return {"apiVersion": "v1", "kind": "ConfigMap",
@@ -316,22 +702,18 @@ def configmap_manifest(namespace, run_id, program=EPISODE_PROGRAM):
                          "labels": object_labels(run_id, "episode-program")},
             "data": {"episode.py": program}}
 
-
 def tasks_configmap_manifest(namespace, run_id, tasks):
     """Episode i reads /tasks/task-<i>.json (its TASK_FILE)."""
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": TASKS_CONFIGMAP, "namespace": namespace, "labels": object_labels(run_id, "tasks")},
             "data": tasks_data(tasks)}
 
-
 def tasks_data(tasks):
     return {"task-%d.json" % index: json.dumps(task) for index, task in enumerate(tasks)}
-
 
 def configmap_bytes(data):
     """What the API server counts against its 1 MiB limit: every key and value."""
     return sum(len(key.encode()) + len(value.encode()) for key, value in data.items())
-
 
 def network_policy_manifest(namespace, run_id):
     """Default deny, ingress and egress, for every pod of the namespace."""
@@ -339,7 +721,6 @@ def network_policy_manifest(namespace, run_id):
             "metadata": {"name": "deny-all", "namespace": namespace,
                          "labels": object_labels(run_id, "network-isolation")},
             "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}}
-
 
 def job_manifest(namespace, run_id, count, parallelism, image, runtime,
                  deadline=DEFAULT_TIMEOUT_SECONDS, indexed=False, retries=0, tasks=False):
@@ -393,384 +774,57 @@ def job_manifest(namespace, run_id, count, parallelism, image, runtime,
             "spec": spec}
 
 
-def sandbox_template_manifest(namespace, run_id, image, runtime, tasks=False):
-    """The SandboxTemplate: the Job pod's spec (image, RuntimeClass, resources, hardened
-    security context, the episode program at /demo) with a keep-alive command instead of the
-    episode, an explicit dnsPolicy and no managed NetworkPolicy (agent-sandbox's defaults would
-    otherwise change DNS and networking against the Job backend's pods)."""
-    pod = job_manifest(namespace, run_id, 1, 1, image, runtime, tasks=tasks)["spec"]["template"]
-    pod["spec"]["containers"][0].update(command=list(KEEP_ALIVE_COMMAND), env=[])
-    pod["spec"].update(terminationGracePeriodSeconds=1, dnsPolicy="ClusterFirst")
-    return {"apiVersion": EXTENSIONS_API, "kind": "SandboxTemplate",
-            "metadata": {"name": TEMPLATE_NAME, "namespace": namespace, "labels": object_labels(run_id, "sandbox-template")},
-            "spec": {"podTemplate": pod, "networkPolicyManagement": "Unmanaged"}}
-
-
-def warm_pool_manifest(namespace, run_id, replicas):
-    return {"apiVersion": EXTENSIONS_API, "kind": "SandboxWarmPool",
-            "metadata": {"name": POOL_NAME, "namespace": namespace, "labels": object_labels(run_id, "warm-pool")},
-            "spec": {"replicas": replicas, "sandboxTemplateRef": {"name": TEMPLATE_NAME}}}
-
-
-def claim_manifests(namespace, run_id, count, shutdown_time):
-    """One SandboxClaim per episode, named episode-<i> (also the episode id). No env: claim env
-    forces a cold start; the episode gets its id on the exec command line. The lifecycle is a
-    safety net: if the tool dies, the claims (and through them the Sandboxes) go anyway."""
-    return [{"apiVersion": EXTENSIONS_API, "kind": "SandboxClaim",
-             "metadata": {"name": "%s%d" % (CLAIM_PREFIX, index), "namespace": namespace,
-                          "labels": object_labels(run_id, "claim")},
-             "spec": {"warmPoolRef": {"name": POOL_NAME},
-                      "lifecycle": {"shutdownTime": shutdown_time, "shutdownPolicy": "Delete"}}}
-            for index in range(count)]
-
-
-def local_queue_manifest(namespace, run_id, name, cluster_queue):
-    """The run's own LocalQueue (with --cluster-queue): its namespace is new, so no queue of
-    the user's can be in it."""
-    return {"apiVersion": KUEUE_API, "kind": "LocalQueue",
-            "metadata": {"name": name, "namespace": namespace, "labels": object_labels(run_id, "queue")},
-            "spec": {"clusterQueue": cluster_queue}}
-
-
-def run_manifests(args, namespace, run_id):
-    """Every object of one run, in creation order (the namespace first, the Job last)."""
-    objects = [namespace_manifest(namespace, run_id), configmap_manifest(namespace, run_id, args.program)]
-    if getattr(args, "cluster_queue", None):
-        objects.append(local_queue_manifest(namespace, run_id, args.queue, args.cluster_queue))
-    if args.tasks_list is not None:
-        objects.append(tasks_configmap_manifest(namespace, run_id, args.tasks_list))
-    if args.network == "none":
+def common_manifests(spec, namespace, run_id):
+    """What every cluster backend's run creates first: the namespace, the episode program, the
+    tasks and (with --network none) the default-deny policy."""
+    objects = [namespace_manifest(namespace, run_id), configmap_manifest(namespace, run_id, spec.program)]
+    if spec.tasks_list is not None:
+        objects.append(tasks_configmap_manifest(namespace, run_id, spec.tasks_list))
+    if spec.network == "none":
         objects.append(network_policy_manifest(namespace, run_id))
-    runtime = None if args.no_runtime_class else args.runtime
-    if args.backend == "warm-pool":
-        objects[0]["metadata"]["labels"][BACKEND_LABEL] = "warm-pool"
-        return objects + [sandbox_template_manifest(namespace, run_id, args.image, runtime, args.tasks_list is not None),
-                          warm_pool_manifest(namespace, run_id, args.pool_size)]
-    objects.append(job_manifest(namespace, run_id, args.count, args.parallelism, args.image, runtime,
-                                args.timeout, indexed=bool(args.episode), retries=args.retries,
-                                tasks=args.tasks_list is not None))
-    if getattr(args, "queue", None):
-        # Kueue's webhook stores the Job suspended; it runs once its Workload is admitted.
-        objects[-1]["metadata"]["labels"][QUEUE_LABEL] = args.queue
-        if not args.episode:
-            # A preemption suspends the Job, and the Job controller counts the pods it deletes
-            # then as failed (there is no condition to tell them apart: kubernetes-sigs/jobset
-            # #1117), so backoffLimit 0 would fail the batch at its first preemption. Room for
-            # three preempted waves; validation still refuses any failed pod of the last cycle.
-            objects[-1]["spec"]["backoffLimit"] = 3 * min(args.parallelism, args.count)
     return objects
 
 
-# ============================================================================
-# The one kubectl wrapper
-# ============================================================================
-
-
-def kubectl_program():
-    return os.environ.get("KUBECTL") or "kubectl"
-
-
-RUNNING_KUBECTL = set()  # kubectl processes running now, so that an interrupt can stop them all
-STOPPING = threading.Event()  # set while they are stopped: no new kubectl starts meanwhile
-
-
-def stop_running_kubectl(executor):
-    """After Ctrl-C: stop every running kubectl (and start none) until the worker threads of
-    `executor` have ended, so that what is saved next does not change under the saving."""
-    STOPPING.set()
-    try:
-        for process in list(RUNNING_KUBECTL):
-            try:
-                process.terminate()
-            except OSError:
-                pass
-        executor.shutdown(wait=True, cancel_futures=True)
-    finally:
-        STOPPING.clear()
-
-
-def run_kubectl(argv, stdin_text=None, binary=False, timeout=KUBECTL_PROCESS_TIMEOUT_SECONDS):
-    """Run kubectl with an argument list; return stdout (bytes if binary) or raise KubectlError."""
-    program = kubectl_program()
-    if STOPPING.is_set():
-        raise DemoError("interrupted")
-    try:
-        process = subprocess.Popen([program, *argv], stdin=subprocess.PIPE if stdin_text is not None and not binary
-                                   else subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=not binary)
-        RUNNING_KUBECTL.add(process)
-        try:
-            stdout, stderr = process.communicate(stdin_text if not binary else None, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
-            raise
-        finally:
-            RUNNING_KUBECTL.discard(process)
-        done = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
-    except FileNotFoundError:
-        raise DemoError("kubectl not found (looked for %r on PATH); install kubectl or set "
-                        "KUBECTL to its path" % program) from None
-    except PermissionError:
-        what = "a directory" if os.path.isdir(program) else "not executable"
-        raise DemoError("cannot run kubectl %r: it is %s; set KUBECTL to the kubectl program itself"
-                        % (program, what)) from None
-    except OSError as error:
-        raise DemoError("cannot run kubectl %r: %s; set KUBECTL to the kubectl program"
-                        % (program, error.strerror or error)) from None
-    except subprocess.TimeoutExpired:
-        raise KubectlError(argv, None, "kubectl did not finish within %d s" % timeout) from None
-    if done.returncode != 0:
-        stderr = done.stderr.decode("utf-8", "replace") if binary else done.stderr
-        error = KubectlError(argv, done.returncode, stderr)
-        error.stdout = done.stdout  # `kubectl exec`: the command's output, whatever its exit code
-        raise error
-    return done.stdout
-
-
-def current_context():
-    try:
-        context = run_kubectl(["config", "current-context"]).strip()
-    except KubectlError as error:
-        raise DemoError("no current kubectl context (%s); choose one with `kubectl config "
-                        "use-context NAME` or pass --context NAME" % error.stderr) from None
-    if not context:
-        raise DemoError("no current kubectl context; pass --context NAME")
-    return context
-
-
-# kubectl stderr that means "try again": the API server, etcd or the network, not the request.
-# etcd's errors reach kubectl as Status objects without a reason ("Error from server:
-# etcdserver: leader changed", k8s-samples fact 27).
-TRANSIENT_MARKERS = ("(InternalError)", "(ServiceUnavailable)", "(Timeout)", "(ServerTimeout)",
-                     "(TooManyRequests)", "etcdserver: ", "connection to the server", "Unable to connect to the server",
-                     "i/o timeout", "TLS handshake timeout", "connection reset", "unexpected EOF", "http2:",
-                     "context deadline exceeded", "did not finish within")
-# A create answered with one of these was refused: nothing was made. Any other failure leaves
-# its outcome unknown, so the tool looks before it tries again.
-REFUSAL_MARKERS = ("(Forbidden)", "(Invalid)", "(BadRequest)", "(NotFound)", "(MethodNotAllowed)",
-                   "(Unauthorized)", "(UnsupportedMediaType)", "(RequestEntityTooLarge)", "Error in configuration",
-                   "error: ", "error parsing")
-RETRY_DELAYS_SECONDS = (0.5, 1, 2, 4, 8)  # then give up: about 15 s of trying
-
-
-def is_transient(error):
-    return isinstance(error, KubectlError) and any(marker in error.stderr for marker in TRANSIENT_MARKERS)
-
-
-class Cluster:
-    """kubectl bound to one context: every call carries --context and a request timeout."""
-
-    def __init__(self, context):
-        self.context = context
-
-    def kubectl(self, *parts, data=None, binary=False, timeout=KUBECTL_PROCESS_TIMEOUT_SECONDS,
-                request_timeout=KUBECTL_REQUEST_TIMEOUT):
-        argv = ["--context", self.context, "--request-timeout=" + request_timeout, *parts]
-        return run_kubectl(argv, json.dumps(data) if data is not None else None, binary, timeout)
-
-    def read(self, *parts, binary=False):
-        """A read-only kubectl call, retried with backoff while the failure is transient."""
-        for delay in RETRY_DELAYS_SECONDS + (None,):
-            try:
-                return self.kubectl(*parts, binary=binary)
-            except KubectlError as error:
-                if delay is None or not is_transient(error):
-                    raise
-                note("kubectl %s: %s; retrying in %s s" % (" ".join(parts[:3]), meaningful_line(error.stderr), delay))
-                time.sleep(delay)
-
-    def create_owned(self, obj, run_id):
-        """Create obj; whenever the outcome is unknown, look before trying again.
-
-        A create is never blindly repeated: the object may exist already (the API server
-        committed it before the answer was lost). It is adopted only if it carries this run's
-        label, and otherwise reported, not touched. Only a clear refusal (Forbidden, Invalid,
-        ...) is taken as "nothing was created".
-        """
-        meta = obj["metadata"]
-        where = ("-n", meta["namespace"]) if meta.get("namespace") else ()
-        kind = obj["kind"].lower()
-        for delay in RETRY_DELAYS_SECONDS + (None,):
-            try:
-                return json.loads(self.kubectl("create", "-f", "-", "-o", "json", data=obj))
-            except KubectlError as error:
-                refused = any(marker in error.stderr for marker in REFUSAL_MARKERS)
-                if refused and "(AlreadyExists)" not in error.stderr:
-                    raise
-                try:
-                    existing = self.get_json(*where, kind, meta["name"])
-                except KubectlError as look:
-                    raise DemoError("kubectl create %s %s: %s; whether it was created is unknown, and looking "
-                                    "failed too: %s" % (kind, meta["name"], meaningful_line(error.stderr),
-                                                        meaningful_line(look.stderr))) from None
-                if existing is not None:
-                    owner = existing["metadata"].get("labels", {}).get(RUN_LABEL)
-                    if owner == run_id:
-                        return existing
-                    raise DemoError("%s %s already exists and is not this run's (label %s is %r, expected "
-                                    "%r); refusing to use it" % (kind, meta["name"], RUN_LABEL, owner, run_id))
-                if delay is None:
-                    raise
-                note("kubectl create %s %s: %s; it does not exist, retrying in %s s"
-                     % (kind, meta["name"], meaningful_line(error.stderr), delay))
-                time.sleep(delay)
-
-    def get_json(self, *parts):
-        """The object as a dict, or None when it does not exist."""
-        raw = self.read("get", *parts, "--ignore-not-found", "-o", "json")
-        return json.loads(raw) if raw.strip() else None
-
-    def exists(self, *parts):
-        return bool(self.read("get", *parts, "--ignore-not-found", "-o", "name").strip())
-
-
-class Watch:
-    """`kubectl get ... --watch -o json` in the background: a queue of object states.
-
-    The stream is a sequence of JSON objects. A watch ends when the server ends it: kubectl
-    then exits 0, after printing an ERROR event's Status object (410 Expired, ...) like any
-    object (k8s-samples fact 25). Only objects of `kind` are kept; when kubectl exits, it is
-    started again (listing the current objects first); callers also poll now and then, so a
-    dead watch costs latency, never correctness.
-    """
-
-    running = []  # every Watch not yet stopped, so that no kubectl is left behind on exit
-
-    def __init__(self, cluster, kind, *parts, timed=False):
-        self.kind = kind
-        self.timed = timed  # drain() gives (arrival time on the client's clock, state) pairs
-        self.restarts = 0
-        self.argv = [kubectl_program(), "--context", cluster.context, "--request-timeout=0", "get", *parts,
-                     "--watch", "-o", "json"]
-        Watch.running.append(self)
-        self.states = queue.Queue()
-        self.stopped = threading.Event()
-        self.process = None
-        self.thread = threading.Thread(target=self.follow, daemon=True)
-        self.thread.start()
-
-    def follow(self):
-        while not self.stopped.is_set():
-            try:
-                self.process = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                                stdin=subprocess.DEVNULL, text=True)
-            except OSError:
-                return
-            # kubectl indents each object, so an object ends at a line that is exactly "}".
-            lines = []
-            for line in self.process.stdout:
-                lines.append(line)
-                if line.rstrip("\n") == "}":
-                    try:
-                        obj = json.loads("".join(lines))
-                    except ValueError:
-                        continue
-                    lines = []
-                    # An ERROR event's Status (or anything else) is not a state of the object.
-                    if isinstance(obj, dict) and obj.get("kind") == self.kind and \
-                            isinstance(obj.get("metadata"), dict) and obj["metadata"].get("name"):
-                        self.states.put((time.time(), obj) if self.timed else obj)
-            self.process.wait()
-            self.restarts += 1
-            self.stopped.wait(0.2 if self.restarts < 5 else 1.0)
-
-    def drain(self, timeout=0.0):
-        """Every state received so far, waiting up to `timeout` for the first one."""
-        states = []
-        try:
-            states.append(self.states.get(timeout=timeout) if timeout else self.states.get_nowait())
-            while True:
-                states.append(self.states.get_nowait())
-        except queue.Empty:
-            pass
-        return states
-
-    @classmethod
-    def stop_all(cls):
-        for watch in list(cls.running):
-            watch.stop()
-
-    def stop(self):
-        self.stopped.set()
-        if self in Watch.running:
-            Watch.running.remove(self)
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-
-
-QUIET = False  # --quiet: no progress or notes on stderr (errors and warnings still print)
-
-
-def say(*parts, end="\n"):
-    """Print to stdout. A reader that stopped reading (`run ... | head -1`) must not stop the
-    run or end it in a traceback: from then on stdout goes to /dev/null."""
-    try:
-        print(*parts, end=end, flush=True)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
-def note(message):
-    if not QUIET:
-        print(message, file=sys.stderr, flush=True)
+def run_manifests(spec, namespace, run_id):
+    """Every object of one run, in creation order (the namespace first), as its backend makes them."""
+    return backend_named(spec.backend)(spec, Console(quiet=True)).manifests(namespace, run_id)
 
 
 # ============================================================================
-# Files in the output folder
+# Metrics and validation: pure functions over saved JSON and logs
 # ============================================================================
-
-
-def write_json(path, obj):
-    """Write atomically, so an interrupted write never leaves half a receipt. A list of
-    objects (pods.json) is written one object a line: greppable, and quick at 10,000 pods."""
-    partial = path.with_name(path.name + ".partial")
-    if isinstance(obj, list) and obj and all(isinstance(item, dict) for item in obj):
-        partial.write_text("[\n" + ",\n".join(json.dumps(item) for item in obj) + "\n]\n")
-    else:
-        partial.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(partial, path)
-
-
-def read_json(path, what, keys=(), shape=dict):
-    """A JSON object (or list) from a file of the output folder; one clear error when it is
-    missing, unreadable, of another shape, or lacks one of `keys`."""
-    try:
-        obj = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DemoError("no %s in %s" % (path.name, path.parent)) from None
-    except (OSError, ValueError) as error:
-        raise DemoError("cannot read %s (%s): %s" % (what, path, error)) from None
-    if not isinstance(obj, shape):
-        raise DemoError("%s is not %s of rl-batch-demo: a JSON %s was expected, it holds %s"
-                        % (path, what, "object" if shape is dict else "list",
-                           type(obj).__name__ if obj is not None else "null"))
-    missing = [key for key in keys if key not in obj]
-    if missing:
-        raise DemoError("%s is not %s of rl-batch-demo: it lacks %s" % (path, what, ", ".join(missing)))
-    return obj
-
-
-# ============================================================================
-# Collection and validation: pure functions over saved JSON and logs
-# ============================================================================
-# Clocks and precision. Every time below is Unix seconds from one of three clocks:
+# Clocks and precision. Every time below is Unix seconds from one of these clocks:
 #   api-server  metadata.creationTimestamp, and the PodScheduled condition (the API server
 #               stamps it when it accepts the binding): whole seconds (truncated)
 #   kubelet     PodReadyToStartContainers, container startedAt/finishedAt: the node's
 #               clock, whole seconds
 #   episode     the episode's own time.time() inside the sandbox: sub-microsecond, but
 #               a VM sandbox has its own guest clock
+#   client      this tool's wall clock (time.time()), for what only the tool sees
 # A delta between two clocks is good to about one second and needs synchronised clocks.
 
-# The points of an episode's life, in order: name -> (clock, resolution in seconds, source).
+
+class PhaseScheme:
+    """How one kind of episode record is timed, and so measured and drawn: its time points
+    (name -> (clock, resolution in seconds, source)), its phases (name -> (from point, to
+    point, label)), its startup metric (a phase, also the row key `<metric>_seconds`), the
+    function that reads a record's times, the point a row is ordered by, how a row is named,
+    the timeline's colours (phase -> colour, in drawing order), and the report's phase rows
+    (slot -> phases). Each backend names its scheme; nothing else tells schemes apart."""
+
+    def __init__(self, points, phases, startup_metric, times_of, created_point, identity, row_key,
+                 timeline_colours, report_phases):
+        self.points, self.phases, self.startup_metric = points, phases, startup_metric
+        self.times_of, self.created_point = times_of, created_point
+        self.identity, self.row_key = identity, row_key
+        self.timeline_colours, self.report_phases = timeline_colours, report_phases
+
+
+# A pod's points (the Job and local backends), in order.
 TIME_POINTS = {
     "pod_created": ("api-server", 1.0, "pod metadata.creationTimestamp"),
-    # written by the API server when it accepts the scheduler's binding (k8s-samples fact 28)
+    # written by the API server when it accepts the scheduler's binding
+    # (tests/fakecluster/ASSUMPTIONS.md, fact 28)
     "scheduled": ("api-server", 1.0, "PodScheduled=True lastTransitionTime"),
     "sandbox_ready": ("kubelet", 1.0, "PodReadyToStartContainers=True lastTransitionTime"),
     "container_started": ("kubelet", 1.0, "containerStatuses[0].state.terminated.startedAt"),
@@ -781,23 +835,7 @@ TIME_POINTS = {
     "container_finished": ("kubelet", 1.0, "containerStatuses[0].state.terminated.finishedAt"),
 }
 
-# The warm-pool backend's points: the claim's life, then the exec'd episode. "client" is this
-# tool's wall clock (time.time()); a watch time is when the event reached the tool, so it
-# includes the watch's delivery delay. Durations on it assume no clock step during the run.
-WARM_TIME_POINTS = {
-    "claim_created": ("api-server", 1.0, "claim metadata.creationTimestamp"),
-    # The API keeps no time of the binding: the first watch event with status.sandbox.name.
-    "claim_bound": ("client", 1e-3, "first claim watch event with status.sandbox.name (arrival)"),
-    "claim_ready": ("client", 1e-3, "first claim watch event with Ready=True (arrival)"),
-    "exec_started": ("client", 1e-6, "just before `kubectl exec` was started"),
-    "process_start": TIME_POINTS["process_start"],
-    "imports_done": TIME_POINTS["imports_done"],
-    "ready": TIME_POINTS["ready"],
-    "reward": TIME_POINTS["reward"],
-    "exec_finished": ("client", 1e-6, "`kubectl exec` returned"),
-}
-
-# Per-episode phases: name -> (from point, to point, label). pod_to_ready is the seed's metric.
+# Per-episode phases: name -> (from point, to point, label). pod_to_ready is the tutorial's metric.
 PHASES = {
     "scheduling": ("pod_created", "scheduled", "pod created -> scheduled"),
     "sandbox_start": ("scheduled", "sandbox_ready", "scheduled -> sandbox ready"),
@@ -810,35 +848,32 @@ PHASES = {
     "reward_to_container_finished": ("reward", "container_finished", "reward -> container finished"),
     "pod_to_ready": ("pod_created", "ready", "pod created -> ready"),
 }
-WARM_PHASES = {
-    "claim_binding": ("claim_created", "claim_bound", "claim created -> bound"),
-    "bound_to_claim_ready": ("claim_bound", "claim_ready", "bound -> claim Ready"),
-    "claim_ready_to_exec": ("claim_ready", "exec_started", "claim Ready -> exec started"),
-    "exec_to_first_statement": ("exec_started", "process_start", "exec started -> first statement"),
-    "module_import": PHASES["module_import"],
-    "import_done_to_ready": PHASES["import_done_to_ready"],
-    "ready_to_reward": PHASES["ready_to_reward"],
-    "reward_to_exec_finished": ("reward", "exec_finished", "reward -> exec returned"),
-    "claim_to_ready": ("claim_created", "ready", "claim created -> ready"),
+# The phases every scheme shares (the episode program's own), defined alike in each.
+EPISODE_PHASES = ("module_import", "import_done_to_ready", "ready_to_reward")
+
+# Timeline segments, in order: phase -> colour. scheduled_to_container_started is drawn only
+# when the sandbox-ready time is unknown.
+TIMELINE_COLOURS = {
+    "scheduling": "#bdbdbd", "sandbox_start": "#8e6bbf", "container_start": "#4c72b0",
+    "scheduled_to_container_started": "#6a8fcf", "interpreter_start": "#dd8452", "module_import": "#c44e52",
+    "import_done_to_ready": "#937860", "ready_to_reward": "#55a868", "reward_to_container_finished": "#8c8c8c",
 }
-# Each kind of episode record: (its time points, its phases, its startup metric: row key, phase).
-SCHEMES = {"pod": (TIME_POINTS, PHASES, "pod_to_ready"), "warm": (WARM_TIME_POINTS, WARM_PHASES, "claim_to_ready")}
 
 
-def phase_scheme(name):
-    """Which scheme a phase belongs to (the phases both share are defined alike)."""
-    return "pod" if name in PHASES else "warm"
-
-
-def scheme_of(record):
-    """'warm' for an exec'd warm-pool episode (record or row), else 'pod'."""
-    return "warm" if record.get("kind") == WARM_KIND or "claim" in record else "pod"
+def phase_definition(name, scheme=None):
+    """What a phase measures: its endpoints, clocks, resolution and unit (for results.json)."""
+    scheme = scheme or POD_SCHEME
+    points = scheme.points
+    start, end, _ = scheme.phases[name]
+    clocks = [points[start][0], points[end][0]]
+    return {"from": start, "to": end, "from_source": points[start][2], "to_source": points[end][2],
+            "clocks": clocks if clocks[0] != clocks[1] else clocks[:1], "mixed_clocks": clocks[0] != clocks[1],
+            "resolution_seconds": max(points[start][1], points[end][1]), "unit": "seconds"}
 
 
 def parse_k8s_time(value):
     """RFC 3339 'YYYY-MM-DDTHH:MM:SSZ' -> Unix seconds (float)."""
     return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-
 
 def percentile(values, q):
     """Linear interpolation between order statistics (the tutorial's definition).
@@ -850,17 +885,6 @@ def percentile(values, q):
     lo, hi = math.floor(rank), math.ceil(rank)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
 
-
-def phase_definition(name, scheme="pod"):
-    """What a phase measures: its endpoints, clocks, resolution and unit (for results.json)."""
-    points, phases, _ = SCHEMES[scheme]
-    start, end, _ = phases[name]
-    clocks = [points[start][0], points[end][0]]
-    return {"from": start, "to": end, "from_source": points[start][2], "to_source": points[end][2],
-            "clocks": clocks if clocks[0] != clocks[1] else clocks[:1], "mixed_clocks": clocks[0] != clocks[1],
-            "resolution_seconds": max(points[start][1], points[end][1]), "unit": "seconds"}
-
-
 def batch_stats(values):
     """P50/P95/P99 (the tutorial's linear interpolation), min, max, mean; None when empty."""
     if not values:
@@ -868,7 +892,6 @@ def batch_stats(values):
     return {"count": len(values), "p50": percentile(values, 0.5), "p95": percentile(values, 0.95),
             "p99": percentile(values, 0.99), "min": min(values), "max": max(values),
             "mean": statistics.fmean(values)}
-
 
 def condition_time(pod, kind):
     """lastTransitionTime of a True condition, or (None, reason)."""
@@ -879,26 +902,6 @@ def condition_time(pod, kind):
             return None, ("%s is %s in the saved pod; the API keeps only its last transition"
                           % (kind, condition.get("status")))
     return None, "the cluster does not report the %s condition" % kind
-
-
-def warm_episode_times(record, ready, reward, observed):
-    """An exec'd warm-pool episode's points (WARM_TIME_POINTS) and why any is missing."""
-    observed = observed or {}
-    times = {"claim_created": parse_k8s_time(record["metadata"]["creationTimestamp"])}
-    missing = {}
-    for point, key in (("claim_bound", "bound"), ("claim_ready", "ready"), ("exec_started", "exec_started"),
-                       ("exec_finished", "exec_finished")):
-        times[point] = observed.get(key)
-        if times[point] is None:
-            missing[point] = "the claim watch did not see it" if point.startswith("claim") else "no exec time"
-    for point, event, key in (("process_start", ready, "started_at"), ("imports_done", ready, "imports_done_at"),
-                              ("ready", ready, "at"), ("reward", reward, "at")):
-        value = event.get(key)
-        times[point] = float(value) if isinstance(value, (int, float)) else None
-        if times[point] is None:
-            missing[point] = "the %s event has no %s" % (event.get("event"), key)
-    return times, missing
-
 
 def episode_times(pod, ready, reward, observed=None):
     """Every TIME_POINT of one episode: ({point: unix seconds or None}, {point: why None}).
@@ -928,16 +931,24 @@ def episode_times(pod, ready, reward, observed=None):
     return times, {point: why for point, why in missing.items() if why}
 
 
-def episode_phases(times, missing, scheme="pod"):
+def episode_phases(times, missing, scheme):
     """{phase: seconds or None} and {phase: why None} from one episode's times."""
     phases, notes = {}, {}
-    for name, (start, end, _) in SCHEMES[scheme][1].items():
+    for name, (start, end, _) in scheme.phases.items():
         if times.get(start) is None or times.get(end) is None:
             phases[name] = None
             notes[name] = missing.get(start) or missing.get(end)
         else:
             phases[name] = times[end] - times[start]
     return phases, notes
+
+
+POD_SCHEME = PhaseScheme(
+    TIME_POINTS, PHASES, "pod_to_ready", episode_times, "pod_created",
+    identity=lambda pod: {"pod": pod["metadata"]["name"]}, row_key="pod", timeline_colours=TIMELINE_COLOURS,
+    report_phases={"startup": ("scheduling", "sandbox_start", "container_start", "scheduled_to_container_started",
+                               "interpreter_start"),
+                   "startup_metric": ("pod_to_ready",), "finish": ("reward_to_container_finished",)})
 
 
 def job_finished_time(job):
@@ -949,7 +960,6 @@ def job_finished_time(job):
               and c.get("type") in ("SuccessCriteriaMet", "Complete", "FailureTarget", "Failed")
               and c.get("lastTransitionTime")] + ([status["completionTime"]] if status.get("completionTime") else [])
     return min(parse_k8s_time(stamp) for stamp in stamps) if stamps else None
-
 
 def episode_skew(times, job_finished):
     """How far one episode's node clocks are at least off the API server's, where the data bound
@@ -984,12 +994,10 @@ def episode_skew(times, job_finished):
                           "bound": "a container finishes before its Job finished (+ 1 s of resolution)"})
     return found
 
-
 def skew_phrase(finding):
     return "the %s clock on node %s is at least %.1f s %s the API server" % (
         finding["clock"], finding["node"], finding["at_least_seconds"],
         "behind" if finding["direction"] == "behind" else "ahead of")
-
 
 def clock_skew_summary(rows):
     """Per node, clock and direction: the largest lower bound any episode gives, with the bound
@@ -1029,7 +1037,6 @@ def parse_events(pod_name, log):
         events.append(event)
     return events
 
-
 def the_event(pod_name, events, kind):
     found = [event for event in events if event.get("event") == kind]
     if len(found) != 1:
@@ -1037,11 +1044,9 @@ def the_event(pod_name, events, kind):
                              % (pod_name, kind, len(found)))
     return found[0]
 
-
 def termination_message(pod):
     statuses = pod.get("status", {}).get("containerStatuses") or [{}]
     return ((statuses[0].get("state") or {}).get("terminated") or {}).get("message") or ""
-
 
 def episode_events(pod, log):
     """The episode's events and where they came from: the termination message when it holds
@@ -1058,7 +1063,7 @@ def episode_events(pod, log):
     return parse_events(pod["metadata"]["name"], log or ""), "log"
 
 
-def validate_episode(pod, log, job_created, observed=None, job_finished=None):
+def validate_episode(pod, log, job_created, observed=None, job_finished=None, scheme=None):
     """Check one episode (pod + its events) and return its per-episode row."""
     name = pod["metadata"]["name"]
     phase = pod.get("status", {}).get("phase")
@@ -1085,7 +1090,7 @@ def validate_episode(pod, log, job_created, observed=None, job_finished=None):
     except (KeyError, TypeError, ValueError):
         raise EpisodeInvalid("pod %s: ready or reward event has no numeric 'at' time" % name) from None
     pod_created = parse_k8s_time(pod["metadata"]["creationTimestamp"])
-    row = episode_row(pod, ready, reward, job_created, observed, source, job_finished)
+    row = episode_row(pod, ready, reward, job_created, observed, source, job_finished, scheme)
     for finding in row["clock_skew"]:
         if finding["clock"] == "episode":
             raise EpisodeInvalid("pod %s: %s (%s); synchronise that node's clock with the API server's (NTP) "
@@ -1109,27 +1114,23 @@ def validate_episode(pod, log, job_created, observed=None, job_finished=None):
     return row
 
 
-def episode_row(pod, ready, reward, job_created, observed, source, job_finished=None):
-    """One episode's per-episode row: the seed's metrics, its times and phases. A warm-pool
-    episode's row names its claim, Sandbox, pod and launch type, and has claim_to_ready_seconds
-    where a pod's has pod_to_ready_seconds."""
+def episode_row(pod, ready, reward, job_created, observed, source, job_finished=None, scheme=None):
+    """One episode's per-episode row: the tutorial's metrics, its times and phases. Its scheme
+    names it (a pod; a warm-pool claim with its Sandbox, pod and launch type) and gives its
+    startup metric (pod_to_ready_seconds, claim_to_ready_seconds)."""
+    scheme = scheme or POD_SCHEME
     status = (pod["status"].get("containerStatuses") or [{}])[0]
     ready_at, reward_at = float(ready["at"]), float(reward["at"])
     pod_created = parse_k8s_time(pod["metadata"]["creationTimestamp"])
-    scheme = scheme_of(pod)
-    times, missing = (warm_episode_times if scheme == "warm" else episode_times)(pod, ready, reward, observed)
+    times, missing = scheme.times_of(pod, ready, reward, observed)
     phases, notes = episode_phases(times, missing, scheme)
-    identity = {"pod": pod["metadata"]["name"]}
-    if scheme == "warm":
-        identity = {"claim": pod["metadata"]["name"], "sandbox": pod["spec"].get("sandbox"),
-                    "pod": pod["spec"].get("pod"), "launch_type": pod["spec"].get("launch_type")}
     return {
-        **identity,
+        **scheme.identity(pod),
         "node": pod["spec"].get("nodeName"),
         "image_id": status.get("imageID"),
         "reward": reward["reward"],
-        # The seed's metrics (seconds; api-server clock, whole seconds, vs episode clock):
-        SCHEMES[scheme][2] + "_seconds": ready_at - pod_created,
+        # The tutorial's metrics (seconds; api-server clock, whole seconds, vs episode clock):
+        scheme.startup_metric + "_seconds": ready_at - pod_created,
         "batch_to_ready_seconds": ready_at - job_created,
         "batch_to_reward_seconds": reward_at - job_created,
         "phases": phases,
@@ -1144,11 +1145,9 @@ def by_creation(pod):
     """Pods in the order they were created (whole seconds, so the name breaks ties)."""
     return pod["metadata"].get("creationTimestamp", ""), pod["metadata"]["name"]
 
-
 def pod_index(pod):
     index = pod["metadata"].get("annotations", {}).get(INDEX_KEY)
     return int(index) if index is not None and str(index).isdigit() else None
-
 
 def attempt_failure(pod, log):
     """Why a finished custom-episode attempt is not a sample, or None when it is one."""
@@ -1168,7 +1167,6 @@ def attempt_failure(pod, log):
         return "crashed: exit code %s%s" % (state["terminated"].get("exitCode"), " (%s)" % detail if detail else "")
     waiting = (state.get("waiting") or {}).get("reason")
     return "did not finish: pod phase %s%s" % (phase, ", container %s" % waiting if waiting else "")
-
 
 def sample_events(pod, log):
     """A custom episode's (ready, reward, source) or raises EpisodeInvalid naming the malformation.
@@ -1221,7 +1219,7 @@ def sample_events(pod, log):
     return found["ready"][0], found["reward"][0], source
 
 
-def collect_samples(pods, logs, job, count, observed=None):
+def collect_samples(pods, logs, job, count, observed=None, scheme=None):
     """Custom episodes: every index is a sample (ready and a numeric reward, whatever its value)
     or an infrastructure failure (never ready, crashed, evicted, malformed), never both.
 
@@ -1251,7 +1249,8 @@ def collect_samples(pods, logs, job, count, observed=None):
                 else:
                     if sample is None:
                         sample = episode_row(pod, ready, reward, job_created,
-                                             observed.get(pod["metadata"]["name"]), source, job_finished)
+                                             observed.get(pod["metadata"]["name"]), source, job_finished,
+                                             scheme)
                         sample["index"] = index
                         sample["reward_fields"] = {k: v for k, v in reward.items()
                                                    if k not in ("event", "at", "episode_id", "reward")}
@@ -1266,8 +1265,7 @@ def collect_samples(pods, logs, job, count, observed=None):
     rewards = [row["reward"] for row in samples]
     return {"episodes": count, "successful_episodes": len(samples), "reward_sum": sum(rewards),
             "rewards": reward_stats(rewards), "infrastructure_failures": failures,
-            **batch_summary(samples, scheme_of(pods[0]) if pods else None), "pods": samples}
-
+            **batch_summary(samples, scheme), "pods": samples}
 
 def reward_stats(rewards):
     return {"count": len(rewards), "sum": sum(rewards), "mean": statistics.fmean(rewards) if rewards else None,
@@ -1277,7 +1275,7 @@ def reward_stats(rewards):
 def phase_statistics(rows, scheme):
     """Every phase's definition and statistics over a set of episode rows."""
     phases = {}
-    for name in SCHEMES[scheme][1]:
+    for name in scheme.phases:
         values = [row["phases"][name] for row in rows if row["phases"][name] is not None]
         reasons = collections.Counter(row["phase_notes"][name] for row in rows if name in row["phase_notes"])
         phases[name] = {**phase_definition(name, scheme), **batch_stats(values),
@@ -1286,11 +1284,11 @@ def phase_statistics(rows, scheme):
 
 
 def batch_summary(rows, scheme=None):
-    """What a set of episode rows says about the batch: the seed's batch and pod_to_ready
-    metrics, episodes per node, image IDs, every phase's statistics, clock skew. Metrics of
-    an empty set are None. Warm-pool rows give claim_to_ready_* instead of pod_to_ready_*."""
-    scheme = scheme if scheme is not None else scheme_of(rows[0]) if rows else "pod"
-    startup_metric = SCHEMES[scheme][2]
+    """What a set of episode rows says about the batch: the tutorial's batch and startup
+    metrics (pod_to_ready_* or the scheme's own), episodes per node, image IDs, every phase's
+    statistics, clock skew. Metrics of an empty set are None."""
+    scheme = scheme or POD_SCHEME
+    startup_metric = scheme.startup_metric
     startup = [row[startup_metric + "_seconds"] for row in rows]
     phases = phase_statistics(rows, scheme)
     skew = clock_skew_summary(rows)
@@ -1312,7 +1310,7 @@ def batch_summary(rows, scheme=None):
     }
 
 
-def collect(pods, logs, job, count, observed=None):
+def collect(pods, logs, job, count, observed=None, scheme=None):
     """Validate every episode; return the results (summary + per-episode rows).
 
     Raises EpisodeInvalid listing every failed check: a partial batch is never a result.
@@ -1330,14 +1328,14 @@ def collect(pods, logs, job, count, observed=None):
     rows, problems = [], []
     for pod, log in zip(pods, logs):
         try:
-            rows.append(validate_episode(pod, log, job_created, observed.get(pod["metadata"]["name"]), job_finished))
+            rows.append(validate_episode(pod, log, job_created, observed.get(pod["metadata"]["name"]), job_finished,
+                                         scheme))
         except EpisodeInvalid as problem:
             problems.append(str(problem))
     if problems:
         raise EpisodeInvalid("\n".join(problems))
     return {"episodes": count, "successful_episodes": len(rows), "reward_sum": sum(row["reward"] for row in rows),
-            **batch_summary(rows, scheme_of(pods[0]) if pods else None), "pods": rows}
-
+            **batch_summary(rows, scheme), "pods": rows}
 
 def node_summary(node):
     """What a node contributes to a result's meaning: versions, kernel, OS, capacity."""
@@ -1346,6 +1344,64 @@ def node_summary(node):
             "container_runtime": info.get("containerRuntimeVersion"), "kernel": info.get("kernelVersion"),
             "os": info.get("osImage"), "architecture": info.get("architecture"),
             "allocatable": node.get("status", {}).get("allocatable")}
+
+def job_outcome(job):
+    """'Complete', 'Failed' or None (still running), from the Job's conditions. FailureTarget
+    counts as Failed: since 1.31 `Failed` waits until every pod has terminated, up to their
+    grace period later (tests/fakecluster/ASSUMPTIONS.md, fact 29), but the outcome is already decided."""
+    conditions = {c.get("type"): c for c in (job or {}).get("status", {}).get("conditions", [])}
+    for kind, outcome in (("Complete", "Complete"), ("Failed", "Failed"), ("FailureTarget", "Failed")):
+        if conditions.get(kind, {}).get("status") == "True":
+            return outcome
+    return None
+
+def job_condition(job, kind):
+    for condition in job.get("status", {}).get("conditions", []):
+        if condition.get("type") == kind:
+            return condition
+    return {}
+
+def eviction_message(pod):
+    """Why a pod was evicted (by the kubelet under node pressure, or through the Eviction
+    API), or None when it was not."""
+    status = pod.get("status", {})
+    disruption = next((c for c in status.get("conditions") or [] if c.get("type") == "DisruptionTarget"
+                       and c.get("status") == "True"), None)
+    if status.get("reason") == "Evicted" or (disruption and disruption.get("reason") in (
+            "EvictionByEvictionAPI", "TerminationByKubelet", "DeletionByTaintManager")):
+        return (status.get("message") or (disruption or {}).get("message") or "evicted").strip()
+    return None
+
+def describe_failed_pods(pods, logs):
+    """One phrase per failed pod: name, eviction or exit code, and the last line of its log."""
+    phrases = []
+    for pod, log in zip(pods, logs):
+        if pod.get("status", {}).get("phase") != "Failed":
+            continue
+        evicted = eviction_message(pod)
+        if evicted:
+            phrases.append("pod %s was evicted (%s)" % (pod["metadata"]["name"], evicted))
+            continue
+        statuses = pod["status"].get("containerStatuses") or [{}]
+        terminated = statuses[0].get("state", {}).get("terminated")
+        if terminated is None:
+            continue  # it never ran: why_not_started says why
+        phrase = "pod %s exited %s" % (pod["metadata"]["name"], terminated.get("exitCode", "?"))
+        if last_line(log):
+            phrase += " (%s)" % last_line(log)
+        phrases.append(phrase)
+    return phrases
+
+def utc_now():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+def iso_micro(unix_seconds):
+    return datetime.datetime.fromtimestamp(unix_seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# ============================================================================
+# The results folder: results.json from the saved files, and nothing else
+# ============================================================================
 
 
 def run_metadata(run_info, version, runtime_class, nodes):
@@ -1372,76 +1428,44 @@ def run_metadata(run_info, version, runtime_class, nodes):
     }
 
 
-def read_saved(path):
-    return json.loads(path.read_text()) if path.exists() else None
-
-
 def results_from_folder(output):
     """The whole results.json from the files saved in an output folder, and nothing else.
 
     A folder of several rounds pools its round-N/ folders. Raises EpisodeInvalid when an
-    episode fails validation.
+    episode fails validation. The backend named in run.json reads its own records (and says
+    what only it has); an admission gate, when the run had one, says which pods are results.
     """
     run_info = read_json(output / "run.json", "the run record")
     if run_info.get("rounds", 1) > 1:
         return pool_rounds([results_from_folder(output / ("round-%d" % number))
                             for number in range(1, run_info["rounds"] + 1)], run_info)
-    warm = run_info.get("backend") == "warm-pool"
+    backend = backend_named(run_info.get("backend"))
     job = read_json(output / "job.json", "the saved Job")
-    # A warm-pool run's episodes are exec'd, not pods: episodes.json holds one pod-shaped
-    # record per claim (pods.json keeps the real pods).
-    pods = read_json(output / ("episodes.json" if warm else "pods.json"), "the saved episodes", shape=list)
+    pods = read_json(output / backend.episodes_file, "the saved episodes", shape=list)
     # None: no log was saved (the pod was gone from the API before it could be read)
     logs = [(output / (pod["metadata"]["name"] + ".log")).read_text()
             if (output / (pod["metadata"]["name"] + ".log")).exists() else None for pod in pods]
     flags = run_info["flags"]
     observed = read_saved(output / "observed.json") or {}
-    queue = read_saved(output / "queue.json")
-    earlier = []
-    boundary = last_admission_time(queue) if queue else None
-    if queue and len(queue["cycles"]) > 1 and boundary is not None:
-        # Pods of a preempted admission cycle are never results: they were created before the
-        # last admission (API server clock, whole seconds).
-        later = [parse_k8s_time(pod["metadata"]["creationTimestamp"]) >= boundary for pod in pods]
-        earlier = [pod for pod, kept in zip(pods, later) if not kept]
-        pods, logs = [pod for pod, kept in zip(pods, later) if kept], [log for log, kept in zip(logs, later) if kept]
-        expected = run_info.get("expected_episodes", flags["count"])
-        finished = [pod for pod in earlier if pod.get("status", {}).get("phase") == "Succeeded"]
-        if len(pods) < expected and finished and not run_info.get("custom_episode"):
-            raise EpisodeInvalid(
-                "expected %d pods after the last admission, found %d: %d pod(s) of a preempted admission cycle "
-                "finished anyway inside their grace period, the Job counted them as succeeded and did not run those "
-                "episodes again, and they are not results (e.g. %s); an episode that exits 0 after SIGTERM is "
-                "counted as done" % (expected, len(pods), len(finished), finished[0]["metadata"]["name"]))
+    expected = run_info.get("expected_episodes", flags["count"])
+    gate = KueueGate.saved(output)
+    if gate is not None:
+        pods, logs = gate.results_pods(pods, logs, expected, run_info.get("custom_episode"))
     validate = collect_samples if run_info.get("custom_episode") else collect
-    report = validate(pods, logs, job, run_info.get("expected_episodes", flags["count"]), observed)
-    local = run_info.get("backend") == "local"
-    report.update(context=run_info["context"], namespace=run_info["namespace"],
-                  image="local-python" if local else flags["image"],
-                  runtime="local-process" if local else flags["runtime"], parallelism=flags["parallelism"],
+    report = validate(pods, logs, job, expected, observed, backend.scheme)
+    report.update(context=run_info["context"], namespace=run_info["namespace"], image=flags["image"],
+                  runtime=flags["runtime"], parallelism=flags["parallelism"],
                   cache_state="uncontrolled", client_job_complete_seconds=run_info.get("client_job_complete_seconds"))
     if run_info.get("custom_episode"):
         report["episode_program"] = {"file": flags.get("episode"), "sha256": run_info.get("episode_sha256"),
                                      "tasks": flags.get("tasks")}
-    if local:
-        # Every time of a local run comes from this machine's clock, to the microsecond.
-        report["backend"] = "local"
-        for phase in report["phases"].values():
-            phase.update(clocks=["local"], mixed_clocks=False, resolution_seconds=1e-6)
     report["run"] = run_metadata(run_info, read_saved(output / "version.json"),
                                  read_saved(output / "runtimeclass.json"), read_saved(output / "nodes.json"))
     if "round" in run_info:
         report["round"] = run_info["round"]
-    if warm:
-        report.update(warm_pool_summary(output, report, observed))
-    if queue:
-        report["queue"] = queue_summary(queue)
-        report["queue"]["preempted_cycle_pods"] = len(earlier)
-        admitted = last_admission_time(queue)
-        readies = [row["times"]["ready"] for row in report["pods"] if row["times"].get("ready")]
-        report["batch_to_all_ready_after_admission_seconds"] = (
-            max(readies) - admitted if readies and admitted and report["clock_skew"]["headline_withheld"] is None
-            else None)
+    backend.describe_results(output, report, observed)
+    if gate is not None:
+        gate.describe_results(report)
     if (output.parent / "prewarm" / "prewarm.json").exists() or (output / "prewarm" / "prewarm.json").exists():
         where = output / "prewarm" if (output / "prewarm").exists() else output.parent / "prewarm"
         prewarm = read_json(where / "prewarm.json", "the prewarm record")
@@ -1452,7 +1476,7 @@ def results_from_folder(output):
                       "prewarm/, excluded from every figure); nodes not listed were not prewarmed"}
     if (output / "logs.json").exists():
         report["log_archive"] = log_archive_summary(output)
-    report["pods"] = report.pop("pods")  # per-episode rows last, as in the seed
+    report["pods"] = report.pop("pods")  # per-episode rows last, as in the tutorial
     return report
 
 
@@ -1474,7 +1498,7 @@ def pool_rounds(rounds, run_info):
                       episode_program=first.get("episode_program"))
     pooled["rounds"] = [dict({key: result[key] for key in BATCH_KEYS}, round=result["round"],
                              episodes=result["episodes"], folder="round-%d" % result["round"]) for result in rounds]
-    summary = batch_summary(rows)
+    summary = batch_summary(rows, backend_of(first).scheme)
     for key in BATCH_KEYS[:2]:
         del summary[key]  # batch times are per round, in `rounds`
     pooled.update(summary)
@@ -1488,8 +1512,8 @@ def pool_rounds(rounds, run_info):
 
 
 def summary_view(report):
-    """What `run` prints: the seed's summary keys (batch times per round when there are
-    rounds) and the per-phase medians."""
+    """What `run` prints: the tutorial's summary keys (batch times per round when there are
+    rounds), the per-phase medians, and what the backend and the admission gate add."""
     keys = ("episodes", "successful_episodes", "reward_sum", "rewards", "rounds", "batch_to_all_ready_seconds",
             "batch_to_all_rewards_seconds", "pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds",
             "pod_to_ready_max_seconds", "claim_to_ready_p50_seconds", "claim_to_ready_p95_seconds",
@@ -1499,130 +1523,99 @@ def summary_view(report):
     view["phase_p50_seconds"] = {name: phase["p50"] for name, phase in report["phases"].items()}
     if "infrastructure_failures" in report:
         view["infrastructure_failures"] = len(report["infrastructure_failures"])
-    if report.get("queue"):
-        view["queued_seconds"] = report["queue"]["queued_seconds"]
-        view["admission_cycles"] = report["queue"]["admission_cycles"]
-        view["batch_to_all_ready_after_admission_seconds"] = report.get("batch_to_all_ready_after_admission_seconds")
-    if report.get("backend") == "warm-pool":
-        view["pool_fill_seconds"] = report["pool"]["fill_seconds"]
-        view["refill_pods_created_during_batch"] = report["refill_pods"]["created_during_batch"]
-        view["agent_sandbox_time_to_all_ready_seconds"] = report["agent_sandbox_stress_test"]["time_to_all_ready_seconds"]
+    for part in (KueueGate, backend_of(report)):
+        view.update(part.summary_view(report))
     return view
 
 
-def job_outcome(job):
-    """'Complete', 'Failed' or None (still running), from the Job's conditions. FailureTarget
-    counts as Failed: since 1.31 `Failed` waits until every pod has terminated, up to their
-    grace period later (k8s-samples fact 29), but the outcome is already decided."""
-    conditions = {c.get("type"): c for c in (job or {}).get("status", {}).get("conditions", [])}
-    for kind, outcome in (("Complete", "Complete"), ("Failed", "Failed"), ("FailureTarget", "Failed")):
-        if conditions.get(kind, {}).get("status") == "True":
-            return outcome
-    return None
+def log_archive_summary(folder):
+    """How many episode logs the folder holds and where they came from (logs.json)."""
+    sources = read_saved(folder / "logs.json") or {}
+    return {"logs": len(sources), "sources": dict(sorted(collections.Counter(
+        source if not source.startswith("not available") else "not available" for source in sources.values()
+    ).items())), "detail": "logs.json: the source of each <pod>.log"}
 
 
-def job_condition(job, kind):
-    for condition in job.get("status", {}).get("conditions", []):
-        if condition.get("type") == kind:
-            return condition
-    return {}
-
-
-def eviction_message(pod):
-    """Why a pod was evicted (by the kubelet under node pressure, or through the Eviction
-    API), or None when it was not."""
-    status = pod.get("status", {})
-    disruption = next((c for c in status.get("conditions") or [] if c.get("type") == "DisruptionTarget"
-                       and c.get("status") == "True"), None)
-    if status.get("reason") == "Evicted" or (disruption and disruption.get("reason") in (
-            "EvictionByEvictionAPI", "TerminationByKubelet", "DeletionByTaintManager")):
-        return (status.get("message") or (disruption or {}).get("message") or "evicted").strip()
-    return None
-
-
-def describe_failed_pods(pods, logs):
-    """One phrase per failed pod: name, eviction or exit code, and the last line of its log."""
-    phrases = []
-    for pod, log in zip(pods, logs):
-        if pod.get("status", {}).get("phase") != "Failed":
-            continue
-        evicted = eviction_message(pod)
-        if evicted:
-            phrases.append("pod %s was evicted (%s)" % (pod["metadata"]["name"], evicted))
-            continue
-        statuses = pod["status"].get("containerStatuses") or [{}]
-        terminated = statuses[0].get("state", {}).get("terminated")
-        if terminated is None:
-            continue  # it never ran: why_not_started says why
-        phrase = "pod %s exited %s" % (pod["metadata"]["name"], terminated.get("exitCode", "?"))
-        if last_line(log):
-            phrase += " (%s)" % last_line(log)
-        phrases.append(phrase)
-    return phrases
-
-
-def utc_now():
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def flags_of(args):
-    """Every flag of the command line, as given or defaulted (for run.json)."""
-    flags = {key: value for key, value in vars(args).items() if key not in ("handler", "subparser")}
-    flags["runtime"] = None if flags.get("no_runtime_class") else flags.get("runtime")
-    return flags
-
-
-def fetch_optional(fetch):
-    """What fetch() returns, or {"error": ...} on a kubectl error: metadata must not fail a run."""
+def write_results(folder, where, before_failing=lambda: None):
+    """Validate the saved folder and write results.json and timeline.svg; on a failed check
+    save the rest (before_failing), list every problem in validation-errors.txt and raise."""
     try:
-        return fetch()
-    except KubectlError as error:
-        return {"error": meaningful_line(error.stderr) or str(error)}
+        report = results_from_folder(folder)
+    except EpisodeInvalid as problem:
+        before_failing()
+        problems = str(problem).splitlines()
+        (folder / "validation-errors.txt").write_text(str(problem) + "\n")
+        more = " (and %d more in validation-errors.txt)" % (len(problems) - 1) if len(problems) > 1 else ""
+        raise BatchFailed("validation failed, no results.json written: %s%s; %s"
+                          % (problems[0], more, where)) from None
+    write_json(folder / "results.json", report)
+    if report["pods"]:
+        (folder / "timeline.svg").write_text(timeline_svg([(folder.name, report)]))
+    return report
 
 
-def program_name():
-    """How the user ran the tool: `rl-batch-demo` (the installed command) or `rl-batch-demo.py`."""
-    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
-    return name if name.startswith("rl-batch-demo") else "rl-batch-demo"
+def round_folder(output, number, rounds):
+    """One round keeps the tutorial's flat folder; several rounds get round-N/ each."""
+    return output if rounds == 1 else output / ("round-%d" % number)
 
 
-def cleanup_command(output):
-    program = program_name()
-    if program.endswith(".py"):
-        program = "python3 " + shlex.quote(sys.argv[0])
-    return "%s cleanup --output %s" % (program, shlex.quote(str(output)))
+def pool_round_folders(output, run_info, rounds):
+    """After the last round: with several, the pooled results.json and one stacked timeline."""
+    if len(rounds) == 1:
+        return rounds[0]
+    run_info["rounds"] = len(rounds)
+    write_json(output / "run.json", run_info)
+    report = results_from_folder(output)
+    write_json(output / "results.json", report)
+    (output / "timeline.svg").write_text(timeline_svg([("round %d" % r["round"], r) for r in rounds if r["pods"]]))
+    return report
 
 
 # ============================================================================
 # Presentation: the comparison table and the timeline picture (pure functions)
 # ============================================================================
 
-# Report rows: (label, kind, key). kind "phase": P50 / P95 of a phase; "batch": a batch
-# time in seconds (with a ratio against the first column); "count": episodes / rewards.
-# A Job run, a warm-pool run and a cold (pool size 0) run side by side: rows a backend does not
-# have are n/a in its column, and dropped when no column has them. "number": a count, by key.
-REPORT_ROWS = [("tasks / rewards", "count", None), ("launch types warm / cold", "launch", None),
-               ("warm pool fill (setup, not measured in the batch)", "batch", "pool.fill_seconds"),
-               ("queued: Job created -> admitted (first cycle)", "batch", "queue.queued_seconds"),
-               ("Kueue admission cycles", "number", "queue.admission_cycles")] + [
-    (SCHEMES[phase_scheme(name)][1][name][2] + " P50 / P95", "phase", name) for name in (
-        "scheduling", "sandbox_start", "container_start", "scheduled_to_container_started", "interpreter_start",
-        "claim_binding", "bound_to_claim_ready", "claim_ready_to_exec", "exec_to_first_statement",
-        "module_import", "import_done_to_ready")] + [
-    ("batch all claims Ready", "batch", "batch_to_all_claims_ready_seconds"),
-    ("time to all claims Ready (agent-sandbox stress test definition)", "batch",
-     "agent_sandbox_stress_test.time_to_all_ready_seconds"),
-    ("batch all ready", "batch", "batch_to_all_ready_seconds"),
-    (PHASES["pod_to_ready"][2] + " P50 / P95", "phase", "pod_to_ready"),
-    (WARM_PHASES["claim_to_ready"][2] + " P50 / P95", "phase", "claim_to_ready"),
-    (PHASES["ready_to_reward"][2] + " P50 / P95", "phase", "ready_to_reward"),
-    ("batch all rewards", "batch", "batch_to_all_rewards_seconds"),
-    (PHASES["reward_to_container_finished"][2] + " P50 / P95", "phase", "reward_to_container_finished"),
-    (WARM_PHASES["reward_to_exec_finished"][2] + " P50 / P95", "phase", "reward_to_exec_finished"),
-    ("refill pods created during the batch", "number", "refill_pods.created_during_batch"),
-    ("client sees Job complete", "batch", "client_job_complete_seconds"),
-]
+# Report rows: (label, kind, key). kind "phase": P50 / P95 of a phase; "batch": a batch time
+# in seconds (with a ratio against the first column); "count": episodes / rewards; "launch":
+# launch types; "number": a count, by key. Runs of different backends side by side: rows a
+# backend does not have are n/a in its column, and dropped when no column has them.
+# The table is laid out in slots; in each, the schemes' phase rows come first, then the rows
+# each backend and the admission gate add (Backend.REPORT_ROWS), then these shared rows.
+REPORT_SLOTS = ("count", "setup", "startup", "episode_start", "ready", "startup_metric", "episode_run", "rewards",
+                "finish", "after", "client")
+SHARED_REPORT_ROWS = {
+    "count": [("tasks / rewards", "count", None)],
+    "episode_start": [(PHASES[name][2] + " P50 / P95", "phase", name) for name in EPISODE_PHASES[:2]],
+    "ready": [("batch all ready", "batch", "batch_to_all_ready_seconds")],
+    "episode_run": [(PHASES[name][2] + " P50 / P95", "phase", name) for name in EPISODE_PHASES[2:]],
+    "rewards": [("batch all rewards", "batch", "batch_to_all_rewards_seconds")],
+    "client": [("client sees Job complete", "batch", "client_job_complete_seconds")],
+}
+# Batch times read from whole-second API timestamps (the rest of a batch row is client time).
 COARSE_BATCH_KEYS = ("batch_to_all_ready_seconds", "batch_to_all_rewards_seconds", "batch_to_all_claims_ready_seconds")
+
+
+def phase_schemes():
+    """Every backend's phase scheme, once each, in registry order."""
+    schemes = []
+    for backend in BACKENDS.values():
+        if backend.scheme not in schemes:
+            schemes.append(backend.scheme)
+    return schemes
+
+
+def report_rows():
+    """Every row the comparison table can have, in order: (label, kind, key, phase scheme or None)."""
+    rows = []
+    for slot in REPORT_SLOTS:
+        for scheme in phase_schemes():
+            rows += [(scheme.phases[name][2] + " P50 / P95", "phase", name, scheme)
+                     for name in scheme.report_phases.get(slot, ())]
+        for part in (*BACKENDS.values(), KueueGate):
+            rows += [(label, kind, key, None) for label, kind, key in part.REPORT_ROWS.get(slot, ())]
+        rows += [(label, kind, key, POD_SCHEME if kind == "phase" else None)
+                 for label, kind, key in SHARED_REPORT_ROWS.get(slot, ())]
+    return rows
 
 
 def format_seconds(value, whole_seconds=False):
@@ -1647,12 +1640,12 @@ def lookup(results, key):
 def report_table(columns):
     """columns: [(label, results)] -> {"columns": [...], "rows": [{"measure", "values", "ratios"}]}."""
     rows = []
-    for label, kind, key in REPORT_ROWS:
+    for label, kind, key, scheme in report_rows():
         values, ratios = [], []
         # Whole-second rows: a phase with a Kubernetes timestamp at either end, or a batch time
-        # measured from the Job's creation; a local run's times are all microseconds.
-        coarse = any(results.get("backend") != "local" and (
-            (kind == "phase" and phase_definition(key, phase_scheme(key))["resolution_seconds"] >= 1) or
+        # measured from the Job's creation; a backend whose clocks are all fine (local) has none.
+        coarse = any(backend_of(results).api_timestamps and (
+            (kind == "phase" and phase_definition(key, scheme)["resolution_seconds"] >= 1) or
             key in COARSE_BATCH_KEYS) for _, results in columns)
         for _, results in columns:
             if kind == "count":
@@ -1680,12 +1673,10 @@ def report_table(columns):
             rows.append({"measure": label, "values": values, "ratios": ratios, "whole_second_resolution": coarse})
     return {"columns": [label for label, _ in columns], "rows": rows}
 
-
 def batch_values(results, key):
     """A batch time for each round (one value for a single-round run); None values dropped."""
     values = [lookup(r, key) for r in results["rounds"]] if "rounds" in results else [lookup(results, key)]
     return [value for value in values if value is not None]
-
 
 def report_markdown(table):
     lines = ["| measure | %s |" % " | ".join(table["columns"]),
@@ -1706,38 +1697,18 @@ def report_markdown(table):
     lines.append("Batch times of several rounds are listed per round; their ratio compares the means.")
     return "\n".join(lines) + "\n"
 
-
-# Timeline segments, in order: phase -> colour. scheduled_to_container_started is drawn only
-# when the sandbox-ready time is unknown.
-TIMELINE_COLOURS = {
-    "scheduling": "#bdbdbd", "sandbox_start": "#8e6bbf", "container_start": "#4c72b0",
-    "scheduled_to_container_started": "#6a8fcf", "interpreter_start": "#dd8452", "module_import": "#c44e52",
-    "import_done_to_ready": "#937860", "ready_to_reward": "#55a868", "reward_to_container_finished": "#8c8c8c",
-}
-WARM_TIMELINE_COLOURS = {  # a claim is drawn like a pod: its own phases, the episode's in the same colours
-    "claim_binding": "#bdbdbd", "bound_to_claim_ready": "#8e6bbf", "claim_ready_to_exec": "#4c72b0",
-    "exec_to_first_statement": "#dd8452", "module_import": "#c44e52", "import_done_to_ready": "#937860",
-    "ready_to_reward": "#55a868", "reward_to_exec_finished": "#8c8c8c",
-}
-
-
 QUEUED_COLOUR = "#f2c14e"
 
 
-def row_created(row):
-    """When an episode's pod (or, warm pool, its claim) was created: the timeline's row order."""
-    return row["times"].get("pod_created", row["times"].get("claim_created"))
-
-
 def timeline_svg(runs):
-    """One SVG stacking each run: a row per episode in pod-creation order, a segment per phase,
-    x in seconds since the run's Job creation. runs: [(label, results)]."""
+    """One SVG stacking each run: a row per episode in creation order, a segment per phase,
+    x in seconds since the run's batch was created. runs: [(label, results)]."""
     from xml.sax.saxutils import escape
     width, left, right = 1000, 10, 10
     plot = width - left - right
     spans = []
     for _, results in runs:
-        origin = results["pods"][0]["times"]["ready"] - results["pods"][0]["batch_to_ready_seconds"]  # Job created
+        origin = results["pods"][0]["times"]["ready"] - results["pods"][0]["batch_to_ready_seconds"]  # batch created
         ends = [value for row in results["pods"] for value in row["times"].values() if value]
         spans.append((origin, max(ends) - origin))
     horizon = max(span for _, span in spans) or 1.0
@@ -1746,37 +1717,26 @@ def timeline_svg(runs):
     scale = plot / (math.ceil(horizon / step) * step)
     parts, y = [], 10
     for (label, results), (origin, _) in zip(runs, spans):
-        rows = sorted(results["pods"], key=lambda row: (row_created(row), row.get("claim") or row["pod"]))
+        backend = backend_of(results)
+        scheme = backend.scheme
+        rows = sorted(results["pods"], key=lambda row: (row["times"].get(scheme.created_point), row[scheme.row_key]))
         height = max(2, min(14, 600 // max(1, len(rows))))
-        where = "local backend" if results.get("backend") == "local" else "image %s, context %s" % (
-            results["image"], results["context"])
-        if results.get("backend") == "warm-pool":
-            where += ", warm pool of %s, launch types %s" % (results["pool"]["size"], ", ".join(
-                "%s %d" % item for item in results["launch_types"].items()) or "none")
         title = "%s: %d episodes, parallelism %s, runtime %s, %s" % (
-            label, results["episodes"], results["parallelism"], results["runtime"], where)
+            label, results["episodes"], results["parallelism"], results["runtime"], backend.timeline_where(results))
         parts.append('<text x="%d" y="%d" font-size="13" font-weight="bold">%s</text>' % (left, y + 12, escape(title)))
         y += 22
-        for cycle in (results.get("queue") or {}).get("cycles") or []:
-            # The queued span(s): the Job waits suspended until Kueue admits it.
-            if cycle["queued_seconds"] is None:
-                continue  # a wait the watch did not see
-            x0 = left + max(0.0, cycle["queued_since_unix"] - origin) * scale
-            x1 = left + max(0.0, cycle["admitted_at_unix"] - origin) * scale
-            parts.append('<rect class="queued" x="%.2f" y="%d" width="%.2f" height="8" fill="%s"><title>queued (cycle '
-                         '%d): %s</title></rect>' % (x0, y, max(0.0, x1 - x0), QUEUED_COLOUR, cycle["cycle"],
-                                                     format_seconds(cycle["queued_seconds"])))
-        if (results.get("queue") or {}).get("cycles"):
+        spans_drawn = KueueGate.timeline_spans(results, origin, scale, left, y)
+        if spans_drawn is not None:
+            parts += spans_drawn
             y += 12
         top = y
         for row in rows:
-            warm = scheme_of(row) == "warm"
-            name = row["claim"] if warm else row["pod"]
-            parts.append('<g class="episode" data-%s="%s"%s>' % ("claim" if warm else "pod", escape(name), (
-                ' data-launch-type="%s"' % escape(str(row.get("launch_type"))) if warm else "")))
+            name = row[scheme.row_key]
+            parts.append('<g class="episode" data-%s="%s"%s>' % (scheme.row_key, escape(name), (
+                ' data-launch-type="%s"' % escape(str(row.get("launch_type"))) if "launch_type" in row else "")))
             times = row["times"]
-            for phase, colour in (WARM_TIMELINE_COLOURS if warm else TIMELINE_COLOURS).items():
-                start, end, _ = SCHEMES["warm" if warm else "pod"][1][phase]
+            for phase, colour in scheme.timeline_colours.items():
+                start, end, _ = scheme.phases[phase]
                 if phase == "scheduled_to_container_started" and times["sandbox_ready"] is not None:
                     continue
                 if times.get(start) is None or times.get(end) is None:
@@ -1795,16 +1755,14 @@ def timeline_svg(runs):
             ticks.append('<text x="%.2f" y="%d" font-size="10" text-anchor="middle">%g</text>' % (x, y + 12, index * step))
         parts.extend(ticks)
         parts.append('<text x="%d" y="%d" font-size="10">seconds since the %s was created (API times are whole '
-                     'seconds)</text>' % (left, y + 26, "first claim" if results.get("backend") == "warm-pool"
-                                          else "Job"))
+                     'seconds)</text>' % (left, y + 26, backend.timeline_origin))
         y += 40
     legend = {}
-    if any((results.get("queue") or {}).get("cycles") for _, results in runs):
-        legend["queued: Job created (or evicted) -> admitted by Kueue"] = QUEUED_COLOUR
+    legend.update(KueueGate.timeline_legend([results for _, results in runs]))
     for _, results in runs:
-        scheme = "warm" if results.get("backend") == "warm-pool" else "pod"
-        for phase, colour in (WARM_TIMELINE_COLOURS if scheme == "warm" else TIMELINE_COLOURS).items():
-            legend.setdefault(SCHEMES[scheme][1][phase][2], colour)
+        scheme = backend_of(results).scheme
+        for phase, colour in scheme.timeline_colours.items():
+            legend.setdefault(scheme.phases[phase][2], colour)
     for index, (text, colour) in enumerate(legend.items()):
         column, line = index % 3, index // 3
         x, ly = left + column * 330, y + line * 16
@@ -1818,13 +1776,436 @@ def timeline_svg(runs):
 
 
 # ============================================================================
-# Subcommands
+# Backend interface: the run specification, the run context, the Backend class, the start
+# of every run, what every cluster backend checks first, and the summary
 # ============================================================================
 
 
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """Everything `run` was asked to do, built and checked once from the command line
+    (run_spec); nothing changes it afterwards. The fields keep the command line's names, so
+    that run.json's `flags` keep theirs."""
+
+    command: str = "run"
+    output: str = None
+    episode: str = None
+    tasks: str = None
+    retries: int = 0
+    backend: str = None
+    pool_size: int = None
+    exec_concurrency: int = None
+    count: int = None
+    allow_large: bool = False
+    parallelism: int = None
+    rounds: int = 1
+    prewarm: bool = False
+    image: str = None
+    runtime: str = None
+    no_runtime_class: bool = False
+    timeout: int = None
+    network: str = "default"
+    queue: str = None
+    cluster_queue: str = None
+    queue_timeout: int = None
+    dry_run: bool = False
+    force: bool = False
+    quiet: bool = False
+    context: str = None
+    program: str = None  # the episode program's text: --episode's, or the built-in one
+    tasks_list: tuple = None  # --tasks, one parsed JSON task each; None without --tasks
+
+    @property
+    def runtime_class(self):
+        """The RuntimeClass the pods name; None: the nodes' default runtime."""
+        return None if self.no_runtime_class else self.runtime
+
+    def flags(self):
+        """Every flag of the command line, as given or defaulted (for run.json)."""
+        flags = dataclasses.asdict(self)
+        flags["runtime"] = self.runtime_class
+        return flags
+
+
+class Run:
+    """One run under way, as every backend's driver is handed it: the spec, the console, the
+    cluster (None for a local run), the output folder, the receipt and the facts read before
+    anything was created."""
+
+    def __init__(self, spec, console, cluster, output, receipt, facts):
+        self.spec, self.console, self.cluster = spec, console, cluster
+        self.output, self.receipt, self.facts = output, receipt, facts
+
+    @property
+    def namespace(self):
+        return self.receipt.get("namespace")
+
+    @property
+    def run_id(self):
+        return self.receipt.get("run_id")
+
+    def save_receipt(self):
+        write_json(self.output / "receipt.json", self.receipt)
+
+    def new_run_info(self, backend):
+        """run.json as the run starts: the tool, the command line, the backend."""
+        info = {"tool_version": __version__, "started_at": utc_now(), "backend": backend.name,
+                "context": self.cluster.context if self.cluster else None, "namespace": self.namespace,
+                "flags": self.spec.flags(), "expected_episodes": self.spec.count,
+                "custom_episode": bool(self.spec.episode)}
+        if self.spec.episode:
+            info["episode_sha256"] = hashlib.sha256(self.spec.program.encode()).hexdigest()
+        return info
+
+    def write_facts(self, run_info):
+        """run.json and what was read before the run: versions, the RuntimeClass, why nodes are unknown."""
+        write_json(self.output / "run.json", run_info)
+        write_json(self.output / "version.json", self.facts["version"])
+        if self.facts["runtime_class"] is not None:
+            write_json(self.output / "runtimeclass.json", self.facts["runtime_class"])
+        if self.facts["nodes"] is None:
+            write_json(self.output / "nodes.json", self.facts["nodes_error"])
+
+    def create_namespace(self, namespace_obj, supporting):
+        """The run's namespace (its UID into the receipt at once), then the objects every
+        episode needs, each created as this run's own."""
+        self.receipt["uid"] = self.cluster.create_owned(namespace_obj, self.run_id)["metadata"]["uid"]
+        self.save_receipt()
+        self.console.say("Test namespace:", self.namespace)
+        for obj in supporting:
+            self.cluster.create_owned(obj, self.run_id)
+
+
+class Backend:
+    """One way of running a batch's episodes. A subclass owns everything that differs by
+    backend: its name and options, its phase scheme, its checks and manifests, its run, what
+    its saved results add, its summary and timeline, its cleanup and its `list` state. The
+    rest of the file asks the backend (found in BACKENDS), never compares its name."""
+
+    name = None  # the --backend value, and run.json's "backend"
+    help = ""  # --backend's help for this value
+    scheme = POD_SCHEME  # how its episode records are timed
+    episodes_file = "pods.json"  # the saved records results.json is computed from
+    uses_cluster = True
+    api_timestamps = True  # some of its times are whole-second Kubernetes timestamps
+    takes_queue = False  # --queue: the Kueue gate can admit its batch
+    own_flags = ()  # (flag, RunSpec field): options only this backend takes
+    batch_origin = "Job was created"  # what its batch times count from, for people
+    timeline_origin = "Job"
+    REPORT_ROWS = {}  # slot -> [(label, kind, key)]: its rows of the comparison table
+
+    def __init__(self, spec, console):
+        self.spec, self.console = spec, console
+
+    # --- the command line ---------------------------------------------------------------
+
+    @classmethod
+    def check_options(cls, args, fail):
+        """Refuse (fail(message)) what this backend cannot do; return the RunSpec fields it derives."""
+        return {}
+
+    # --- a run ------------------------------------------------------------------------------
+
+    def manifests(self, namespace, run_id):
+        """Every object of one run, in creation order (the namespace first)."""
+        raise NotImplementedError
+
+    def dry_run_objects(self, namespace, run_id):
+        return self.manifests(namespace, run_id)
+
+    def new_receipt(self, context, namespace, run_id):
+        """receipt.json before any change: what `cleanup` needs to find and prove the run."""
+        return {"context": context, "namespace": namespace, "run_id": run_id}
+
+    def check_server(self, cluster, facts):
+        """Read-only checks of the server before the RuntimeClass is read (add-ons, versions)."""
+
+    def check_admission(self, cluster, facts):
+        """Read-only checks once the RuntimeClass is known (an admission gate's quota)."""
+
+    def pods_at_once(self):
+        """How many of its pods must fit the nodes at once."""
+        return self.spec.parallelism
+
+    def capacity_warning(self, fit, at_once, arithmetic):
+        return ("preflight: only %d of %d episode pods fit at once, so the batch will queue and "
+                "batch_to_all_ready_seconds will include queueing: %s" % (fit, at_once, arithmetic))
+
+    def read_facts(self, cluster):
+        """What the run needs to know before it changes anything, read-only: versions, the
+        RuntimeClass, the nodes and the preflight. Refusals are raised here, before any folder
+        or receipt exists."""
+        spec = self.spec
+        facts = {"version": fetch_optional(lambda: json.loads(cluster.read("version", "-o", "json")))}
+        self.check_server(cluster, facts)
+        runtime = spec.runtime_class
+        facts["runtime_class"] = None
+        if runtime is not None:
+            try:
+                facts["runtime_class"] = json.loads(cluster.read("get", "runtimeclass", runtime, "-o", "json"))
+            except KubectlError as error:
+                if not error.not_found:
+                    raise
+                raise DemoError("RuntimeClass %r not found on context %s; list them with `kubectl "
+                                "--context %s get runtimeclass`, then pass --runtime NAME (or "
+                                "--no-runtime-class for the cluster's default runtime)"
+                                % (runtime, cluster.context, cluster.context)) from None
+        self.check_admission(cluster, facts)
+        facts["preflight"] = None
+        try:
+            facts["nodes"] = cluster.read_items("get", "nodes")
+        except KubectlError as error:
+            facts["nodes"], facts["nodes_error"] = None, {"error": meaningful_line(error.stderr) or str(error)}
+            if spec.prewarm:
+                raise DemoError("--prewarm needs to list the nodes, and kubectl could not: %s"
+                                % meaningful_line(error.stderr)) from None
+            self.console.note("preflight skipped: cannot list nodes (%s)" % meaningful_line(error.stderr))
+        if facts["nodes"] is not None:
+            at_once = self.pods_at_once()
+            fit, arithmetic = preflight(at_once, facts["runtime_class"], facts["nodes"])
+            if fit == 0 and not spec.force:
+                raise DemoError("preflight: no usable node can run even one episode pod: %s; fix the capacity or "
+                                "the RuntimeClass scheduling, or pass --force to submit anyway" % arithmetic)
+            if fit < at_once:
+                self.console.warn(self.capacity_warning(fit, at_once, arithmetic))
+            facts["preflight"] = {"pods_that_fit_at_once": fit, "parallelism": at_once, "arithmetic": arithmetic}
+        return facts
+
+    def run(self, run):
+        """Everything after the receipt; returns the exit code."""
+        raise NotImplementedError
+
+    # --- saved results (no run needed: class methods) ------------------------------------
+
+    @classmethod
+    def describe_results(cls, output, report, observed):
+        """Add to results.json what only this backend's runs have."""
+
+    @classmethod
+    def summary_view(cls, report):
+        """What `run` prints on stdout beside the shared summary keys."""
+        return {}
+
+    @classmethod
+    def summary_lines(cls, report):
+        """Its lines of the human summary."""
+        return []
+
+    @classmethod
+    def timeline_where(cls, results):
+        """Where the batch ran, for the timeline's title."""
+        return "image %s, context %s" % (results["image"], results["context"])
+
+    # --- cleanup and list -----------------------------------------------------------------
+
+    @classmethod
+    def delete_objects(cls, cluster, namespace, run_id, receipt, output):
+        """Prove and delete what this backend made in the run's namespace, before the namespace goes."""
+        delete_recorded_jobs(cluster, namespace, receipt, output, job_json=False)
+
+    @classmethod
+    def list_objects(cls, cluster, namespace):
+        """What `list` reads of one run: {"jobs": [...], ...}."""
+        return {"jobs": cluster.read_items("-n", namespace, "get", "jobs")}
+
+    @classmethod
+    def list_state(cls, objects):
+        """One word or phrase for `list`'s STATE column."""
+        raise NotImplementedError
+
+
+def start_run(spec, console):
+    """`run`, whatever the backend: the dry run, the output folder, the read-only checks, the
+    receipt before any change, then the backend's run; every failure after the receipt ends
+    with the cleanup command."""
+    backend = backend_named(spec.backend)(spec, console)
+    if spec.dry_run:
+        # Exactly what a run would create, as one List `kubectl create -f -` accepts;
+        # neither the cluster nor the output folder is touched.
+        run_id = uuid.uuid4().hex[:12]
+        objects = backend.dry_run_objects(NAMESPACE_PREFIX + run_id, run_id)
+        console.say(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
+        return EXIT_OK
+    output = Path(spec.output)
+    if output.exists():
+        raise DemoError("output folder %s already exists; choose a new --output so that no "
+                        "experiment record is overwritten" % output)
+    runner = Kubectl(console)
+    cluster, facts, receipt = None, {}, backend.new_receipt(None, None, None)
+    if backend.uses_cluster:
+        cluster = Cluster(runner, spec.context or runner.current_context())
+        # Read-only checks first: a run refused here leaves no folder behind, and the same
+        # --output can be used again.
+        facts = backend.read_facts(cluster)
+        run_id = uuid.uuid4().hex[:12]
+        receipt = backend.new_receipt(cluster.context, NAMESPACE_PREFIX + run_id, run_id)
+    try:
+        output.mkdir(parents=True, exist_ok=False)
+    except FileExistsError:
+        raise DemoError("output folder %s already exists; choose a new --output" % output) from None
+    except OSError as error:
+        raise DemoError("cannot create output folder %s: %s" % (output, error.strerror)) from None
+    run = Run(spec, console, cluster, output, receipt, facts)
+    # The receipt names the namespace before any cluster change, so every failure after
+    # this line leaves something `cleanup` can finish.
+    run.save_receipt()
+    try:
+        return backend.run(run)
+    except DemoError as error:
+        if backend.uses_cluster:
+            error.args = ("%s. Clean up with: %s" % (str(error).rstrip("."), cleanup_command(output)),)
+        raise
+    except KeyboardInterrupt:
+        if backend.uses_cluster:
+            console.tell("Interrupted. Clean up with: %s" % cleanup_command(output))
+        raise
+    finally:
+        runner.stop_watches()
+
+
+def fetch_optional(fetch):
+    """What fetch() returns, or {"error": ...} on a kubectl error: metadata must not fail a run."""
+    try:
+        return fetch()
+    except KubectlError as error:
+        return {"error": meaningful_line(error.stderr) or str(error)}
+
+# What every cluster backend's preflight counts: which nodes the episode pods can land on,
+# and how many of them fit at once.
+
+
+def tolerates(tolerations, taint):
+    """Kubernetes' Toleration.ToleratesTaint: an empty effect matches every effect, and
+    `Exists` without a key matches every taint."""
+    for toleration in tolerations:
+        if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+            continue
+        if toleration.get("operator", "Equal") == "Exists":
+            if not toleration.get("key") or toleration["key"] == taint.get("key"):
+                return True
+        elif toleration.get("key") == taint.get("key") and toleration.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+def usable_nodes(nodes, runtime_class):
+    """Nodes the episode pods can land on: schedulable, Ready, every NoSchedule/NoExecute taint
+    tolerated, and matching the RuntimeClass's nodeSelector. Admission adds the RuntimeClass's
+    `scheduling.tolerations` to every pod (tests/fakecluster/ASSUMPTIONS.md, fact 31), so dedicated
+    sandbox pools tainted for that class count."""
+    scheduling = (runtime_class or {}).get("scheduling") or {}
+    selector = scheduling.get("nodeSelector") or {}
+    tolerations = scheduling.get("tolerations") or []
+    usable = []
+    for node in nodes:
+        labels = node["metadata"].get("labels", {})
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in node.get("status", {}).get("conditions", []))
+        untolerated = [t for t in node.get("spec", {}).get("taints") or []
+                       if t.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, t)]
+        if ready and not untolerated and not node.get("spec", {}).get("unschedulable") and all(
+                labels.get(key) == value for key, value in selector.items()):
+            usable.append(node)
+    return usable
+
+def parse_quantity(value):
+    """Kubernetes quantity -> float ('100m' -> 0.1 CPU, '64Mi' -> bytes)."""
+    value = str(value)
+    for suffix, factor in (("Ki", 2 ** 10), ("Mi", 2 ** 20), ("Gi", 2 ** 30), ("Ti", 2 ** 40), ("m", 1e-3),
+                           ("k", 1e3), ("M", 1e6), ("G", 1e9), ("T", 1e12)):
+        if value.endswith(suffix):
+            return float(value[: -len(suffix)]) * factor
+    return float(value)
+
+def mebibytes(value):
+    text = "%.0fMi" % (value / 2 ** 20)
+    return text + (" (%.1fGiB)" % (value / 2 ** 30) if value >= 2 ** 30 else "")
+
+def preflight(parallelism, runtime_class, nodes):
+    """Can `parallelism` episode pods (requests plus Pod overhead) run at once on the usable
+    nodes' allocatable capacity? Returns (pods that fit at once, the arithmetic as text)."""
+    overhead = (runtime_class or {}).get("overhead", {}).get("podFixed", {})
+    cpu = parse_quantity(EPISODE_REQUESTS["cpu"]) + parse_quantity(overhead.get("cpu", 0))
+    memory = parse_quantity(EPISODE_REQUESTS["memory"]) + parse_quantity(overhead.get("memory", 0))
+    usable = usable_nodes(nodes, runtime_class)
+    fit = 0
+    for node in usable:
+        allocatable = node["status"].get("allocatable", {})
+        fit += int(min(parse_quantity(allocatable.get("cpu", 0)) // cpu if cpu else 10 ** 9,
+                       parse_quantity(allocatable.get("memory", 0)) // memory if memory else 10 ** 9,
+                       parse_quantity(allocatable.get("pods", 110))))
+    lines = ["each episode pod requests %s CPU + %s memory" % (EPISODE_REQUESTS["cpu"], EPISODE_REQUESTS["memory"])]
+    if overhead:
+        lines.append("plus the RuntimeClass's Pod overhead %s CPU + %s memory (overhead alone: %s x %d = %s)" % (
+            overhead.get("cpu", "0"), overhead.get("memory", "0"), overhead.get("memory", "0"), parallelism,
+            mebibytes(parse_quantity(overhead.get("memory", 0)) * parallelism)))
+    lines.append("%d at once need %.0fm CPU and %s memory" % (parallelism, cpu * parallelism * 1000,
+                                                              mebibytes(memory * parallelism)))
+    lines.append("%d usable node(s) of %d fit %d such pods at once (allocatable capacity, not counting other "
+                 "pods' requests)" % (len(usable), len(nodes), fit))
+    return fit, "; ".join(lines)
+
+
+def human_summary(report, output):
+    """A few lines for a person at a terminal (stdout keeps the JSON for scripts)."""
+    backend = backend_of(report)
+
+    def seconds(key):
+        return "n/a" if report.get(key) is None else "%.2f s" % report[key]
+    lines = ["Done: %d episodes, %d with a reward (sum %g)%s." % (
+        report["episodes"], report["successful_episodes"], report["reward_sum"],
+        ", %d infrastructure failures" % len(report["infrastructure_failures"])
+        if report.get("infrastructure_failures") else "")]
+    if "rounds" in report:
+        lines.append("Batch times per round: all ready %s; all rewards %s." % tuple(
+            ", ".join("n/a" if r[key] is None else "%.2f s" % r[key] for r in report["rounds"])
+            for key in ("batch_to_all_ready_seconds", "batch_to_all_rewards_seconds")))
+    else:
+        lines.append("Batch: all ready %s, all rewards %s after the %s." % (
+            seconds("batch_to_all_ready_seconds"), seconds("batch_to_all_rewards_seconds"), backend.batch_origin))
+    metric = backend.scheme.startup_metric
+    lines.append("%s created -> ready: P50 %s, P95 %s." % (metric.split("_")[0].capitalize(),
+                                                         seconds(metric + "_p50_seconds"),
+                                                         seconds(metric + "_p95_seconds")))
+    lines += KueueGate.summary_lines(report) + backend.summary_lines(report)
+    lines.append("Results: %s (results.json, timeline.svg, one log per episode)." % (output / "results.json"))
+    if backend.uses_cluster:
+        lines.append("Clean up with: %s" % cleanup_command(output))
+    return "\n".join(lines)
+
+
+def conclude(report, output, console):
+    """Print the summary and warnings; the exit code says whether any episode is an
+    infrastructure failure (custom episodes only: their results are written regardless)."""
+    console.say(json.dumps(summary_view(report), indent=2))
+    if console.interactive:
+        console.tell(human_summary(report, output))
+    for finding in report["clock_skew"]["findings"]:
+        console.warn("clock skew: %s (%d episode(s), e.g. pod %s; bound: %s)" % (
+            skew_phrase(finding), finding["pods"], finding["example_pod"], finding["bound"]))
+    if report["clock_skew"].get("headline_withheld"):
+        console.warn("batch_to_all_ready_seconds, batch_to_all_rewards_seconds and pod_to_ready_* are null in "
+                     "results.json: they compare the episode clock with the API server's, and %s"
+                     % report["clock_skew"]["headline_withheld"])
+    failures = report.get("infrastructure_failures") or []
+    if failures:
+        console.warn("%d of %d episodes are infrastructure failures, not samples (listed in results.json); "
+                     "first: episode %d: %s" % (len(failures), report["episodes"], failures[0]["index"],
+                                                failures[0]["reason"]))
+        return EXIT_INFRA_FAILURES
+    return EXIT_OK
+
+
+# ============================================================================
+# Job backend: one batch/v1 Job, a pod per episode; its watches, logs, rounds and prewarm
+# ============================================================================
+
+JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
+LOG_FETCH_WORKERS = 4  # the tutorial's concurrency, the floor for small batches
+MAX_LOG_FETCH_WORKERS = 16  # each is a kubectl process of its own
+
 # Refusals that cannot pass until someone changes the cluster or the spec. Others, such as a
 # namespace's ServiceAccount not made yet or a ResourceQuota that is full, pass on their own
-# (k8s-samples fact 26), and the Job controller retries them.
+# (tests/fakecluster/ASSUMPTIONS.md, fact 26), and the Job controller retries them.
 PERMANENT_REFUSALS = ("violates PodSecurity", "pod rejected: RuntimeClass", "because it is being terminated",
                       "cannot create resource")
 PERMANENT_WAITING = ("CreateContainerConfigError", "InvalidImageName", "ErrImageNeverPull")
@@ -1855,7 +2236,6 @@ def blocking_reason(events, pods):
                     pod["metadata"]["name"], waiting["reason"], waiting.get("message"))
     return None
 
-
 def why_not_started(pods, events=()):
     """Why pods have not run, for a timeout's error line: each distinct waiting reason or
     scheduling failure with its message, and the last refused creation. Empty when unknown."""
@@ -1872,7 +2252,6 @@ def why_not_started(pods, events=()):
     if failed_creates and not pods:
         reasons.setdefault("FailedCreate: %s" % failed_creates[-1].get("message", ""), 0)
     return list(reasons)
-
 
 class JobWatches:
     """One pod watch and one Job watch for a set of Jobs, shared by their JobProgress: the
@@ -1924,50 +2303,6 @@ class JobProgress:
         self.pods = self.watches.pods[job_name]
         self.observed = self.watches.observed[job_name]
         self.failed_creates = []  # the Job's FailedCreate events, as last read
-        self.workload_watch, self.cycles = None, None  # with --queue: the Job's Workload
-        self.last_queue_state = None
-        self.queue_timeout = DEFAULT_QUEUE_TIMEOUT_SECONDS
-
-    def watch_workloads(self):
-        """With --queue, before the Job is created (so that no admission is missed): every
-        Workload of the run's namespace; the Job's is told apart by its job-uid label."""
-        self.workload_watch = Watch(self.cluster, "Workload", "-n", self.namespace, WORKLOADS, timed=True)
-
-    def follow_workload(self, job_uid, job_created, job_created_server, queue_timeout):
-        self.job_uid = job_uid
-        self.cycles = AdmissionCycles(job_created, job_created_server)
-        self.queue_timeout = queue_timeout
-
-    def absorb_workload(self):
-        """Take in the Job's Workload's states; returns the monotonic time its current cycle
-        began (admission, or since when it has been queued)."""
-        for arrival, workload in self.workload_watch.drain():
-            if (workload["metadata"].get("labels") or {}).get(JOB_UID_LABEL) == self.job_uid:
-                self.take_workload(arrival, workload)
-        return self.cycle_began
-
-    def take_workload(self, arrival, workload):
-        before = len(self.cycles.cycles), self.cycles.admitted
-        unseen_before = self.cycles.unseen_evictions()
-        self.cycles.update(arrival, workload)
-        for reason in self.cycles.unseen_evictions()[len(unseen_before):]:
-            note("%s: evicted (%s) and re-admitted while the Workload watch was down (counted by Kueue's "
-                 "status.schedulingStats; when is unknown)" % (self.job_name, reason))
-        if (len(self.cycles.cycles), self.cycles.admitted) != before:
-            self.cycle_began = time.monotonic()
-
-    def read_workload(self):
-        """The Job's Workload as the API has it now, once the wait is over: the watch may be down
-        or behind, and every admission and eviction must be known before pods are judged."""
-        try:
-            listed = json.loads(self.cluster.read("-n", self.namespace, "get", WORKLOADS, "-l", "%s=%s" % (
-                JOB_UID_LABEL, self.job_uid), "-o", "json"))
-        except KubectlError as error:
-            note("%s: could not read its Workload's last state (%s); the admission cycles are as the watch saw "
-                 "them" % (self.job_name, meaningful_line(error.stderr)))
-            return
-        for workload in listed.get("items") or []:
-            self.take_workload(time.time(), workload)
 
     def absorb_pods(self):
         self.watches.absorb()
@@ -1979,24 +2314,17 @@ class JobProgress:
             "-n", self.namespace, "get", "events", "--field-selector", selector, "-o", "json"))["items"]
         return self.failed_creates
 
-    def wait(self, started, wait_seconds, show_progress):
-        """Until Complete, FailureTarget/Failed, a reason the pods can never start, or the client
-        deadline. Returns (job, 'Complete'|'Failed'|None, blocking reason or None)."""
-        deadline = started + wait_seconds
-        self.cycle_began = started
+    def wait(self, started, wait_seconds, admission):
+        """Until Complete, FailureTarget/Failed, a reason the pods can never start (the
+        admission gate's among them), or the client deadline (the gate's while it queues).
+        Returns (job, 'Complete'|'Failed'|None, blocking reason or None)."""
+        console = self.cluster.console
+        admission.begin(started)
         live = json.loads(self.cluster.read("-n", self.namespace, "get", "job", self.job_name, "-o", "json"))
         progress, progress_at, polled_at = None, time.monotonic(), time.monotonic()
         while True:
-            queue_state = None
-            if self.cycles is not None:
-                # The Job's deadline runs only while it is admitted, and restarts at each
-                # admission; while queued the client waits up to --queue-timeout.
-                began = self.absorb_workload()
-                deadline = began + (wait_seconds if self.cycles.admitted else self.queue_timeout)
-                queue_state = self.cycles.state()
-                if queue_state != self.last_queue_state and not show_progress:
-                    note("%s: %s" % (self.job_name, queue_state))  # one line per change, for logs
-                self.last_queue_state = queue_state
+            deadline = admission.deadline(wait_seconds)
+            queue_state = admission.state_line()
             if self.watches.absorb(timeout=WATCH_WAIT_SECONDS) and self.job_name in self.watches.jobs:
                 live = self.watches.jobs[self.job_name]
             elif time.monotonic() - polled_at >= FALLBACK_POLL_SECONDS:
@@ -2005,30 +2333,18 @@ class JobProgress:
             outcome = job_outcome(live)
             status = live.get("status", {})
             counts = tuple(status.get(key, 0) for key in ("active", "ready", "succeeded", "failed"))
-            if show_progress:
-                sys.stderr.write("\r%s: %sactive %d, ready %d, succeeded %d, failed %d, %.0f s   "
-                                 % ((self.job_name, "%s; " % queue_state[:100] if queue_state else "") + counts +
-                                    (time.monotonic() - started,)))
-                sys.stderr.flush()
-            blocked = None
-            if self.cycles is not None and not outcome:
-                never = self.cycles.never_admissible()
-                if never:
-                    blocked = "the Job's Workload can never be admitted: %s" % never
-                elif self.cycles.workload is None and time.monotonic() - started > WORKLOAD_WAIT_SECONDS:
-                    blocked = ("Kueue made no Workload for Job %s within %d s; is its job integration and controller "
-                               "running?" % (self.job_name, WORKLOAD_WAIT_SECONDS))
+            console.progress("%s: %sactive %d, ready %d, succeeded %d, failed %d, %.0f s"
+                             % ((self.job_name, "%s; " % queue_state[:100] if queue_state else "") + counts +
+                                (time.monotonic() - started,)))
+            blocked = None if outcome else admission.blocked(started)
             if counts != progress:
                 progress, progress_at = counts, time.monotonic()
             elif not outcome and time.monotonic() - progress_at >= STALL_CHECK_SECONDS:
                 blocked = blocking_reason(self.read_failed_creates(), list(self.pods.values()))
                 progress_at = time.monotonic()
             if outcome or blocked or time.monotonic() > deadline:
-                if show_progress:
-                    sys.stderr.write("\n")
-                if self.cycles is not None:
-                    self.absorb_workload()
-                    self.read_workload()
+                console.end_progress()
+                admission.finish()
                 return live, outcome, blocked
 
     def settled_pods(self, job, timeout=2.0):
@@ -2054,8 +2370,40 @@ class JobProgress:
     def stop(self):
         if self.own_watches:
             self.watches.stop()
-        if self.workload_watch is not None:
-            self.workload_watch.stop()
+
+
+class Unqueued:
+    """The Job's admission when no gate holds it: admitted from the start, its deadline the
+    client's wait from the create call."""
+
+    queued = False
+
+    def begin(self, started):
+        self.started = started
+
+    def follow(self, created, create_called):
+        pass
+
+    def deadline(self, wait_seconds):
+        return self.started + wait_seconds
+
+    def state_line(self):
+        return None
+
+    def blocked(self, started):
+        return None
+
+    def finish(self):
+        pass
+
+    def timeout_error(self, job_name, where):
+        return None
+
+    def save(self, folder, run_info):
+        pass
+
+    def stop(self):
+        pass
 
 
 def log_workers(count):
@@ -2063,18 +2411,19 @@ def log_workers(count):
     (each kubectl is a process of its own, tens of MB)."""
     return max(LOG_FETCH_WORKERS, min(MAX_LOG_FETCH_WORKERS, count // 16))
 
-
 BULK_LOGS_FROM = 4  # this many pods or more: their logs come from one kubectl process
-LOGS_SOURCE_BULK = "kubectl logs -l job-name=JOB --prefix (one process for the Job)"
-LOGS_SOURCE_POD = "kubectl logs POD"
-LOGS_GONE = "not available: the pod was gone from the API before its log could be read (no <pod>.log)"
 
+LOGS_SOURCE_BULK = "kubectl logs -l job-name=JOB --prefix (one process for the Job)"
+
+LOGS_SOURCE_POD = "kubectl logs POD"
+
+LOGS_GONE = "not available: the pod was gone from the API before its log could be read (no <pod>.log)"
 
 def split_prefixed_logs(raw, names, container, job_pods=()):
     """Tell apart the lines of `kubectl logs -l ... --prefix`: every write starts with
-    `[pod/NAME/CONTAINER] ` (k8s-samples fact 32), and a prefix with its line is one write, so
-    the bytes from one prefix to the next belong to that pod, also when a log's last line has
-    no newline. A prefix counts where it names one of the Job's pods, or starts a line.
+    `[pod/NAME/CONTAINER] ` (tests/fakecluster/ASSUMPTIONS.md, fact 32), and a prefix with its
+    line is one write, so the bytes from one prefix to the next belong to that pod, also when a
+    log's last line has no newline. A prefix counts where it names one of the Job's pods, or starts a line.
     Returns {name: bytes} for every one of `names` (b"" if silent), or None when the output
     does not start with a prefix."""
     known = set(names) | set(job_pods)
@@ -2087,7 +2436,6 @@ def split_prefixed_logs(raw, names, container, job_pods=()):
         if mark.group(1).decode() in logs:
             logs[mark.group(1).decode()] += raw[mark.end():following.start() if following else len(raw)]
     return {name: bytes(data) for name, data in logs.items()}
-
 
 def fetch_logs(cluster, namespace, folder, pods, job_name=None, job_pods=()):
     """Save <pod>.log for each pod, byte for byte what `kubectl logs POD` returns; return
@@ -2115,7 +2463,7 @@ def fetch_logs(cluster, namespace, folder, pods, job_name=None, job_pods=()):
                 raw = cluster.kubectl(*argv, *extra, binary=True,
                                       timeout=KUBECTL_PROCESS_TIMEOUT_SECONDS + 0.05 * len(job_pods or pods))
             except KubectlError as error:
-                note("reading the logs in one call failed (%s)" % meaningful_line(error.stderr))
+                cluster.console.note("reading the logs in one call failed (%s)" % meaningful_line(error.stderr))
                 continue
             split = split_prefixed_logs(raw, names, CONTAINER_NAME, job_pods)
             if split is not None:
@@ -2141,11 +2489,10 @@ def fetch_logs(cluster, namespace, folder, pods, job_name=None, job_pods=()):
             saved.update(pool.map(fetch, rest))
     if missing:
         missing.sort()
-        print("warning: no log for %d pod(s), saved empty; first: %s: %s" % (len(missing), missing[0][0],
-                                                                             missing[0][1]), file=sys.stderr)
+        cluster.console.warn("no log for %d pod(s), saved empty; first: %s: %s" % (len(missing), missing[0][0],
+                                                                                   missing[0][1]))
     record_log_sources(folder, sources)
     return saved
-
 
 def record_log_sources(folder, sources):
     """Add {pod: where its log came from} to logs.json."""
@@ -2153,11 +2500,9 @@ def record_log_sources(folder, sources):
     record.update(sources)
     write_json(folder / "logs.json", dict(sorted(record.items())))
 
-
 def save_events(cluster, namespace, folder):
     (folder / "events.txt").write_text(
         cluster.read("-n", namespace, "get", "events", "--sort-by=.metadata.creationTimestamp"))
-
 
 def save_state(cluster, namespace, job_name, folder, job=None, watched=None):
     """job.json and pods.json as the API server has them now, plus the last watched state of
@@ -2174,507 +2519,10 @@ def save_state(cluster, namespace, job_name, folder, job=None, watched=None):
     write_state(folder, job, pods)
     return job, pods, gone
 
-
 def write_state(folder, job, pods):
     """job.json and pods.json: what results.json is computed from."""
     write_json(folder / "job.json", job)
     write_json(folder / "pods.json", pods)
-
-
-def save_what_is_known(cluster, namespace, job_name, folder, progress=None):
-    """After Ctrl-C or SIGTERM: keep the Job, its pods, events and logs, as far as they can be had."""
-    print("Interrupted: saving what is known in %s (Ctrl-C again to stop at once)..." % folder, file=sys.stderr)
-    watched = progress.pods if progress is not None else {}
-    try:
-        _, pods, gone = save_state(cluster, namespace, job_name, folder, watched=watched)
-        save_events(cluster, namespace, folder)
-        listed = [pod for pod in pods if pod["metadata"]["name"] not in gone]
-        fetch_logs(cluster, namespace, folder, listed, job_name, [pod["metadata"]["name"] for pod in listed])
-    except DemoError as error:
-        if watched and not (folder / "pods.json").exists():
-            write_json(folder / "pods.json", sorted(watched.values(), key=by_creation))
-        print("warning: could not save everything: %s" % error, file=sys.stderr)
-
-
-def submit_job(cluster, job, folder, receipt, output, progress=None, queue_timeout=DEFAULT_QUEUE_TIMEOUT_SECONDS):
-    """Create one Job (recording its UID in the receipt at once); return the client's start time."""
-    write_json(folder / "job-submitted.json", job)
-    started, created_at = time.monotonic(), time.time()
-    created = cluster.create_owned(job, receipt["run_id"])
-    receipt.setdefault("jobs", {})[job["metadata"]["name"]] = created["metadata"]["uid"]
-    if job["metadata"]["name"] == JOB_NAME:
-        receipt["job_uid"] = created["metadata"]["uid"]  # the seed's key
-    write_json(output / "receipt.json", receipt)
-    queue = job["metadata"]["labels"].get(QUEUE_LABEL)
-    if queue:
-        if created.get("spec", {}).get("suspend") is not True:
-            raise DemoError("Kueue did not suspend Job %s when it was created, so it runs unqueued: this cluster's "
-                            "Kueue does not manage batch/v1 Jobs (its batch/job integration is off, or its webhook is "
-                            "not installed)" % job["metadata"]["name"])
-        if progress is not None:
-            progress.follow_workload(created["metadata"]["uid"], created_at,
-                                     parse_k8s_time(created["metadata"]["creationTimestamp"]), queue_timeout)
-    return started
-
-
-def finish_job(args, cluster, namespace, job_name, folder, started, run_info, nodes, progress):
-    """Wait for one submitted Job, save its diagnostics, validate it, write its results.
-
-    Order matters at scale: results.json is written from one `get pods` (each episode's
-    events travel in its termination message) before the per-episode logs are archived.
-    """
-    try:
-        wait_seconds = args.timeout + CLIENT_GRACE_SECONDS
-        live, outcome, blocked = progress.wait(started, wait_seconds, show_progress=sys.stderr.isatty() and not QUIET)
-        # client_job_complete_seconds: client monotonic clock, from just before the Job's
-        # create request to the moment the client saw the Complete condition.
-        run_info["client_job_complete_seconds"] = time.monotonic() - started
-        run_info["outcome_observed_at"] = time.time()
-        progress.absorb_pods()
-        # A complete Job's pods come from the watch when it provably holds their final states;
-        # which of them the API still has (for their logs) is asked after results.json.
-        settled = progress.settled_pods(live) if outcome == "Complete" else None
-    except KeyboardInterrupt:
-        progress.stop()
-        save_queue_record(folder, progress, run_info)
-        save_what_is_known(cluster, namespace, job_name, folder, progress)
-        raise
-    finally:
-        progress.stop()
-    write_json(folder / "observed.json", progress.observed)
-    save_queue_record(folder, progress, run_info)
-    try:
-        pods, gone = settled, None
-        if pods is None:
-            _, pods, gone = save_state(cluster, namespace, job_name, folder, live, progress.pods)
-        else:
-            write_state(folder, live, pods)
-    except DemoError as error:
-        # The watches already hold the Job and every pod: a failing read must not lose them.
-        write_state(folder, live, sorted(progress.pods.values(), key=by_creation))
-        run_info["pods_seen_only_by_watch"] = sorted(progress.pods)
-        write_json(folder / "run.json", run_info)
-        raise DemoError("%s; the Job and its pods were saved as the watches last saw them (job.json, pods.json in "
-                        "%s): the results can be recomputed once the cluster answers" % (error, folder)) from None
-    def learn_gone():
-        """Which pods the API no longer has (their last state is the watch's), in run.json."""
-        names = {line.split("/", 1)[-1] for line in cluster.read(
-            "-n", namespace, "get", "pods", "-l", "job-name=" + job_name, "-o", "name").split()}
-        run_info["pods_seen_only_by_watch"] = sorted(pod["metadata"]["name"] for pod in pods
-                                                     if pod["metadata"]["name"] not in names)
-        write_json(folder / "run.json", run_info)
-        return run_info["pods_seen_only_by_watch"]
-
-    if gone is not None:
-        run_info["pods_seen_only_by_watch"] = gone
-    write_json(folder / "run.json", run_info)
-    save_node_summaries(nodes, pods, folder)
-    where = "diagnostics saved in %s (job.json, pods.json, events.txt, pod logs)" % folder
-    custom = run_info.get("custom_episode")
-
-    def logs_of(subset):
-        listed = [pod["metadata"]["name"] for pod in pods if pod["metadata"]["name"] not in gone]
-        return fetch_logs(cluster, namespace, folder, [pod for pod in subset if pod["metadata"]["name"] not in gone],
-                          job_name, listed)
-
-    if blocked or outcome is None or (outcome != "Complete" and not custom):
-        save_events(cluster, namespace, folder)
-        logs = logs_of(pods)
-        if blocked:
-            raise DemoError("%s; stopped early instead of waiting for the deadline; %s" % (blocked, where))
-        not_started = why_not_started(pods, progress.failed_creates)
-        why = "; pods not running: %s" % "; ".join(not_started[:3]) if not_started else ""
-        if outcome is None and progress.cycles is not None and not progress.cycles.admitted:
-            raise BatchTimeout("Job %s was not admitted by Kueue within %d s (--queue-timeout; %s); %s"
-                               % (job_name, progress.queue_timeout, progress.cycles.state(), where))
-        if outcome is None:
-            raise BatchTimeout("Job %s did not finish within the client's %d s wait%s%s; %s"
-                               % (job_name, wait_seconds, " after its admission" if progress.cycles else "", why, where))
-        failed = job_condition(live, "Failed") or job_condition(live, "FailureTarget")
-        message = "Job %s failed (%s: %s)" % (job_name, failed.get("reason"), failed.get("message"))
-        details = describe_failed_pods(pods, [logs.get(pod["metadata"]["name"], "") for pod in pods])
-        if details:
-            message += "; " + "; ".join(details[:3])
-            if len(details) > 3:
-                message += "; and %d more failed pods" % (len(details) - 3)
-        message += why
-        error_type = BatchTimeout if failed.get("reason") == "DeadlineExceeded" else BatchFailed
-        raise error_type("%s; %s" % (message, where))
-    # Episodes whose termination message does not hold their events are validated from logs,
-    # and a failed attempt's log says why it failed.
-    needed = [pod for pod in pods if episode_events(pod, "")[1] == "log"
-              or pod.get("status", {}).get("phase") != "Succeeded"]
-    if needed:
-        gone = gone if gone is not None else learn_gone()
-        logs_of(needed)
-
-    def archive():
-        """Every episode's log not saved yet, and the events (two kubectl processes at once)."""
-        nonlocal gone
-        gone = gone if gone is not None else learn_gone()
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as side:
-            events = side.submit(save_events, cluster, namespace, folder)
-            logs_of([pod for pod in pods if not (folder / (pod["metadata"]["name"] + ".log")).exists()])
-            if gone:
-                record_log_sources(folder, {name: LOGS_GONE for name in gone})
-            events.result()
-
-    report = write_results(folder, where, before_failing=archive)
-    try:
-        archive()  # for people: the results are already safe
-    except DemoError as error:
-        raise DemoError("results.json is written, but archiving the episode logs and events failed: %s; %s"
-                        % (error, where)) from None
-    report["log_archive"] = log_archive_summary(folder)
-    write_json(folder / "results.json", report)
-    return report
-
-
-def save_queue_record(folder, progress, run_info):
-    """With --queue: queue.json (the admission cycles as the watch saw them) and workload.json."""
-    if progress.cycles is None:
-        return
-    queue = run_info.get("queue") or {}
-    write_json(folder / "queue.json", progress.cycles.record(queue.get("local_queue"), queue.get("cluster_queue")))
-    if progress.cycles.workload is not None:
-        write_json(folder / "workload.json", progress.cycles.workload)
-
-
-def log_archive_summary(folder):
-    """How many episode logs the folder holds and where they came from (logs.json)."""
-    sources = read_saved(folder / "logs.json") or {}
-    return {"logs": len(sources), "sources": dict(sorted(collections.Counter(
-        source if not source.startswith("not available") else "not available" for source in sources.values()
-    ).items())), "detail": "logs.json: the source of each <pod>.log"}
-
-
-def write_results(folder, where, before_failing=lambda: None):
-    """Validate the saved folder and write results.json and timeline.svg; on a failed check
-    save the rest (before_failing), list every problem in validation-errors.txt and raise."""
-    try:
-        report = results_from_folder(folder)
-    except EpisodeInvalid as problem:
-        before_failing()
-        problems = str(problem).splitlines()
-        (folder / "validation-errors.txt").write_text(str(problem) + "\n")
-        more = " (and %d more in validation-errors.txt)" % (len(problems) - 1) if len(problems) > 1 else ""
-        raise BatchFailed("validation failed, no results.json written: %s%s; %s"
-                          % (problems[0], more, where)) from None
-    write_json(folder / "results.json", report)
-    if report["pods"]:
-        (folder / "timeline.svg").write_text(timeline_svg([(folder.name, report)]))
-    return report
-
-
-def cmd_run(args):
-    global QUIET
-    QUIET = args.quiet
-    if args.dry_run:
-        # Exactly what a run would create, as one List `kubectl create -f -` accepts;
-        # neither the cluster nor the output folder is touched.
-        run_id = uuid.uuid4().hex[:12]
-        objects = run_manifests(args, NAMESPACE_PREFIX + run_id, run_id)
-        if args.backend == "warm-pool":  # claims go in once the pool is full; their shutdownTime is set then
-            objects += claim_manifests(NAMESPACE_PREFIX + run_id, run_id, args.count, "<at submission: now + %d s>"
-                                       % (args.timeout + CLIENT_GRACE_SECONDS + CLAIM_SAFETY_NET_SECONDS))
-        say(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
-        return EXIT_OK
-    output = Path(args.output)
-    if output.exists():
-        raise DemoError("output folder %s already exists; choose a new --output so that no "
-                        "experiment record is overwritten" % output)
-    if args.backend == "local":
-        return run_local(args, output)
-    context = args.context or current_context()
-    cluster = Cluster(context)
-    # Read-only checks first: a run refused here leaves no folder behind, and the same
-    # --output can be used again.
-    facts = read_cluster_facts(args, cluster)
-    try:
-        output.mkdir(parents=True, exist_ok=False)
-    except FileExistsError:
-        raise DemoError("output folder %s already exists; choose a new --output" % output) from None
-    except OSError as error:
-        raise DemoError("cannot create output folder %s: %s" % (output, error.strerror)) from None
-
-    run_id = uuid.uuid4().hex[:12]
-    namespace = NAMESPACE_PREFIX + run_id
-    receipt = {"context": context, "namespace": namespace, "run_id": run_id}
-    if args.queue:
-        receipt["queue"] = args.queue  # cleanup then also waits for the Job's Workload to go
-    if args.backend == "warm-pool":
-        receipt["backend"] = "warm-pool"  # cleanup then proves and deletes claims, pool and template
-    # The receipt names the namespace before any cluster change, so every failure after
-    # this line leaves something `cleanup` can finish.
-    write_json(output / "receipt.json", receipt)
-    try:
-        return (run_warm_pool if args.backend == "warm-pool" else run_experiment)(args, cluster, output, receipt, facts)
-    except DemoError as error:
-        error.args = ("%s. Clean up with: %s" % (str(error).rstrip("."), cleanup_command(output)),)
-        raise
-    except KeyboardInterrupt:
-        print("Interrupted. Clean up with: %s" % cleanup_command(output), file=sys.stderr)
-        raise
-    finally:
-        Watch.stop_all()
-
-
-def tolerates(tolerations, taint):
-    """Kubernetes' Toleration.ToleratesTaint: an empty effect matches every effect, and
-    `Exists` without a key matches every taint."""
-    for toleration in tolerations:
-        if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
-            continue
-        if toleration.get("operator", "Equal") == "Exists":
-            if not toleration.get("key") or toleration["key"] == taint.get("key"):
-                return True
-        elif toleration.get("key") == taint.get("key") and toleration.get("value", "") == taint.get("value", ""):
-            return True
-    return False
-
-
-def usable_nodes(nodes, runtime_class):
-    """Nodes the episode pods can land on: schedulable, Ready, every NoSchedule/NoExecute taint
-    tolerated, and matching the RuntimeClass's nodeSelector. Admission adds the RuntimeClass's
-    `scheduling.tolerations` to every pod (k8s-samples fact 31), so dedicated sandbox pools
-    tainted for that class count."""
-    scheduling = (runtime_class or {}).get("scheduling") or {}
-    selector = scheduling.get("nodeSelector") or {}
-    tolerations = scheduling.get("tolerations") or []
-    usable = []
-    for node in nodes:
-        labels = node["metadata"].get("labels", {})
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                    for c in node.get("status", {}).get("conditions", []))
-        untolerated = [t for t in node.get("spec", {}).get("taints") or []
-                       if t.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, t)]
-        if ready and not untolerated and not node.get("spec", {}).get("unschedulable") and all(
-                labels.get(key) == value for key, value in selector.items()):
-            usable.append(node)
-    return usable
-
-
-def parse_quantity(value):
-    """Kubernetes quantity -> float ('100m' -> 0.1 CPU, '64Mi' -> bytes)."""
-    value = str(value)
-    for suffix, factor in (("Ki", 2 ** 10), ("Mi", 2 ** 20), ("Gi", 2 ** 30), ("Ti", 2 ** 40), ("m", 1e-3),
-                           ("k", 1e3), ("M", 1e6), ("G", 1e9), ("T", 1e12)):
-        if value.endswith(suffix):
-            return float(value[: -len(suffix)]) * factor
-    return float(value)
-
-
-def mebibytes(value):
-    text = "%.0fMi" % (value / 2 ** 20)
-    return text + (" (%.1fGiB)" % (value / 2 ** 30) if value >= 2 ** 30 else "")
-
-
-def preflight(parallelism, runtime_class, nodes):
-    """Can `parallelism` episode pods (requests plus Pod overhead) run at once on the usable
-    nodes' allocatable capacity? Returns (pods that fit at once, the arithmetic as text)."""
-    overhead = (runtime_class or {}).get("overhead", {}).get("podFixed", {})
-    cpu = parse_quantity(EPISODE_REQUESTS["cpu"]) + parse_quantity(overhead.get("cpu", 0))
-    memory = parse_quantity(EPISODE_REQUESTS["memory"]) + parse_quantity(overhead.get("memory", 0))
-    usable = usable_nodes(nodes, runtime_class)
-    fit = 0
-    for node in usable:
-        allocatable = node["status"].get("allocatable", {})
-        fit += int(min(parse_quantity(allocatable.get("cpu", 0)) // cpu if cpu else 10 ** 9,
-                       parse_quantity(allocatable.get("memory", 0)) // memory if memory else 10 ** 9,
-                       parse_quantity(allocatable.get("pods", 110))))
-    lines = ["each episode pod requests %s CPU + %s memory" % (EPISODE_REQUESTS["cpu"], EPISODE_REQUESTS["memory"])]
-    if overhead:
-        lines.append("plus the RuntimeClass's Pod overhead %s CPU + %s memory (overhead alone: %s x %d = %s)" % (
-            overhead.get("cpu", "0"), overhead.get("memory", "0"), overhead.get("memory", "0"), parallelism,
-            mebibytes(parse_quantity(overhead.get("memory", 0)) * parallelism)))
-    lines.append("%d at once need %.0fm CPU and %s memory" % (parallelism, cpu * parallelism * 1000,
-                                                              mebibytes(memory * parallelism)))
-    lines.append("%d usable node(s) of %d fit %d such pods at once (allocatable capacity, not counting other "
-                 "pods' requests)" % (len(usable), len(nodes), fit))
-    return fit, "; ".join(lines)
-
-
-def read_cluster_facts(args, cluster):
-    """What the run needs to know before it changes anything, read-only: versions, the
-    RuntimeClass, the nodes and the preflight. Refusals are raised here, before any folder
-    or receipt exists."""
-    facts = {"version": fetch_optional(lambda: json.loads(cluster.read("version", "-o", "json")))}
-    server = facts["version"].get("serverVersion", {})
-    minor = int("".join(ch for ch in str(server.get("minor", "")) if ch.isdigit()) or 0)
-    if args.episode and server.get("major") == "1" and minor and minor < 29:
-        print("warning: the server is Kubernetes %s; per-episode retries (backoffLimitPerIndex) need 1.29 or "
-              "later, so an older API server ignores them and one failure may count against the whole batch"
-              % server.get("gitVersion"), file=sys.stderr)
-    if args.backend == "warm-pool":
-        facts["agent_sandbox"] = check_agent_sandbox(cluster)
-    runtime = None if args.no_runtime_class else args.runtime
-    facts["runtime_class"] = None
-    if runtime is not None:
-        try:
-            facts["runtime_class"] = json.loads(cluster.read("get", "runtimeclass", runtime, "-o", "json"))
-        except KubectlError as error:
-            if not error.not_found:
-                raise
-            raise DemoError("RuntimeClass %r not found on context %s; list them with `kubectl "
-                            "--context %s get runtimeclass`, then pass --runtime NAME (or "
-                            "--no-runtime-class for the cluster's default runtime)"
-                            % (runtime, cluster.context, cluster.context)) from None
-    if args.queue:
-        facts["kueue"] = check_kueue(args, cluster, facts["runtime_class"])
-    facts["preflight"] = None
-    try:
-        facts["nodes"] = json.loads(cluster.read("get", "nodes", "-o", "json"))["items"]
-    except KubectlError as error:
-        facts["nodes"], facts["nodes_error"] = None, {"error": meaningful_line(error.stderr) or str(error)}
-        if args.prewarm:
-            raise DemoError("--prewarm needs to list the nodes, and kubectl could not: %s"
-                            % meaningful_line(error.stderr)) from None
-        note("preflight skipped: cannot list nodes (%s)" % meaningful_line(error.stderr))
-    if facts["nodes"] is not None:
-        # A warm pool holds its pods idle, and refills as it is claimed: about pool + count pods.
-        at_once = args.pool_size + args.count if args.backend == "warm-pool" else args.parallelism
-        fit, arithmetic = preflight(at_once, facts["runtime_class"], facts["nodes"])
-        if fit == 0 and not args.force:
-            raise DemoError("preflight: no usable node can run even one episode pod: %s; fix the capacity or "
-                            "the RuntimeClass scheduling, or pass --force to submit anyway" % arithmetic)
-        if fit < at_once:
-            print("warning: preflight: only %d of %d %s fit at once, so %s: %s" % (
-                fit, at_once, "pods of the pool and its refill" if args.backend == "warm-pool" else "episode pods",
-                "the pool cannot refill while the batch runs, and claims beyond it start cold or wait"
-                if args.backend == "warm-pool" else
-                "the batch will queue and batch_to_all_ready_seconds will include queueing", arithmetic),
-                file=sys.stderr)
-        facts["preflight"] = {"pods_that_fit_at_once": fit, "parallelism": at_once, "arithmetic": arithmetic}
-    return facts
-
-
-def run_experiment(args, cluster, output, receipt, facts):
-    """Everything after the receipt: metadata, objects, prewarm, the measured rounds."""
-    namespace, run_id = receipt["namespace"], receipt["run_id"]
-    runtime_class, nodes = facts["runtime_class"], facts["nodes"]
-    run_info = new_run_info(args, cluster.context, namespace)
-    if facts["preflight"] is not None:
-        run_info["preflight"] = facts["preflight"]
-    write_run_facts(output, run_info, facts)
-    namespace_obj, *supporting, job = run_manifests(args, namespace, run_id)
-    created = cluster.create_owned(namespace_obj, run_id)
-    receipt["uid"] = created["metadata"]["uid"]
-    write_json(output / "receipt.json", receipt)
-    say("Test namespace:", namespace)
-    for obj in supporting:
-        cluster.create_owned(obj, run_id)
-    if args.queue:
-        run_info["queue"] = prepare_queue(args, cluster, namespace, facts["kueue"])
-        write_json(output / "run.json", run_info)
-
-    def prepare(folder, expected, extra):
-        folder.mkdir(exist_ok=True)
-        for name in ("version.json", "runtimeclass.json"):
-            if (output / name).exists() and folder != output:
-                (folder / name).write_text((output / name).read_text())
-        info = dict(run_info, expected_episodes=expected, **extra)
-        write_json(folder / "run.json", info)
-        return info
-
-    if args.prewarm:
-        run_prewarm(args, cluster, output, receipt, nodes, usable_nodes(nodes, runtime_class), prepare)
-    rounds = []
-    for number in range(1, args.rounds + 1):
-        folder = round_folder(output, number, args.rounds)
-        info = prepare(folder, args.count, {"round": number} if args.rounds > 1 else {})
-        job = dict(job, metadata=dict(job["metadata"], name=JOB_NAME if args.rounds == 1 else "%s-%d" % (
-            JOB_NAME, number)))
-        progress = JobProgress(cluster, namespace, job["metadata"]["name"])
-        if args.queue:
-            progress.watch_workloads()
-        started = submit_job(cluster, job, folder, receipt, output, progress, args.queue_timeout)
-        if args.rounds > 1:
-            note("round %d of %d: Job %s" % (number, args.rounds, job["metadata"]["name"]))
-        rounds.append(finish_job(args, cluster, namespace, job["metadata"]["name"], folder, started, info, nodes,
-                                 progress))
-    return conclude(pool_round_folders(output, run_info, rounds), output)
-
-
-def round_folder(output, number, rounds):
-    """One round keeps the seed's flat folder; several rounds get round-N/ each."""
-    return output if rounds == 1 else output / ("round-%d" % number)
-
-
-def pool_round_folders(output, run_info, rounds):
-    """After the last round: with several, the pooled results.json and one stacked timeline."""
-    if len(rounds) == 1:
-        return rounds[0]
-    run_info["rounds"] = len(rounds)
-    write_json(output / "run.json", run_info)
-    report = results_from_folder(output)
-    write_json(output / "results.json", report)
-    (output / "timeline.svg").write_text(timeline_svg([("round %d" % r["round"], r) for r in rounds if r["pods"]]))
-    return report
-
-
-def new_run_info(args, context, namespace, backend="kubernetes"):
-    info = {"tool_version": __version__, "started_at": utc_now(), "backend": backend, "context": context,
-            "namespace": namespace, "flags": flags_of(args), "expected_episodes": args.count,
-            "custom_episode": bool(args.episode)}
-    if args.episode:
-        info["episode_sha256"] = hashlib.sha256(args.program.encode()).hexdigest()
-    return info
-
-
-def human_summary(report, output):
-    """A few lines for a person at a terminal (stdout keeps the JSON for scripts)."""
-    def seconds(key):
-        return "n/a" if report.get(key) is None else "%.2f s" % report[key]
-    lines = ["Done: %d episodes, %d with a reward (sum %g)%s." % (
-        report["episodes"], report["successful_episodes"], report["reward_sum"],
-        ", %d infrastructure failures" % len(report["infrastructure_failures"])
-        if report.get("infrastructure_failures") else "")]
-    if "rounds" in report:
-        lines.append("Batch times per round: all ready %s; all rewards %s." % tuple(
-            ", ".join("n/a" if r[key] is None else "%.2f s" % r[key] for r in report["rounds"])
-            for key in ("batch_to_all_ready_seconds", "batch_to_all_rewards_seconds")))
-    else:
-        lines.append("Batch: all ready %s, all rewards %s after the %s." % (
-            seconds("batch_to_all_ready_seconds"), seconds("batch_to_all_rewards_seconds"),
-            {"local": "batch started", "warm-pool": "first claim was created"}.get(report.get("backend"),
-                                                                                  "Job was created")))
-    startup = "claim" if report.get("backend") == "warm-pool" else "pod"
-    lines.append("%s created -> ready: P50 %s, P95 %s." % (startup.capitalize(), seconds(startup + "_to_ready_p50_seconds"),
-                                                         seconds(startup + "_to_ready_p95_seconds")))
-    if report.get("queue"):
-        queued = report["queue"]["queued_seconds"]
-        lines.append("Queued %s before Kueue admitted the Job (%d admission cycle(s)); the batch times above include "
-                     "it." % ("n/a" if queued is None else "%.2f s" % queued, report["queue"]["admission_cycles"]))
-    if report.get("backend") == "warm-pool":
-        lines.append("Launch types: %s; %d refill pods started during the batch." % (", ".join(
-            "%s %d" % item for item in report["launch_types"].items()), report["refill_pods"]["created_during_batch"]))
-    lines.append("Results: %s (results.json, timeline.svg, one log per episode)." % (output / "results.json"))
-    if report.get("backend") != "local":
-        lines.append("Clean up with: %s" % cleanup_command(output))
-    return "\n".join(lines)
-
-
-def conclude(report, output):
-    """Print the summary and warnings; the exit code says whether any episode is an
-    infrastructure failure (custom episodes only: their results are written regardless)."""
-    say(json.dumps(summary_view(report), indent=2))
-    if sys.stderr.isatty() and not QUIET:
-        print(human_summary(report, output), file=sys.stderr)
-    for finding in report["clock_skew"]["findings"]:
-        print("warning: clock skew: %s (%d episode(s), e.g. pod %s; bound: %s)" % (
-            skew_phrase(finding), finding["pods"], finding["example_pod"], finding["bound"]), file=sys.stderr)
-    if report["clock_skew"].get("headline_withheld"):
-        print("warning: batch_to_all_ready_seconds, batch_to_all_rewards_seconds and pod_to_ready_* are null in "
-              "results.json: they compare the episode clock with the API server's, and %s"
-              % report["clock_skew"]["headline_withheld"], file=sys.stderr)
-    failures = report.get("infrastructure_failures") or []
-    if failures:
-        print("warning: %d of %d episodes are infrastructure failures, not samples (listed in results.json); "
-              "first: episode %d: %s" % (len(failures), report["episodes"], failures[0]["index"],
-                                         failures[0]["reason"]), file=sys.stderr)
-        return EXIT_INFRA_FAILURES
-    return EXIT_OK
-
 
 def save_node_summaries(nodes, pods, folder):
     """nodes.json: the nodes this folder's episodes ran on, from the list read at the start
@@ -2688,183 +2536,337 @@ def save_node_summaries(nodes, pods, folder):
     write_json(folder / "nodes.json", [node_summary(node) for node in nodes if node["metadata"]["name"] in used])
 
 
-def run_prewarm(args, cluster, output, receipt, all_nodes, nodes, prepare):
-    """One warm-up episode pinned to each usable node, before the measured rounds; validated
-    like any episode, kept in prewarm/, and excluded from every figure."""
-    if not nodes:
-        raise DemoError("--prewarm: no usable node for the episode pods (schedulable, Ready, taints tolerated, "
-                        "matching the RuntimeClass)")
-    runtime = None if args.no_runtime_class else args.runtime
-    base = output / "prewarm"
-    base.mkdir()
-    pending = []
-    # Two watches for every prewarm Job and pod, whatever the number of nodes.
-    shared = JobWatches(cluster, receipt["namespace"], "app.kubernetes.io/component=prewarm", "jobs", "-l",
-                        "app.kubernetes.io/component=prewarm")
-    for index, node in enumerate(nodes, 1):
-        name = node["metadata"]["name"]
-        # The same program as the measured rounds (custom episodes warm up on task 0).
-        job = job_manifest(receipt["namespace"], receipt["run_id"], 1, 1, args.image, runtime, args.timeout,
-                           indexed=bool(args.episode), retries=args.retries, tasks=args.tasks_list is not None)
-        job["metadata"]["name"] = "prewarm-%d" % index
-        job["metadata"]["labels"]["app.kubernetes.io/component"] = "prewarm"
-        job["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] = "prewarm"
-        # The node's own hostname label: it usually equals the node's name, but need not (fact 31).
-        hostname = node["metadata"].get("labels", {}).get("kubernetes.io/hostname", name)
-        job["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": hostname}
-        folder = base / name
-        info = prepare(folder, 1, {"prewarm_node": name})
-        progress = JobProgress(cluster, receipt["namespace"], job["metadata"]["name"], shared)
-        started = submit_job(cluster, job, folder, receipt, output)
-        pending.append((job["metadata"]["name"], folder, started, info, progress))
-    note("prewarm: one episode on each of %d node(s)" % len(pending))
-    try:
-        for job_name, folder, started, info, progress in pending:
-            finish_job(args, cluster, receipt["namespace"], job_name, folder, started, info, all_nodes, progress)
-    finally:
-        shared.stop()
-    write_json(base / "prewarm.json", {"nodes": [node["metadata"]["name"] for node in nodes],
-                                       "jobs": [pending_job[0] for pending_job in pending]})
+class JobRound:
+    """One Job of a run from its submission to its results (a measured round, or one prewarm
+    Job): what its wait saw is kept here, so that every way out can save it."""
 
+    def __init__(self, run, job, folder, run_info, progress, admission):
+        self.run, self.job, self.folder, self.run_info = run, job, folder, run_info
+        self.progress, self.admission = progress, admission
+        self.name = job["metadata"]["name"]
+        self.cluster, self.console, self.namespace = run.cluster, run.console, run.namespace
+        self.started = None  # client monotonic clock, just before the create call
+        self.pods, self.gone = [], None  # the Job's pods as saved; those the API no longer has, once known
 
-def iso_micro(unix_seconds):
-    return datetime.datetime.fromtimestamp(unix_seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    def submit(self):
+        """Create the Job, recording its UID in the receipt at once."""
+        write_json(self.folder / "job-submitted.json", self.job)
+        self.started, create_called = time.monotonic(), time.time()
+        created = self.cluster.create_owned(self.job, self.run.run_id)
+        self.run.receipt.setdefault("jobs", {})[self.name] = created["metadata"]["uid"]
+        if self.name == JOB_NAME:
+            self.run.receipt["job_uid"] = created["metadata"]["uid"]  # the tutorial's key
+        self.run.save_receipt()
+        self.admission.follow(created, create_called)
 
+    def finish(self):
+        """Wait for the Job, save its diagnostics, validate it, write its results.
 
-def local_record(name, index, created, finished, code, message, timed_out):
-    """A local episode in the shape of a pod (kind LocalEpisode), so one validator serves both."""
-    terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                  "startedAt": iso_micro(created), "finishedAt": iso_micro(finished)}
-    if message:
-        terminated["message"] = message
-    status = {"phase": "Succeeded" if code == 0 else "Failed",
-              "containerStatuses": [{"name": CONTAINER_NAME, "restartCount": 0, "state": {"terminated": terminated},
-                                     "imageID": "local:%s (Python %s)" % (sys.executable, platform.python_version())}]}
-    if timed_out:
-        status["reason"], status["message"] = "DeadlineExceeded", "killed at the run's --timeout"
-    return {"apiVersion": "rl-batch-demo/local", "kind": LOCAL_KIND,
-            "metadata": {"name": name, "creationTimestamp": iso_micro(created), "annotations": {INDEX_KEY: str(index)}},
-            "spec": {"nodeName": "local:" + socket.gethostname()}, "status": status}
-
-
-def run_local(args, output):
-    """--backend local: the same episodes as local processes (the parallelism honoured), the
-    same output folder and results.json shape; no cluster, no kubectl."""
-    output.mkdir(parents=True)
-    write_json(output / "receipt.json", {"backend": "local", "namespace": None,
-                                         "note": "a local run: there is nothing on a cluster to clean up"})
-    run_info = new_run_info(args, None, None, backend="local")
-    write_json(output / "run.json", run_info)
-    rounds = []
-    for number in range(1, args.rounds + 1):
-        folder = round_folder(output, number, args.rounds)
-        folder.mkdir(exist_ok=True)
-        info = dict(run_info, **({"round": number} if args.rounds > 1 else {}))
-        rounds.append(run_local_batch(args, folder, info))
-    return conclude(pool_round_folders(output, run_info, rounds), output)
-
-
-def run_local_batch(args, folder, run_info):
-    scratch = Path(tempfile.mkdtemp(prefix="rl-batch-demo-"))
-    running, stopping = set(), threading.Event()  # episode processes alive; set on Ctrl-C or SIGTERM
-    try:
-        (scratch / "bin").mkdir()
-        (scratch / "bin" / "python").symlink_to(sys.executable)  # the episode runs `python` for its tests
-        program = scratch / "episode.py"
-        program.write_text(args.program)
-        for name, text in tasks_data(args.tasks_list or []).items():
-            (scratch / name).write_text(text)
-        job_created = time.time()
-        deadline = job_created + args.timeout
-        records, lock = [], threading.Lock()
-
-        def run_index(index):
-            for attempt in range(args.retries + 1):
-                name = "local-%d" % index if not attempt else "local-%d-retry-%d" % (index, attempt)
-                workspace = scratch / name
-                workspace.mkdir()
-                termination = scratch / (name + ".termination")
-                env = dict(os.environ, PATH="%s%s%s" % (scratch / "bin", os.pathsep, os.environ.get("PATH", "")),
-                           EPISODE_ID=name, RL_WORKSPACE=str(workspace), RL_TERMINATION_LOG=str(termination),
-                           JOB_COMPLETION_INDEX=str(index))
-                if args.tasks_list is not None:
-                    env.update(TASK_INDEX=str(index), TASK_FILE=str(scratch / ("task-%d.json" % index)))
-                created, timed_out = time.time(), False
-                with open(folder / (name + ".log"), "w") as log:
-                    with lock:
-                        if stopping.is_set():
-                            return
-                        process = subprocess.Popen([sys.executable, "-B", str(program)], cwd=str(workspace),
-                                                   env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                   stdin=subprocess.DEVNULL, start_new_session=True)
-                        running.add(process)
-                    try:
-                        code = process.wait(timeout=max(0.0, deadline - time.time()))
-                    except subprocess.TimeoutExpired:
-                        os.killpg(process.pid, signal.SIGKILL)
-                        code, timed_out = process.wait() or 137, True
-                    finally:
-                        with lock:
-                            running.discard(process)
-                message = termination.read_text()[-4096:] if termination.exists() else ""
-                with lock:
-                    records.append(local_record(name, index, created, time.time(), 137 if timed_out else code,
-                                                message, timed_out))
-                if code == 0 or timed_out or not args.episode or stopping.is_set():
-                    return
-
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.parallelism)
+        Order matters at scale: results.json is written from one `get pods` (each episode's
+        events travel in its termination message) before the per-episode logs are archived.
+        """
+        folder, run_info, progress = self.folder, self.run_info, self.progress
+        wait_seconds = self.run.spec.timeout + CLIENT_GRACE_SECONDS
         try:
-            list(pool.map(run_index, range(args.count)))
+            live, outcome, blocked = progress.wait(self.started, wait_seconds, self.admission)
+            # client_job_complete_seconds: client monotonic clock, from just before the Job's
+            # create request to the moment the client saw the Complete condition.
+            run_info["client_job_complete_seconds"] = time.monotonic() - self.started
+            run_info["outcome_observed_at"] = time.time()
+            progress.absorb_pods()
+            # A complete Job's pods come from the watch when it provably holds their final states;
+            # which of them the API still has (for their logs) is asked after results.json.
+            settled = progress.settled_pods(live) if outcome == "Complete" else None
         except KeyboardInterrupt:
-            # Stop every episode's process group at once, keep what is known, leave nothing behind;
-            # a second Ctrl-C must not cut this short (SIGINT stays ignored until the tool exits).
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            stopping.set()
-            with lock:
-                for process in running:
-                    try:
-                        os.killpg(process.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-            pool.shutdown(wait=True, cancel_futures=True)
-            records.sort(key=lambda record: record["metadata"]["name"])
-            write_json(folder / "pods.json", records)
-            write_json(folder / "job.json", {"apiVersion": "rl-batch-demo/local", "kind": "LocalBatch",
-                                             "metadata": {"name": "local", "creationTimestamp": iso_micro(job_created)},
-                                             "status": {"interrupted": True, "finished_episodes": len(records)}})
-            print("Interrupted: stopped the running episodes; job.json, pods.json and the episode logs are in %s"
-                  % folder, file=sys.stderr)
+            self.stop()
+            self.admission.save(folder, run_info)
+            self.save_what_is_known()
             raise
-        pool.shutdown()
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    records.sort(key=by_creation)
-    failed = [r for r in records if r["status"]["phase"] != "Succeeded"]
-    timed_out = any(r["status"].get("reason") == "DeadlineExceeded" for r in records)
-    condition = {"type": "Complete", "status": "True", "reason": "CompletionsReached"}
-    if failed and not args.episode:
-        condition = {"type": "Failed", "status": "True", "reason": "DeadlineExceeded" if timed_out else "EpisodeFailed",
-                     "message": "an episode was killed at --timeout" if timed_out else "an episode failed"}
-    job = {"apiVersion": "rl-batch-demo/local", "kind": "LocalBatch",
-           "metadata": {"name": "local", "creationTimestamp": iso_micro(job_created)},
-           "spec": {"completions": args.count, "parallelism": args.parallelism}, "status": {"conditions": [condition]}}
-    run_info["client_job_complete_seconds"] = time.time() - job_created
-    write_json(folder / "run.json", run_info)
-    write_state(folder, job, records)
-    where = "diagnostics saved in %s (job.json, pods.json, episode logs)" % folder
-    if condition["type"] == "Failed":
-        logs = [(folder / (r["metadata"]["name"] + ".log")).read_text() for r in records]
-        details = describe_failed_pods(records, logs)
-        error_type = BatchTimeout if timed_out else BatchFailed
-        raise error_type("local batch failed: %s; %s" % ("; ".join(details[:3]), where))
-    return write_results(folder, where)
+        finally:
+            self.stop()
+        write_json(folder / "observed.json", progress.observed)
+        self.admission.save(folder, run_info)
+        try:
+            self.pods = settled
+            if self.pods is None:
+                _, self.pods, self.gone = save_state(self.cluster, self.namespace, self.name, folder, live,
+                                                     progress.pods)
+            else:
+                write_state(folder, live, self.pods)
+        except DemoError as error:
+            # The watches already hold the Job and every pod: a failing read must not lose them.
+            write_state(folder, live, sorted(progress.pods.values(), key=by_creation))
+            run_info["pods_seen_only_by_watch"] = sorted(progress.pods)
+            write_json(folder / "run.json", run_info)
+            raise DemoError("%s; the Job and its pods were saved as the watches last saw them (job.json, pods.json "
+                            "in %s): the results can be recomputed once the cluster answers" % (error, folder)) from None
+        if self.gone is not None:
+            run_info["pods_seen_only_by_watch"] = self.gone
+        write_json(folder / "run.json", run_info)
+        save_node_summaries(self.run.facts["nodes"], self.pods, folder)
+        where = "diagnostics saved in %s (job.json, pods.json, events.txt, pod logs)" % folder
+        if blocked or outcome is None or (outcome != "Complete" and not run_info.get("custom_episode")):
+            self.fail(live, outcome, blocked, wait_seconds, where)
+        # Episodes whose termination message does not hold their events are validated from logs,
+        # and a failed attempt's log says why it failed.
+        needed = [pod for pod in self.pods if episode_events(pod, "")[1] == "log"
+                  or pod.get("status", {}).get("phase") != "Succeeded"]
+        if needed:
+            self.learn_gone()
+            self.logs_of(needed)
+        report = write_results(folder, where, before_failing=self.archive)
+        try:
+            self.archive()  # for people: the results are already safe
+        except DemoError as error:
+            raise DemoError("results.json is written, but archiving the episode logs and events failed: %s; %s"
+                            % (error, where)) from None
+        report["log_archive"] = log_archive_summary(folder)
+        write_json(folder / "results.json", report)
+        return report
+
+    def fail(self, live, outcome, blocked, wait_seconds, where):
+        """The Job did not complete (or was blocked, or the wait ended): save the events and
+        logs, then raise the one line that says why."""
+        save_events(self.cluster, self.namespace, self.folder)
+        logs = self.logs_of(self.pods)
+        if blocked:
+            raise DemoError("%s; stopped early instead of waiting for the deadline; %s" % (blocked, where))
+        not_started = why_not_started(self.pods, self.progress.failed_creates)
+        why = "; pods not running: %s" % "; ".join(not_started[:3]) if not_started else ""
+        if outcome is None:
+            raise self.admission.timeout_error(self.name, where) or BatchTimeout(
+                "Job %s did not finish within the client's %d s wait%s%s; %s"
+                % (self.name, wait_seconds, " after its admission" if self.admission.queued else "", why, where))
+        failed = job_condition(live, "Failed") or job_condition(live, "FailureTarget")
+        message = "Job %s failed (%s: %s)" % (self.name, failed.get("reason"), failed.get("message"))
+        details = describe_failed_pods(self.pods, [logs.get(pod["metadata"]["name"], "") for pod in self.pods])
+        if details:
+            message += "; " + "; ".join(details[:3])
+            if len(details) > 3:
+                message += "; and %d more failed pods" % (len(details) - 3)
+        message += why
+        error_type = BatchTimeout if failed.get("reason") == "DeadlineExceeded" else BatchFailed
+        raise error_type("%s; %s" % (message, where))
+
+    def learn_gone(self):
+        """Which pods the API no longer has (their last state is the watch's), in run.json."""
+        if self.gone is not None:
+            return self.gone
+        names = {line.split("/", 1)[-1] for line in self.cluster.read(
+            "-n", self.namespace, "get", "pods", "-l", "job-name=" + self.name, "-o", "name").split()}
+        self.gone = sorted(pod["metadata"]["name"] for pod in self.pods if pod["metadata"]["name"] not in names)
+        self.run_info["pods_seen_only_by_watch"] = self.gone
+        write_json(self.folder / "run.json", self.run_info)
+        return self.gone
+
+    def logs_of(self, subset):
+        """Save the logs of `subset` that the API still has."""
+        gone = set(self.gone or ())
+        listed = [pod["metadata"]["name"] for pod in self.pods if pod["metadata"]["name"] not in gone]
+        return fetch_logs(self.cluster, self.namespace, self.folder,
+                          [pod for pod in subset if pod["metadata"]["name"] not in gone], self.name, listed)
+
+    def archive(self):
+        """Every episode's log not saved yet, and the events (two kubectl processes at once)."""
+        gone = self.learn_gone()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as side:
+            events = side.submit(save_events, self.cluster, self.namespace, self.folder)
+            self.logs_of([pod for pod in self.pods if not (self.folder / (pod["metadata"]["name"] + ".log")).exists()])
+            if gone:
+                record_log_sources(self.folder, {name: LOGS_GONE for name in gone})
+            events.result()
+
+    def save_what_is_known(self):
+        """After Ctrl-C or SIGTERM: keep the Job, its pods, events and logs, as far as they can be had."""
+        folder = self.folder
+        self.console.tell("Interrupted: saving what is known in %s (Ctrl-C again to stop at once)..." % folder)
+        watched = self.progress.pods
+        try:
+            _, pods, gone = save_state(self.cluster, self.namespace, self.name, folder, watched=watched)
+            save_events(self.cluster, self.namespace, folder)
+            listed = [pod for pod in pods if pod["metadata"]["name"] not in gone]
+            fetch_logs(self.cluster, self.namespace, folder, listed, self.name,
+                       [pod["metadata"]["name"] for pod in listed])
+        except DemoError as error:
+            if watched and not (folder / "pods.json").exists():
+                write_json(folder / "pods.json", sorted(watched.values(), key=by_creation))
+            self.console.warn("could not save everything: %s" % error)
+
+    def stop(self):
+        self.progress.stop()
+        self.admission.stop()
+
+
+class JobBackend(Backend):
+    """`--backend kubernetes`: the batch is one batch/v1 Job, an episode per pod, in one round
+    or several; with --prewarm a warm-up Job per node first; with --queue through Kueue."""
+
+    name = "kubernetes"
+    help = "one Job, a pod per episode"
+    takes_queue = True
+
+    def __init__(self, spec, console):
+        super().__init__(spec, console)
+        self.gate = KueueGate(spec, console) if spec.queue else None
+
+    def manifests(self, namespace, run_id):
+        spec = self.spec
+        job = job_manifest(namespace, run_id, spec.count, spec.parallelism, spec.image, spec.runtime_class,
+                           spec.timeout, indexed=bool(spec.episode), retries=spec.retries,
+                           tasks=spec.tasks_list is not None)
+        objects = common_manifests(spec, namespace, run_id)
+        if self.gate:
+            objects += self.gate.manifests(namespace, run_id)
+            self.gate.decorate(job)
+        return objects + [job]
+
+    def new_receipt(self, context, namespace, run_id):
+        receipt = super().new_receipt(context, namespace, run_id)
+        if self.gate:
+            receipt.update(self.gate.receipt_fields())
+        return receipt
+
+    def check_server(self, cluster, facts):
+        server = facts["version"].get("serverVersion", {})
+        minor = int("".join(ch for ch in str(server.get("minor", "")) if ch.isdigit()) or 0)
+        if self.spec.episode and server.get("major") == "1" and minor and minor < 29:
+            self.console.warn("the server is Kubernetes %s; per-episode retries (backoffLimitPerIndex) need 1.29 or "
+                              "later, so an older API server ignores them and one failure may count against the "
+                              "whole batch" % server.get("gitVersion"))
+
+    def check_admission(self, cluster, facts):
+        if self.gate:
+            facts["kueue"] = self.gate.check(cluster, facts["runtime_class"])
+
+    def run(self, run):
+        """Everything after the receipt: metadata, objects, prewarm, the measured rounds."""
+        spec = self.spec
+        run_info = run.new_run_info(self)
+        if run.facts["preflight"] is not None:
+            run_info["preflight"] = run.facts["preflight"]
+        run.write_facts(run_info)
+        namespace_obj, *supporting, job = self.manifests(run.namespace, run.run_id)
+        run.create_namespace(namespace_obj, supporting)
+        if self.gate:
+            run_info["queue"] = self.gate.prepare(run.cluster, run.namespace, run.facts["kueue"])
+            write_json(run.output / "run.json", run_info)
+        if spec.prewarm:
+            self.prewarm(run, run_info)
+        rounds = []
+        for number in range(1, spec.rounds + 1):
+            folder = round_folder(run.output, number, spec.rounds)
+            info = self.round_info(run, run_info, folder, spec.count, {"round": number} if spec.rounds > 1 else {})
+            name = JOB_NAME if spec.rounds == 1 else "%s-%d" % (JOB_NAME, number)
+            job = dict(job, metadata=dict(job["metadata"], name=name))
+            progress = JobProgress(run.cluster, run.namespace, name)
+            # The gate starts watching before the Job exists, so that no admission is missed.
+            admission = self.gate.admission(run.cluster, run.namespace, name) if self.gate else Unqueued()
+            job_round = JobRound(run, job, folder, info, progress, admission)
+            job_round.submit()
+            if spec.rounds > 1:
+                self.console.note("round %d of %d: Job %s" % (number, spec.rounds, name))
+            rounds.append(job_round.finish())
+        return conclude(pool_round_folders(run.output, run_info, rounds), run.output, self.console)
+
+    @staticmethod
+    def round_info(run, run_info, folder, expected, extra):
+        """A folder of its own for one Job (a round, a prewarm Job), with its run.json."""
+        folder.mkdir(exist_ok=True)
+        for name in ("version.json", "runtimeclass.json"):
+            if (run.output / name).exists() and folder != run.output:
+                (folder / name).write_text((run.output / name).read_text())
+        info = dict(run_info, expected_episodes=expected, **extra)
+        write_json(folder / "run.json", info)
+        return info
+
+    def prewarm(self, run, run_info):
+        """One warm-up episode pinned to each usable node, before the measured rounds; validated
+        like any episode, kept in prewarm/, and excluded from every figure."""
+        spec, namespace = self.spec, run.namespace
+        nodes = usable_nodes(run.facts["nodes"], run.facts["runtime_class"])
+        if not nodes:
+            raise DemoError("--prewarm: no usable node for the episode pods (schedulable, Ready, taints tolerated, "
+                            "matching the RuntimeClass)")
+        base = run.output / "prewarm"
+        base.mkdir()
+        pending = []
+        # Two watches for every prewarm Job and pod, whatever the number of nodes.
+        shared = JobWatches(run.cluster, namespace, "app.kubernetes.io/component=prewarm", "jobs", "-l",
+                            "app.kubernetes.io/component=prewarm")
+        for index, node in enumerate(nodes, 1):
+            name = node["metadata"]["name"]
+            # The same program as the measured rounds (custom episodes warm up on task 0).
+            job = job_manifest(namespace, run.run_id, 1, 1, spec.image, spec.runtime_class, spec.timeout,
+                               indexed=bool(spec.episode), retries=spec.retries, tasks=spec.tasks_list is not None)
+            job["metadata"]["name"] = "prewarm-%d" % index
+            job["metadata"]["labels"]["app.kubernetes.io/component"] = "prewarm"
+            job["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] = "prewarm"
+            # The node's own hostname label: it usually equals the node's name, but need not
+            # (tests/fakecluster/ASSUMPTIONS.md, fact 31).
+            hostname = node["metadata"].get("labels", {}).get("kubernetes.io/hostname", name)
+            job["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": hostname}
+            folder = base / name
+            info = self.round_info(run, run_info, folder, 1, {"prewarm_node": name})
+            job_round = JobRound(run, job, folder, info, JobProgress(run.cluster, namespace, job["metadata"]["name"],
+                                                                     shared), Unqueued())
+            job_round.submit()
+            pending.append(job_round)
+        self.console.note("prewarm: one episode on each of %d node(s)" % len(pending))
+        try:
+            for job_round in pending:
+                job_round.finish()
+        finally:
+            shared.stop()
+        write_json(base / "prewarm.json", {"nodes": [node["metadata"]["name"] for node in nodes],
+                                           "jobs": [job_round.name for job_round in pending]})
+
+    @classmethod
+    def delete_objects(cls, cluster, namespace, run_id, receipt, output):
+        delete_recorded_jobs(cluster, namespace, receipt, output, job_json=True)
+        KueueGate.after_jobs_deleted(cluster, namespace, receipt)
+
+    @classmethod
+    def list_state(cls, objects):
+        jobs = objects["jobs"]
+        outcomes = [job_outcome(job) for job in jobs]
+        if not jobs:
+            return "no Job"
+        if "Failed" in outcomes:
+            return "Failed"
+        if any(job.get("spec", {}).get("suspend") and outcome is None for job, outcome in zip(jobs, outcomes)):
+            return "Queued"  # suspended until Kueue admits it
+        return "Complete" if all(outcome == "Complete" for outcome in outcomes) else "Running"
 
 
 # ============================================================================
-# Kueue: the Job through a LocalQueue; queue wait apart from startup
+# Kueue gate: --queue, the Job backend's batch admitted by Kueue (a plug-in of the Job backend)
 # ============================================================================
+# KueueGate checks and prepares the queue and decorates the Job; each Job's JobAdmission owns
+# its Workload watch and admission cycles and answers the Job's wait (deadline, state line,
+# "never admissible"); SavedAdmission says, from queue.json, which pods are results and what
+# results.json adds. Nothing outside this section asks about queues.
 
+KUEUE_VERSION = "v0.19.2"  # the release the install hint names
+KUEUE_INSTALL = ("kubectl --context %s apply --server-side -f https://github.com/kubernetes-sigs/kueue/releases/"
+                 "download/" + KUEUE_VERSION + "/manifests.yaml")
+KUEUE_API = "kueue.x-k8s.io/v1beta2"  # served since v0.15, storage since v0.16
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"  # on the Job's Workload
+WORKLOADS = "workloads.kueue.x-k8s.io"
+DEFAULT_QUEUE_TIMEOUT_SECONDS = 3600  # how long the client waits for an admission (the deadline does not run meanwhile)
+LOCAL_QUEUE_WAIT_SECONDS = 10  # for a LocalQueue that a namespace policy puts in every new namespace
+WORKLOAD_WAIT_SECONDS = 30  # for Kueue to make the Job's Workload
+# A Workload that waiting will not admit: a queue that is missing or stopped, a batch over the
+# ClusterQueue's maximum capacity (QuotaReserved=False reasons and messages, Kueue v0.19).
+NEVER_ADMISSIBLE_REASONS = ("Inadmissible", "Misconfigured", "ExceedsMaxQuota", "Suspended", "Deactivated")
+
+
+def local_queue_manifest(namespace, run_id, name, cluster_queue):
+    """The run's own LocalQueue (with --cluster-queue): its namespace is new, so no queue of
+    the user's can be in it."""
+    return {"apiVersion": KUEUE_API, "kind": "LocalQueue",
+            "metadata": {"name": name, "namespace": namespace, "labels": object_labels(run_id, "queue")},
+            "spec": {"clusterQueue": cluster_queue}}
 
 def queue_demand(parallelism, count, runtime_class):
     """What the Job's Workload asks of its ClusterQueue: (requests + Pod overhead) x
@@ -2873,7 +2875,6 @@ def queue_demand(parallelism, count, runtime_class):
     pods = min(parallelism, count)
     return {name: (parse_quantity(EPISODE_REQUESTS.get(name, 0)) + parse_quantity(overhead.get(name, 0))) * pods
             for name in sorted(set(EPISODE_REQUESTS) | set(overhead))}
-
 
 def never_fits(cluster_queue, demand):
     """Why the batch can never be admitted by this ClusterQueue, or None: a resource it does
@@ -2895,7 +2896,6 @@ def never_fits(cluster_queue, demand):
                     % (shown, name, cluster_queue["metadata"]["name"], limit))
     return None
 
-
 def queue_refusal(cluster_queue, demand):
     """Why a readable ClusterQueue can never admit the batch (stopped, inactive, too small), or None."""
     name = cluster_queue["metadata"]["name"]
@@ -2908,74 +2908,318 @@ def queue_refusal(cluster_queue, demand):
     return never_fits(cluster_queue, demand)
 
 
-def check_kueue(args, cluster, runtime_class):
-    """Read-only, before anything is created: Kueue's API is served and, with --cluster-queue,
-    that ClusterQueue exists, is active, is not stopped and could ever fit the batch. A
-    ClusterQueue the user may not read is "unknown", not a failure."""
-    served = set(cluster.read("api-resources", "--api-group=kueue.x-k8s.io", "-o", "name").split())
-    if not {"localqueues.kueue.x-k8s.io", WORKLOADS} <= served:
-        raise DemoError("--queue needs Kueue on context %s, and the API serves no LocalQueues or Workloads; install it "
-                        "with `%s`, or leave --queue out" % (cluster.context, KUEUE_INSTALL % cluster.context))
-    facts = {"cluster_queue": args.cluster_queue, "cluster_queue_state": "unknown",
-             "demand": {name: round(value, 6) for name, value in
-                        queue_demand(args.parallelism, args.count, runtime_class).items()}}
-    if not args.cluster_queue:
-        return facts
-    try:
-        queue = cluster.get_json("clusterqueues.kueue.x-k8s.io", args.cluster_queue)
-    except KubectlError as error:
-        if "(Forbidden)" not in error.stderr:
-            raise
-        note("cannot read ClusterQueue %s (forbidden): whether it can admit the batch is unknown" % args.cluster_queue)
-        return facts
-    if queue is None:
-        raise DemoError("ClusterQueue %s does not exist on context %s; list them with `kubectl --context %s get "
-                        "clusterqueues` and pass one with --cluster-queue" % (args.cluster_queue, cluster.context,
-                                                                              cluster.context))
-    refusal = queue_refusal(queue, queue_demand(args.parallelism, args.count, runtime_class))
-    if refusal:
-        raise DemoError("--queue: %s, so the batch could never be admitted; choose another --cluster-queue or a "
-                        "smaller --parallelism" % refusal)
-    facts["cluster_queue_state"] = "active, fits"
-    return facts
+class KueueGate:
+    """--queue NAME: the Job is created suspended by Kueue's webhook and runs once its Workload
+    is admitted. Checks the queue before anything is created, makes the run's LocalQueue
+    (--cluster-queue), labels the Job, and hands each Job's wait a JobAdmission."""
 
+    REPORT_ROWS = {"setup": [("queued: Job created -> admitted (first cycle)", "batch", "queue.queued_seconds"),
+                             ("Kueue admission cycles", "number", "queue.admission_cycles")]}
 
-def prepare_queue(args, cluster, namespace, facts):
-    """The LocalQueue in the run's namespace, before the Job: the run's own (--cluster-queue,
-    created with the other objects) must turn Active; without it a namespace policy must have
-    put one of that name there. Its ClusterQueue is then checked like in check_kueue."""
-    deadline = time.monotonic() + (30 if args.cluster_queue else LOCAL_QUEUE_WAIT_SECONDS)
-    while True:
-        queue = cluster.get_json("-n", namespace, "localqueues.kueue.x-k8s.io", args.queue)
-        active = next((c for c in ((queue or {}).get("status") or {}).get("conditions") or []
-                       if c.get("type") == "Active"), {})
-        if active.get("status") == "True":
-            break
-        if time.monotonic() > deadline:
-            if queue is None:
-                raise DemoError("LocalQueue %s does not exist in the run's namespace %s: the tool runs in a new "
-                                "namespace of its own, so pass --cluster-queue NAME to have it create LocalQueue %s "
-                                "there for that ClusterQueue (or have a namespace policy create it)"
-                                % (args.queue, namespace, args.queue))
-            raise DemoError("LocalQueue %s is not active (%s: %s); check its ClusterQueue %s" % (
-                args.queue, active.get("reason"), active.get("message"), queue["spec"].get("clusterQueue")))
-        time.sleep(0.25)
-    cluster_queue = queue["spec"].get("clusterQueue")
-    record = dict(facts, local_queue=args.queue, cluster_queue=cluster_queue,
-                  local_queue_created_by_tool=bool(args.cluster_queue))
-    if not args.cluster_queue:
+    def __init__(self, spec, console):
+        self.spec, self.console = spec, console
+
+    @staticmethod
+    def check_options(args, fail, backend):
+        if args.cluster_queue and not args.queue:
+            fail("--cluster-queue needs --queue NAME (the LocalQueue to create for it)")
+        if args.queue and (not backend.takes_queue or args.prewarm):
+            fail("--queue is for the Job backend without --prewarm (Kueue admits Jobs; prewarm Jobs "
+                 "would have to queue too)")
+        if args.queue_timeout < 1:
+            fail("--queue-timeout must be at least 1 second, got %d" % args.queue_timeout)
+
+    def receipt_fields(self):
+        return {"queue": self.spec.queue}  # cleanup then also waits for the Job's Workload to go
+
+    def manifests(self, namespace, run_id):
+        if not self.spec.cluster_queue:
+            return []
+        return [local_queue_manifest(namespace, run_id, self.spec.queue, self.spec.cluster_queue)]
+
+    def decorate(self, job):
+        # Kueue's webhook stores the Job suspended; it runs once its Workload is admitted.
+        job["metadata"]["labels"][QUEUE_LABEL] = self.spec.queue
+        if not self.spec.episode:
+            # A preemption suspends the Job, and the Job controller counts the pods it deletes
+            # then as failed (there is no condition to tell them apart: kubernetes-sigs/jobset
+            # #1117), so backoffLimit 0 would fail the batch at its first preemption. Room for
+            # three preempted waves; validation still refuses any failed pod of the last cycle.
+            job["spec"]["backoffLimit"] = 3 * min(self.spec.parallelism, self.spec.count)
+
+    def check(self, cluster, runtime_class):
+        """Read-only, before anything is created: Kueue's API is served and, with --cluster-queue,
+        that ClusterQueue exists, is active, is not stopped and could ever fit the batch. A
+        ClusterQueue the user may not read is "unknown", not a failure."""
+        spec = self.spec
+        served = set(cluster.read("api-resources", "--api-group=kueue.x-k8s.io", "-o", "name").split())
+        if not {"localqueues.kueue.x-k8s.io", WORKLOADS} <= served:
+            raise DemoError("--queue needs Kueue on context %s, and the API serves no LocalQueues or Workloads; install "
+                            "it with `%s`, or leave --queue out" % (cluster.context, KUEUE_INSTALL % cluster.context))
+        demand = queue_demand(spec.parallelism, spec.count, runtime_class)
+        facts = {"cluster_queue": spec.cluster_queue, "cluster_queue_state": "unknown",
+                 "demand": {name: round(value, 6) for name, value in demand.items()}}
+        if not spec.cluster_queue:
+            return facts
         try:
-            live = cluster.get_json("clusterqueues.kueue.x-k8s.io", cluster_queue)
+            cluster_queue = cluster.get_json("clusterqueues.kueue.x-k8s.io", spec.cluster_queue)
         except KubectlError as error:
-            if "(Forbidden)" not in error.stderr:
+            if not error.forbidden:
                 raise
-            live = None
-        if live is not None:
-            refusal = queue_refusal(live, facts["demand"])
-            if refusal:
-                raise DemoError("--queue %s: %s, so the batch could never be admitted" % (args.queue, refusal))
-            record["cluster_queue_state"] = "active, fits"
-    return record
+            self.console.note("cannot read ClusterQueue %s (forbidden): whether it can admit the batch is unknown"
+                              % spec.cluster_queue)
+            return facts
+        if cluster_queue is None:
+            raise DemoError("ClusterQueue %s does not exist on context %s; list them with `kubectl --context %s get "
+                            "clusterqueues` and pass one with --cluster-queue" % (spec.cluster_queue, cluster.context,
+                                                                                  cluster.context))
+        refusal = queue_refusal(cluster_queue, demand)
+        if refusal:
+            raise DemoError("--queue: %s, so the batch could never be admitted; choose another --cluster-queue or a "
+                            "smaller --parallelism" % refusal)
+        facts["cluster_queue_state"] = "active, fits"
+        return facts
+
+    def prepare(self, cluster, namespace, facts):
+        """The LocalQueue in the run's namespace, before the Job: the run's own (--cluster-queue,
+        created with the other objects) must turn Active; without it a namespace policy must have
+        put one of that name there. Its ClusterQueue is then checked like in check()."""
+        spec = self.spec
+        deadline = time.monotonic() + (30 if spec.cluster_queue else LOCAL_QUEUE_WAIT_SECONDS)
+        while True:
+            local_queue = cluster.get_json("-n", namespace, "localqueues.kueue.x-k8s.io", spec.queue)
+            active = next((c for c in ((local_queue or {}).get("status") or {}).get("conditions") or []
+                           if c.get("type") == "Active"), {})
+            if active.get("status") == "True":
+                break
+            if time.monotonic() > deadline:
+                if local_queue is None:
+                    raise DemoError("LocalQueue %s does not exist in the run's namespace %s: the tool runs in a new "
+                                    "namespace of its own, so pass --cluster-queue NAME to have it create LocalQueue "
+                                    "%s there for that ClusterQueue (or have a namespace policy create it)"
+                                    % (spec.queue, namespace, spec.queue))
+                raise DemoError("LocalQueue %s is not active (%s: %s); check its ClusterQueue %s" % (
+                    spec.queue, active.get("reason"), active.get("message"), local_queue["spec"].get("clusterQueue")))
+            time.sleep(0.25)
+        cluster_queue = local_queue["spec"].get("clusterQueue")
+        record = dict(facts, local_queue=spec.queue, cluster_queue=cluster_queue,
+                      local_queue_created_by_tool=bool(spec.cluster_queue))
+        if not spec.cluster_queue:
+            try:
+                live = cluster.get_json("clusterqueues.kueue.x-k8s.io", cluster_queue)
+            except KubectlError as error:
+                if not error.forbidden:
+                    raise
+                live = None
+            if live is not None:
+                refusal = queue_refusal(live, facts["demand"])
+                if refusal:
+                    raise DemoError("--queue %s: %s, so the batch could never be admitted" % (spec.queue, refusal))
+                record["cluster_queue_state"] = "active, fits"
+        return record
+
+    def admission(self, cluster, namespace, job_name):
+        """The admission of one Job, watching before the Job is created."""
+        return JobAdmission(cluster, namespace, job_name, self.spec.queue_timeout)
+
+    # --- saved results ----------------------------------------------------------------------
+
+    @staticmethod
+    def saved(output):
+        """The admission record of a saved folder (queue.json), or None for an unqueued run."""
+        record = read_saved(output / "queue.json")
+        return SavedAdmission(record) if record else None
+
+    @staticmethod
+    def summary_view(report):
+        if not report.get("queue"):
+            return {}
+        return {"queued_seconds": report["queue"]["queued_seconds"],
+                "admission_cycles": report["queue"]["admission_cycles"],
+                "batch_to_all_ready_after_admission_seconds": report.get("batch_to_all_ready_after_admission_seconds")}
+
+    @staticmethod
+    def summary_lines(report):
+        if not report.get("queue"):
+            return []
+        queued = report["queue"]["queued_seconds"]
+        return ["Queued %s before Kueue admitted the Job (%d admission cycle(s)); the batch times above include "
+                "it." % ("n/a" if queued is None else "%.2f s" % queued, report["queue"]["admission_cycles"])]
+
+    @staticmethod
+    def timeline_spans(results, origin, scale, left, y):
+        """The queued span(s) of a run's timeline (the Job waits suspended until Kueue admits
+        it), or None for an unqueued run."""
+        cycles = (results.get("queue") or {}).get("cycles")
+        if not cycles:
+            return None
+        parts = []
+        for cycle in cycles:
+            if cycle["queued_seconds"] is None:
+                continue  # a wait the watch did not see
+            x0 = left + max(0.0, cycle["queued_since_unix"] - origin) * scale
+            x1 = left + max(0.0, cycle["admitted_at_unix"] - origin) * scale
+            parts.append('<rect class="queued" x="%.2f" y="%d" width="%.2f" height="8" fill="%s"><title>queued (cycle '
+                         '%d): %s</title></rect>' % (x0, y, max(0.0, x1 - x0), QUEUED_COLOUR, cycle["cycle"],
+                                                     format_seconds(cycle["queued_seconds"])))
+        return parts
+
+    @staticmethod
+    def timeline_legend(results_list):
+        if any((results.get("queue") or {}).get("cycles") for results in results_list):
+            return {"queued: Job created (or evicted) -> admitted by Kueue": QUEUED_COLOUR}
+        return {}
+
+    # --- cleanup --------------------------------------------------------------------------
+
+    @staticmethod
+    def after_jobs_deleted(cluster, namespace, receipt):
+        """A queued run: a Job's Workload goes with it (garbage collection, ownerReference); wait as for pods."""
+        if not receipt.get("queue"):
+            return
+        try:
+            cluster.wait_until_gone("Workloads in %s" % namespace, ("-n", namespace, WORKLOADS), CLEANUP_WAIT_SECONDS)
+        except KubectlError as error:
+            if not error.no_such_kind:
+                raise
+
+
+class JobAdmission:
+    """One Job's admission by Kueue, handed to the Job's wait: the Workload watch (started
+    before the Job is created) and the admission cycles. It answers for the deadline (the
+    Job's deadline runs only while it is admitted and restarts at each admission; while queued
+    the client waits up to --queue-timeout), the state line, and "never admissible"."""
+
+    queued = True
+
+    def __init__(self, cluster, namespace, job_name, queue_timeout):
+        self.cluster, self.namespace, self.job_name = cluster, namespace, job_name
+        self.queue_timeout = queue_timeout
+        self.console = cluster.console
+        # Every Workload of the run's namespace; the Job's is told apart by its job-uid label.
+        self.workload_watch = cluster.watch("Workload", "-n", namespace, WORKLOADS, timed=True)
+        self.cycles, self.job_uid = None, None
+        self.last_state = None
+        self.started = self.cycle_began = None
+
+    def follow(self, created, create_called):
+        """The Job exists: Kueue must have suspended it; its Workload is followed from now."""
+        if created.get("spec", {}).get("suspend") is not True:
+            raise DemoError("Kueue did not suspend Job %s when it was created, so it runs unqueued: this cluster's "
+                            "Kueue does not manage batch/v1 Jobs (its batch/job integration is off, or its webhook is "
+                            "not installed)" % self.job_name)
+        self.job_uid = created["metadata"]["uid"]
+        self.cycles = AdmissionCycles(create_called, parse_k8s_time(created["metadata"]["creationTimestamp"]))
+
+    def begin(self, started):
+        self.started = self.cycle_began = started
+
+    def absorb(self):
+        """Take in the Job's Workload's states; returns the monotonic time its current cycle
+        began (admission, or since when it has been queued)."""
+        for arrival, workload in self.workload_watch.drain():
+            if (workload["metadata"].get("labels") or {}).get(JOB_UID_LABEL) == self.job_uid:
+                self.take(arrival, workload)
+        return self.cycle_began
+
+    def take(self, arrival, workload):
+        before = len(self.cycles.cycles), self.cycles.admitted
+        unseen_before = self.cycles.unseen_evictions()
+        self.cycles.update(arrival, workload)
+        for reason in self.cycles.unseen_evictions()[len(unseen_before):]:
+            self.console.note("%s: evicted (%s) and re-admitted while the Workload watch was down (counted by Kueue's "
+                              "status.schedulingStats; when is unknown)" % (self.job_name, reason))
+        if (len(self.cycles.cycles), self.cycles.admitted) != before:
+            self.cycle_began = time.monotonic()
+
+    def deadline(self, wait_seconds):
+        began = self.absorb()
+        return began + (wait_seconds if self.cycles.admitted else self.queue_timeout)
+
+    def state_line(self):
+        """The admission state for the progress line; on a log, one line per change."""
+        state = self.cycles.state()
+        if state != self.last_state and not self.console.interactive:
+            self.console.note("%s: %s" % (self.job_name, state))
+        self.last_state = state
+        return state
+
+    def blocked(self, started):
+        never = self.cycles.never_admissible()
+        if never:
+            return "the Job's Workload can never be admitted: %s" % never
+        if self.cycles.workload is None and time.monotonic() - started > WORKLOAD_WAIT_SECONDS:
+            return ("Kueue made no Workload for Job %s within %d s; is its job integration and controller "
+                    "running?" % (self.job_name, WORKLOAD_WAIT_SECONDS))
+        return None
+
+    def finish(self):
+        """Once the wait is over: the Job's Workload as the API has it now (the watch may be down
+        or behind), so that every admission and eviction is known before pods are judged."""
+        self.absorb()
+        try:
+            listed = self.cluster.read_items("-n", self.namespace, "get", WORKLOADS, "-l", "%s=%s" % (
+                JOB_UID_LABEL, self.job_uid))
+        except KubectlError as error:
+            self.console.note("%s: could not read its Workload's last state (%s); the admission cycles are as the "
+                              "watch saw them" % (self.job_name, meaningful_line(error.stderr)))
+            return
+        for workload in listed:
+            self.take(time.time(), workload)
+
+    def timeout_error(self, job_name, where):
+        if self.cycles.admitted:
+            return None
+        return BatchTimeout("Job %s was not admitted by Kueue within %d s (--queue-timeout; %s); %s"
+                            % (job_name, self.queue_timeout, self.cycles.state(), where))
+
+    def save(self, folder, run_info):
+        """queue.json (the admission cycles as the watch saw them) and workload.json."""
+        if self.cycles is None:
+            return
+        queue_record = run_info.get("queue") or {}
+        write_json(folder / "queue.json", self.cycles.record(queue_record.get("local_queue"),
+                                                             queue_record.get("cluster_queue")))
+        if self.cycles.workload is not None:
+            write_json(folder / "workload.json", self.cycles.workload)
+
+    def stop(self):
+        self.workload_watch.stop()
+
+
+class SavedAdmission:
+    """A saved queue.json: which pods are results, and what results.json adds."""
+
+    def __init__(self, record):
+        self.record = record
+        self.earlier = []  # pods of a preempted admission cycle
+
+    def results_pods(self, pods, logs, expected, custom_episode):
+        """The pods (and logs) of the last admission cycle: pods of a preempted cycle are never
+        results: they were created before the last admission (API server clock, whole seconds)."""
+        boundary = last_admission_time(self.record)
+        if len(self.record["cycles"]) <= 1 or boundary is None:
+            return pods, logs
+        later = [parse_k8s_time(pod["metadata"]["creationTimestamp"]) >= boundary for pod in pods]
+        self.earlier = [pod for pod, kept in zip(pods, later) if not kept]
+        pods, logs = [pod for pod, kept in zip(pods, later) if kept], [log for log, kept in zip(logs, later) if kept]
+        finished = [pod for pod in self.earlier if pod.get("status", {}).get("phase") == "Succeeded"]
+        if len(pods) < expected and finished and not custom_episode:
+            raise EpisodeInvalid(
+                "expected %d pods after the last admission, found %d: %d pod(s) of a preempted admission cycle "
+                "finished anyway inside their grace period, the Job counted them as succeeded and did not run those "
+                "episodes again, and they are not results (e.g. %s); an episode that exits 0 after SIGTERM is "
+                "counted as done" % (expected, len(pods), len(finished), finished[0]["metadata"]["name"]))
+        return pods, logs
+
+    def describe_results(self, report):
+        report["queue"] = queue_summary(self.record)
+        report["queue"]["preempted_cycle_pods"] = len(self.earlier)
+        admitted = last_admission_time(self.record)
+        readies = [row["times"]["ready"] for row in report["pods"] if row["times"].get("ready")]
+        report["batch_to_all_ready_after_admission_seconds"] = (
+            max(readies) - admitted if readies and admitted and report["clock_skew"]["headline_withheld"] is None
+            else None)
 
 
 class AdmissionCycles:
@@ -3095,10 +3339,8 @@ class AdmissionCycles:
                 "workload": (self.workload or {}).get("metadata", {}).get("name"), "job_create_called": self.job_created,
                 "cycles": self.cycles, "last_state": self.state()}
 
-
 def workload_condition(workload, kind):
     return next((c for c in (workload.get("status") or {}).get("conditions") or [] if c.get("type") == kind), {})
-
 
 def eviction_counts(workload):
     """status.schedulingStats.evictions as {(reason, underlyingCause): count} (Kueue v0.14+;
@@ -3106,12 +3348,10 @@ def eviction_counts(workload):
     stats = ((workload.get("status") or {}).get("schedulingStats") or {}).get("evictions") or []
     return {(entry.get("reason"), entry.get("underlyingCause") or ""): entry.get("count", 0) for entry in stats}
 
-
 def eviction_reason(reason, underlying_cause):
     """The Evicted condition's reason for a schedulingStats entry: Kueue appends the cause to
     "Deactivated" only (`DeactivatedDueToRequeuingLimitExceeded`, evict.go)."""
     return reason + "DueTo" + underlying_cause if reason == "Deactivated" and underlying_cause else reason
-
 
 def queue_summary(record):
     """results.json's `queue`: the first admission wait, every cycle with its reason and wait,
@@ -3146,17 +3386,127 @@ def queue_summary(record):
             "deadline_note": "activeDeadlineSeconds does not run while the Job is suspended, and each admission "
                              "restarts it (the Job's startTime is reset on resume)"}
 
-
 def last_admission_time(record):
     """The server time of the last admission (whole seconds), or None."""
     return record["cycles"][-1]["admitted_at_server"] if record.get("cycles") else None
 
 
 # ============================================================================
-# The warm-pool backend: kubernetes-sigs/agent-sandbox (SandboxTemplate -> SandboxWarmPool ->
+# Warm-pool backend: kubernetes-sigs/agent-sandbox (SandboxTemplate -> SandboxWarmPool ->
 # SandboxClaim), each episode exec'd into its claimed sandbox through the API server
 # ============================================================================
 
+# kubernetes-sigs/agent-sandbox, API v1beta1 (served by v0.5.0 and later).
+AGENT_SANDBOX_VERSION = "v0.5.6"  # the release the install hint and the kind workflow pin
+AGENT_SANDBOX_INSTALL = ("kubectl --context %s apply -f https://github.com/kubernetes-sigs/agent-sandbox/releases/"
+                         "download/" + AGENT_SANDBOX_VERSION + "/sandbox-with-extensions.yaml")
+EXTENSIONS_API = "extensions.agents.x-k8s.io/v1beta1"
+CONTROLLER_NAMESPACE, CONTROLLER_DEPLOYMENT = "agent-sandbox-system", "agent-sandbox-controller"
+TEMPLATE_NAME, POOL_NAME, CLAIM_PREFIX = "episode", "episodes", "episode-"
+LAUNCH_TYPE_LABEL = "agents.x-k8s.io/launch-type"  # on the Sandbox: warm (from the pool) or cold
+POOL_MEMBER_LABEL = "agents.x-k8s.io/warm-pool-sandbox"  # on unclaimed pool Sandboxes and their pods
+POD_NAME_ANNOTATION = "agents.x-k8s.io/pod-name"
+# The pod's own command: stay alive, exit at once on SIGTERM (agent-sandbox's own stress test
+# uses this); the episode is exec'd into it.
+KEEP_ALIVE_COMMAND = ["sh", "-c", "trap 'exit 0' TERM INT; sleep infinity & wait"]
+DEFAULT_EXEC_CONCURRENCY = 64  # concurrent `kubectl exec` processes (each tens of MB)
+CLAIM_SAFETY_NET_SECONDS = 600  # claims expire (shutdownPolicy Delete) this long after the client's deadline
+# Claim Ready=False reasons that waiting will not cure (the SDK's TERMINAL_CLAIM_READY_REASONS,
+# plus a pool or template that does not exist).
+TERMINAL_CLAIM_REASONS = ("InvalidMetadata", "EnvVarsInjectionRejected", "VolumeClaimTemplatesError",
+                          "ClaimExpired", "SandboxExpired", "WarmPoolNotFound", "TemplateNotFound")
+WARM_KIND = "WarmPoolEpisode"  # an exec'd episode in the shape of a pod, in episodes.json
+EXTENSIONS_WAIT_SECONDS = 30  # a pool the controller has not reconciled by then: no extensions controller
+
+# An exec'd episode's points: the claim's life, then the episode. "client" is this tool's
+# wall clock (time.time()); a watch time is when the event reached the tool, so it includes
+# the watch's delivery delay. Durations on it assume no clock step during the run.
+WARM_TIME_POINTS = {
+    "claim_created": ("api-server", 1.0, "claim metadata.creationTimestamp"),
+    # The API keeps no time of the binding: the first watch event with status.sandbox.name.
+    "claim_bound": ("client", 1e-3, "first claim watch event with status.sandbox.name (arrival)"),
+    "claim_ready": ("client", 1e-3, "first claim watch event with Ready=True (arrival)"),
+    "exec_started": ("client", 1e-6, "just before `kubectl exec` was started"),
+    "process_start": TIME_POINTS["process_start"],
+    "imports_done": TIME_POINTS["imports_done"],
+    "ready": TIME_POINTS["ready"],
+    "reward": TIME_POINTS["reward"],
+    "exec_finished": ("client", 1e-6, "`kubectl exec` returned"),
+}
+WARM_PHASES = {
+    "claim_binding": ("claim_created", "claim_bound", "claim created -> bound"),
+    "bound_to_claim_ready": ("claim_bound", "claim_ready", "bound -> claim Ready"),
+    "claim_ready_to_exec": ("claim_ready", "exec_started", "claim Ready -> exec started"),
+    "exec_to_first_statement": ("exec_started", "process_start", "exec started -> first statement"),
+    "module_import": PHASES["module_import"],
+    "import_done_to_ready": PHASES["import_done_to_ready"],
+    "ready_to_reward": PHASES["ready_to_reward"],
+    "reward_to_exec_finished": ("reward", "exec_finished", "reward -> exec returned"),
+    "claim_to_ready": ("claim_created", "ready", "claim created -> ready"),
+}
+WARM_TIMELINE_COLOURS = {  # a claim is drawn like a pod: its own phases, the episode's in the same colours
+    "claim_binding": "#bdbdbd", "bound_to_claim_ready": "#8e6bbf", "claim_ready_to_exec": "#4c72b0",
+    "exec_to_first_statement": "#dd8452", "module_import": "#c44e52", "import_done_to_ready": "#937860",
+    "ready_to_reward": "#55a868", "reward_to_exec_finished": "#8c8c8c",
+}
+
+
+def warm_episode_times(record, ready, reward, observed):
+    """An exec'd warm-pool episode's points (WARM_TIME_POINTS) and why any is missing."""
+    observed = observed or {}
+    times = {"claim_created": parse_k8s_time(record["metadata"]["creationTimestamp"])}
+    missing = {}
+    for point, key in (("claim_bound", "bound"), ("claim_ready", "ready"), ("exec_started", "exec_started"),
+                       ("exec_finished", "exec_finished")):
+        times[point] = observed.get(key)
+        if times[point] is None:
+            missing[point] = "the claim watch did not see it" if point.startswith("claim") else "no exec time"
+    for point, event, key in (("process_start", ready, "started_at"), ("imports_done", ready, "imports_done_at"),
+                              ("ready", ready, "at"), ("reward", reward, "at")):
+        value = event.get(key)
+        times[point] = float(value) if isinstance(value, (int, float)) else None
+        if times[point] is None:
+            missing[point] = "the %s event has no %s" % (event.get("event"), key)
+    return times, missing
+
+
+WARM_SCHEME = PhaseScheme(
+    WARM_TIME_POINTS, WARM_PHASES, "claim_to_ready", warm_episode_times, "claim_created",
+    identity=lambda record: {"claim": record["metadata"]["name"], "sandbox": record["spec"].get("sandbox"),
+                             "pod": record["spec"].get("pod"), "launch_type": record["spec"].get("launch_type")},
+    row_key="claim", timeline_colours=WARM_TIMELINE_COLOURS,
+    report_phases={"startup": ("claim_binding", "bound_to_claim_ready", "claim_ready_to_exec",
+                               "exec_to_first_statement"),
+                   "startup_metric": ("claim_to_ready",), "finish": ("reward_to_exec_finished",)})
+
+
+def sandbox_template_manifest(namespace, run_id, image, runtime, tasks=False):
+    """The SandboxTemplate: the Job pod's spec (image, RuntimeClass, resources, hardened
+    security context, the episode program at /demo) with a keep-alive command instead of the
+    episode, an explicit dnsPolicy and no managed NetworkPolicy (agent-sandbox's defaults would
+    otherwise change DNS and networking against the Job backend's pods)."""
+    pod = job_manifest(namespace, run_id, 1, 1, image, runtime, tasks=tasks)["spec"]["template"]
+    pod["spec"]["containers"][0].update(command=list(KEEP_ALIVE_COMMAND), env=[])
+    pod["spec"].update(terminationGracePeriodSeconds=1, dnsPolicy="ClusterFirst")
+    return {"apiVersion": EXTENSIONS_API, "kind": "SandboxTemplate",
+            "metadata": {"name": TEMPLATE_NAME, "namespace": namespace, "labels": object_labels(run_id, "sandbox-template")},
+            "spec": {"podTemplate": pod, "networkPolicyManagement": "Unmanaged"}}
+
+def warm_pool_manifest(namespace, run_id, replicas):
+    return {"apiVersion": EXTENSIONS_API, "kind": "SandboxWarmPool",
+            "metadata": {"name": POOL_NAME, "namespace": namespace, "labels": object_labels(run_id, "warm-pool")},
+            "spec": {"replicas": replicas, "sandboxTemplateRef": {"name": TEMPLATE_NAME}}}
+
+def claim_manifests(namespace, run_id, count, shutdown_time):
+    """One SandboxClaim per episode, named episode-<i> (also the episode id). No env: claim env
+    forces a cold start; the episode gets its id on the exec command line. The lifecycle is a
+    safety net: if the tool dies, the claims (and through them the Sandboxes) go anyway."""
+    return [{"apiVersion": EXTENSIONS_API, "kind": "SandboxClaim",
+             "metadata": {"name": "%s%d" % (CLAIM_PREFIX, index), "namespace": namespace,
+                          "labels": object_labels(run_id, "claim")},
+             "spec": {"warmPoolRef": {"name": POOL_NAME},
+                      "lifecycle": {"shutdownTime": shutdown_time, "shutdownPolicy": "Delete"}}}
+            for index in range(count)]
 
 def nearest_rank(values, p):
     """The agent-sandbox stress test's percentile (test/stress stats.go): the value at rank
@@ -3164,13 +3514,11 @@ def nearest_rank(values, p):
     ordered = sorted(values)
     return ordered[max(1, math.ceil(p / 100.0 * len(ordered))) - 1]
 
-
 def nearest_rank_stats(values):
     if not values:
         return {"count": 0}
     return {"count": len(values), "min": min(values), "mean": statistics.fmean(values),
             **{"p%d" % p: nearest_rank(values, p) for p in (50, 90, 95, 99)}, "max": max(values)}
-
 
 def warm_pool_summary(output, report, observed):
     """What only a warm-pool run has: launch types, pool fill, refill pods, the time to all
@@ -3202,7 +3550,7 @@ def warm_pool_summary(output, report, observed):
         subset = [row for row in rows if row.get("launch_type") == kind]
         by_type[kind] = {"episodes": len(subset), "phases": {
             name: {key: phase[key] for key in ("count", "p50", "p95", "max")}
-            for name, phase in phase_statistics(subset, "warm").items()}}
+            for name, phase in phase_statistics(subset, WARM_SCHEME).items()}}
     return {
         "backend": "warm-pool",
         "parallelism": report["episodes"],
@@ -3228,7 +3576,6 @@ def warm_pool_summary(output, report, observed):
         "phases_by_launch_type": by_type,
     }
 
-
 def check_agent_sandbox(cluster):
     """Read-only: the four v1beta1 kinds are served, and the controller runs with --extensions
     (when its Deployment can be read). Raises one line with the install command otherwise."""
@@ -3249,7 +3596,7 @@ def check_agent_sandbox(cluster):
     except KubectlError as error:
         deployment = {"error": meaningful_line(error.stderr)}
     if deployment is None or "error" in deployment:
-        note("cannot read deployment/%s in %s (%s): whether its extensions controller runs is checked when the pool "
+        cluster.console.note("cannot read deployment/%s in %s (%s): whether its extensions controller runs is checked when the pool "
              "is created" % (CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, (deployment or {}).get("error", "not found")))
         return {"controller": None, "served": wanted}
     containers = deployment["spec"]["template"]["spec"].get("containers") or []
@@ -3261,13 +3608,11 @@ def check_agent_sandbox(cluster):
     return {"controller": {"image": [c.get("image") for c in containers], "args": args}, "served": wanted}
 
 
-EXTENSIONS_WAIT_SECONDS = 30  # a pool the controller has not reconciled by then: no extensions controller
-
-
-def wait_for_pool(cluster, namespace, size, wait_seconds, show_progress):
+def wait_for_pool(cluster, namespace, size, wait_seconds):
     """Until the pool is reconciled (observedGeneration) and every replica is Ready. Stops early
     when a pool Sandbox reports a refusal that cannot pass. Returns the pool as last seen."""
-    watch = Watch(cluster, "SandboxWarmPool", "-n", namespace, "sandboxwarmpools", POOL_NAME)
+    console = cluster.console
+    watch = cluster.watch("SandboxWarmPool", "-n", namespace, "sandboxwarmpools", POOL_NAME)
     started = time.monotonic()
     try:
         pool, checked = cluster.get_json("-n", namespace, "sandboxwarmpools", POOL_NAME), time.monotonic()
@@ -3277,9 +3622,8 @@ def wait_for_pool(cluster, namespace, size, wait_seconds, show_progress):
                 pool = state
             status = (pool or {}).get("status") or {}
             reconciled = status.get("observedGeneration") == (pool or {}).get("metadata", {}).get("generation")
-            if show_progress:
-                sys.stderr.write("\rwarm pool: %d of %d ready, %.0f s   " % (status.get("readyReplicas", 0), size,
-                                                                            time.monotonic() - started))
+            console.progress("warm pool: %d of %d ready, %.0f s" % (status.get("readyReplicas", 0), size,
+                                                                    time.monotonic() - started))
             if reconciled and status.get("readyReplicas", 0) >= size and status.get("replicas", 0) >= size:
                 return pool
             elapsed = time.monotonic() - started
@@ -3292,7 +3636,7 @@ def wait_for_pool(cluster, namespace, size, wait_seconds, show_progress):
                 progressed, last_ready = status.get("readyReplicas", 0) != last_ready, status.get("readyReplicas", 0)
                 if progressed and elapsed <= wait_seconds:
                     continue  # filling: the Sandboxes are read only when it stalls
-                sandboxes = json.loads(cluster.read("-n", namespace, "get", "sandboxes", "-o", "json"))["items"]
+                sandboxes = cluster.read_items("-n", namespace, "get", "sandboxes")
                 messages = [c.get("message", "") for s in sandboxes for c in (s.get("status") or {}).get(
                     "conditions") or [] if c.get("type") == "Ready" and c.get("status") == "False"]
                 refused = [m for m in messages if any(marker in m for marker in PERMANENT_REFUSALS)]
@@ -3303,8 +3647,7 @@ def wait_for_pool(cluster, namespace, size, wait_seconds, show_progress):
                         wait_seconds, status.get("readyReplicas", 0), size,
                         "; e.g. %s" % messages[0] if messages else ""))
     finally:
-        if show_progress:
-            sys.stderr.write("\n")
+        console.end_progress()
         watch.stop()
 
 
@@ -3323,8 +3666,7 @@ def create_claims(cluster, claims, run_id, observed):
         try:
             cluster.kubectl("create", "-f", "-", "-o", "name", data={"apiVersion": "v1", "kind": "List", "items": chunk})
         except KubectlError as error:
-            if any(marker in error.stderr for marker in ("(Forbidden)", "(Invalid)", "resource mapping not found")) \
-                    and "(AlreadyExists)" not in error.stderr:
+            if (error.forbidden or error.invalid or error.no_such_kind) and not error.already_exists:
                 raise
             for claim in chunk:  # the outcome of each is unknown: look before trying again
                 cluster.create_owned(claim, run_id)
@@ -3340,21 +3682,21 @@ def claim_ready(claim):
     return next((c for c in (claim.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), {})
 
 
-def exec_episode(cluster, namespace, pod_name, claim_name, index, args, seconds_left):
+def exec_episode(cluster, namespace, pod_name, claim_name, index, spec, seconds_left):
     """Run the episode program in the claimed sandbox's container through the API server. The
     episode id (and task) go on the command line: claim env would force a cold start.
     Returns (exit code or None when kubectl itself failed, stdout, stderr, kubectl's error)."""
     env = ["EPISODE_ID=" + claim_name]
-    if args.episode:
+    if spec.episode:
         env.append("JOB_COMPLETION_INDEX=%d" % index)
-    if args.tasks_list is not None:
+    if spec.tasks_list is not None:
         env += ["TASK_INDEX=%d" % index, "TASK_FILE=/tasks/task-%d.json" % index]
     argv = ["-n", namespace, "exec", pod_name, "-c", CONTAINER_NAME, "--", "env", *env, "python", "-B", "/demo/episode.py"]
     try:
         # No request timeout: an episode may run longer than one API request may take.
         return 0, cluster.kubectl(*argv, request_timeout="0", timeout=max(1.0, seconds_left)), "", None
     except KubectlError as error:
-        stdout = getattr(error, "stdout", "") or ""
+        stdout = error.stdout or ""
         exited = re.search(r"command terminated with exit code (\d+)", error.stderr)
         if exited:
             stderr = error.stderr[:exited.start()].rstrip("\n")
@@ -3387,335 +3729,333 @@ def warm_episode_record(claim, index, sandbox, pod, result, times):
             "status": status}
 
 
-def write_run_facts(output, run_info, facts):
-    write_json(output / "run.json", run_info)
-    write_json(output / "version.json", facts["version"])
-    if facts["runtime_class"] is not None:
-        write_json(output / "runtimeclass.json", facts["runtime_class"])
-    if facts["nodes"] is None:
-        write_json(output / "nodes.json", facts["nodes_error"])
+class WarmPoolRun:
+    """One warm-pool batch under way: the claims fired at once, their states as the watch
+    delivers them, and each episode exec'd as soon as its claim is Ready. Everything it saw is
+    kept here, so that every way out can save it."""
 
+    def __init__(self, run, run_info):
+        self.run, self.run_info = run, run_info
+        self.spec, self.cluster, self.console, self.output = run.spec, run.cluster, run.console, run.output
+        self.namespace = run.namespace
+        self.selector = "%s=%s" % (RUN_LABEL, run.run_id)
+        self.names, self.position, self.observed = [], {}, {}  # claim names, the episode's index, times seen
+        self.latest, self.sandboxes, self.results = {}, {}, {}  # claim and Sandbox states; finished episodes
+        self.deadline = None
 
-def run_warm_pool(args, cluster, output, receipt, facts):
-    """--backend warm-pool: template and pool, the pool filled (not measured), then every claim
-    at once and each episode exec'd as soon as its claim is Ready."""
-    namespace, run_id = receipt["namespace"], receipt["run_id"]
-    run_info = new_run_info(args, cluster.context, namespace, backend="warm-pool")
-    run_info.update(pool_size=args.pool_size, exec_concurrency=args.exec_concurrency,
-                    agent_sandbox=facts.get("agent_sandbox"))
-    if facts["preflight"] is not None:
-        run_info["preflight"] = facts["preflight"]
-    write_run_facts(output, run_info, facts)
-    namespace_obj, *supporting, template, pool = run_manifests(args, namespace, run_id)
-    receipt["uid"] = cluster.create_owned(namespace_obj, run_id)["metadata"]["uid"]
-    write_json(output / "receipt.json", receipt)
-    say("Test namespace:", namespace)
-    for obj in supporting:
-        cluster.create_owned(obj, run_id)
-    receipt["template_uid"] = cluster.create_owned(template, run_id)["metadata"]["uid"]
-    write_json(output / "receipt.json", receipt)
-    selector = "%s=%s" % (RUN_LABEL, run_id)
-    # Timed: a claim's bound and Ready times are when the watch delivered them, not when this
-    # loop got round to them.
-    claim_watch = Watch(cluster, "SandboxClaim", "-n", namespace, "sandboxclaims", "-l", selector, timed=True)
-    sandbox_watch = Watch(cluster, "Sandbox", "-n", namespace, "sandboxes")
-    receipt["pool_uid"] = cluster.create_owned(pool, run_id)["metadata"]["uid"]
-    write_json(output / "receipt.json", receipt)
-    show_progress = sys.stderr.isatty() and not QUIET
-    fill_started = time.monotonic()
-    live_pool = wait_for_pool(cluster, namespace, args.pool_size, args.timeout, show_progress)
-    pool_record = {"name": POOL_NAME, "template": TEMPLATE_NAME, "size": args.pool_size,
-                   "fill_seconds": time.monotonic() - fill_started,
-                   "fill_definition": "client monotonic clock: pool created -> readyReplicas = replicas seen; "
-                                      "setup, not part of any batch figure",
-                   "ready_at_fire": (live_pool.get("status") or {}).get("readyReplicas", 0)}
-    pool_pods = json.loads(cluster.read("-n", namespace, "get", "pods", "-l", POOL_MEMBER_LABEL, "-o", "json"))["items"]
-    pool_record["pool_pods_at_fire"] = sorted(pod["metadata"]["name"] for pod in pool_pods)
-    write_json(output / "warm-pool.json", pool_record)
-    note("warm pool: %d of %d ready after %.1f s; firing %d claims" % (
-        pool_record["ready_at_fire"], args.pool_size, pool_record["fill_seconds"], args.count))
-
-    shutdown = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(
-        seconds=args.timeout + CLIENT_GRACE_SECONDS + CLAIM_SAFETY_NET_SECONDS)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    claims = claim_manifests(namespace, run_id, args.count, shutdown)
-    write_json(output / "claims-submitted.json", claims)
-    names = [claim["metadata"]["name"] for claim in claims]
-    position = {name: index for index, name in enumerate(names)}  # the episode's index
-    observed = {name: {} for name in names}
-    latest, sandboxes, results = {}, {}, {}
-    started = time.monotonic()
-    deadline = started + args.timeout
-    executor = concurrent.futures.ThreadPoolExecutor(max_workers=args.exec_concurrency)
-    pending = {}
-
-    def run_episode(name):
-        index = position[name]
-        bound = (latest[name].get("status") or {}).get("sandbox", {}).get("name")
-        sandbox = sandboxes.get(bound) or cluster.get_json("-n", namespace, "sandboxes", bound)
-        pod_name = (sandbox or {}).get("metadata", {}).get("annotations", {}).get(POD_NAME_ANNOTATION) or bound
-        observed[name]["exec_started"] = time.time()
-        code, stdout, stderr, error = exec_episode(cluster, namespace, pod_name, name, index, args,
-                                                   deadline - time.monotonic())
-        observed[name]["exec_finished"] = time.time()
-        (output / (name + ".log")).write_text(stdout)
-        if stderr:
-            (output / (name + ".stderr")).write_text(stderr + "\n")
-        reason = "ExecTimedOut" if error and "did not finish within" in error else "ExecFailed"
-        results[name] = {"code": code, "error": error, "reason": reason, "sandbox": sandbox, "pod_name": pod_name}
-
-    try:
-        # The claims are created in the background, so that the first claims' episodes start
-        # while the last are still being created (as 1,000 independent clients would).
-        creating = executor.submit(create_claims, cluster, claims, run_id, observed)
-        polled = time.monotonic()
-        while True:
-            states = claim_watch.drain(timeout=WATCH_WAIT_SECONDS)
-            if time.monotonic() - polled >= FALLBACK_POLL_SECONDS:
-                listed = json.loads(cluster.read("-n", namespace, "get", "sandboxclaims", "-l", selector,
-                                                 "-o", "json"))["items"]
-                states += [(time.time(), claim) for claim in listed]
-                polled = time.monotonic()
-            if creating.done():
-                creating.result()  # a refused create ends the run here
-            for sandbox in sandbox_watch.drain():
-                sandboxes[sandbox["metadata"]["name"]] = sandbox
-            for now, claim in states:
-                name = claim["metadata"]["name"]
-                if name not in observed:
-                    continue
-                latest[name] = claim
-                if (claim.get("status") or {}).get("sandbox", {}).get("name"):
-                    observed[name].setdefault("bound", now)
-                if claim_ready(claim).get("status") == "True":
-                    observed[name].setdefault("ready", now)
-                    if name not in pending:
-                        pending[name] = executor.submit(run_episode, name)
-            refused = [(name, claim_ready(claim)) for name, claim in latest.items() if name not in pending
-                       and claim_ready(claim).get("reason") in TERMINAL_CLAIM_REASONS]
-            done = sum(1 for future in pending.values() if future.done())
-            if show_progress:
-                sys.stderr.write("\rclaims: %d bound, %d ready; episodes done %d of %d, %.0f s   " % (
-                    sum(1 for o in observed.values() if "bound" in o), sum(1 for o in observed.values() if "ready" in o),
-                    done, len(names), time.monotonic() - started))
-            if refused:
-                name, condition = refused[0]
-                raise DemoError("claim %s can never become Ready (%s: %s); stopped early" % (
-                    name, condition.get("reason"), condition.get("message")))
-            if done == len(names) or time.monotonic() > deadline:
-                break
-        for future in pending.values():
-            future.result()  # an exception in a worker is the tool's own failure: surface it
-        run_info["client_job_complete_seconds"] = time.monotonic() - started
-    except KeyboardInterrupt:
-        stop_running_kubectl(executor)  # the running execs: their episodes are cut short, not results
-        print("Interrupted: saving the claims and the episodes so far in %s" % output, file=sys.stderr)
-        save_warm_state(cluster, namespace, output, selector, names, latest, sandboxes, results, observed, run_info)
-        raise
-    finally:
-        if show_progress:
-            sys.stderr.write("\n")
-        executor.shutdown(wait=True, cancel_futures=True)
-        claim_watch.stop()
-        sandbox_watch.stop()
-    save_warm_state(cluster, namespace, output, selector, names, latest, sandboxes, results, observed, run_info)
-    where = "diagnostics saved in %s (claims.json, sandboxes.json, pods.json, episodes.json, events.txt, logs)" % output
-    unfinished = [name for name in names if name not in results]
-    if unfinished:
-        conditions = collections.Counter("%s: %s" % (claim_ready(latest[name]).get("reason"),
-                                                     claim_ready(latest[name]).get("message"))
-                                         for name in unfinished if name in latest)
-        raise BatchTimeout("%d of %d claims had no finished episode within %d s%s; %s" % (
-            len(unfinished), len(names), args.timeout,
-            " (%s)" % "; ".join(list(conditions)[:3]) if conditions else " (never seen by the watch)", where))
-    report = write_results(output, where)
-    return conclude(report, output)
-
-
-def save_warm_state(cluster, namespace, output, selector, names, latest, sandboxes, results, observed, run_info):
-    """claims.json, sandboxes.json, pods.json (the API's, plus what only the watch saw),
-    episodes.json (one record per finished episode), observed.json, job.json (the batch's
-    creation), events.txt."""
-    write_json(output / "observed.json", observed)
-    write_json(output / "run.json", run_info)
-    position = {name: index for index, name in enumerate(names)}  # the episode's index
-    try:
-        claims = json.loads(cluster.read("-n", namespace, "get", "sandboxclaims", "-l", selector, "-o", "json"))["items"]
-        listed = {claim["metadata"]["name"] for claim in claims}
-        claims += [latest[name] for name in names if name in latest and name not in listed]
-        claims.sort(key=lambda claim: position.get(claim["metadata"]["name"], 0))
-        sandbox_list = json.loads(cluster.read("-n", namespace, "get", "sandboxes", "-o", "json"))["items"]
-        pods = json.loads(cluster.read("-n", namespace, "get", "pods", "-l", selector, "-o", "json"))["items"]
-    except DemoError as error:
-        claims, sandbox_list, pods = [latest[n] for n in names if n in latest], list(sandboxes.values()), []
-        print("warning: could not read the claims, Sandboxes and pods (%s); saved what the watches saw"
-              % error, file=sys.stderr)
-    write_json(output / "claims.json", claims)
-    write_json(output / "sandboxes.json", sorted(sandbox_list, key=by_creation))
-    write_json(output / "pods.json", sorted(pods, key=by_creation))
-    by_name = {sandbox["metadata"]["name"]: sandbox for sandbox in sandbox_list}
-    pods_by_name = {pod["metadata"]["name"]: pod for pod in pods}
-    records, launch = [], {}
-    for claim in claims:
-        name = claim["metadata"]["name"]
-        bound = (claim.get("status") or {}).get("sandbox", {}).get("name")
-        sandbox = by_name.get(bound) or sandboxes.get(bound)
-        if sandbox is not None:
-            launch[name] = (sandbox["metadata"].get("labels") or {}).get(LAUNCH_TYPE_LABEL)
-        if name in results:
-            result = results[name]
-            records.append(warm_episode_record(claim, position[name], sandbox or result["sandbox"],
-                                               pods_by_name.get(result["pod_name"]), result, observed[name]))
-    pool_record = read_saved(output / "warm-pool.json") or {}
-    pool_record["launch_types"] = launch
-    write_json(output / "warm-pool.json", pool_record)
-    write_json(output / "episodes.json", records)
-    created = min((claim["metadata"]["creationTimestamp"] for claim in claims), default=utc_now())
-    write_json(output / "job.json", {"apiVersion": "rl-batch-demo/warm-pool", "kind": "WarmPoolBatch",
-                                     "metadata": {"name": POOL_NAME, "creationTimestamp": created},
-                                     "status": {"episodes": len(names), "finished_episodes": len(records)}})
-    try:
-        save_events(cluster, namespace, output)
-    except DemoError as error:
-        print("warning: could not save the events: %s" % error, file=sys.stderr)
-
-
-def ownership_mismatches(kind, live, expected):
-    """Compare live metadata with the receipt; one sentence per key that differs."""
-    problems = []
-    for key, want in expected.items():
-        if key.startswith("label "):
-            have = live.get("metadata", {}).get("labels", {}).get(key[len("label "):])
-        else:
-            have = live.get("metadata", {}).get(key)
-        if have != want:
-            problems.append("%s %s must equal %s: current value is %s" % (kind, key, want, have))
-    return problems
-
-
-def delete_retrying(cluster, *parts):
-    """A delete, retried while the failure is transient. NotFound means done: the object was
-    checked just before, so another cleanup or a committed earlier attempt removed it."""
-    for delay in RETRY_DELAYS_SECONDS + (None,):
+    def fire(self, claims, claim_watch, sandbox_watch):
+        """Create every claim and run every episode; returns once all are done or the deadline passed."""
+        self.names = [claim["metadata"]["name"] for claim in claims]
+        self.position = {name: index for index, name in enumerate(self.names)}
+        self.observed = {name: {} for name in self.names}
+        started = time.monotonic()
+        self.deadline = started + self.spec.timeout
+        executor = concurrent.futures.ThreadPoolExecutor(max_workers=self.spec.exec_concurrency)
+        pending = {}
         try:
-            return cluster.kubectl(*parts)
-        except KubectlError as error:
-            if error.not_found:
-                return ""
-            if delay is None or not is_transient(error):
-                raise
-            note("kubectl %s: %s; retrying in %s s" % (" ".join(parts[:4]), meaningful_line(error.stderr), delay))
-            time.sleep(delay)
-
-
-def wait_until_gone(cluster, what, parts, timeout):
-    deadline = time.monotonic() + timeout
-    delay = 0.25
-    while cluster.exists(*parts):
-        if time.monotonic() > deadline:
-            raise BatchTimeout("%s still terminating after %d s; inspect it with `kubectl --context "
-                               "%s get %s` and run cleanup again" % (what, timeout, cluster.context,
-                                                                     " ".join(parts)))
-        time.sleep(delay)
-        delay = min(delay * 2, 2.0)
-
-
-def cmd_cleanup(args):
-    """Clean up each folder in turn; one folder's refusal does not stop the others."""
-    if len(args.output) == 1:
-        return cleanup_one(Path(args.output[0]))
-    first_failure = EXIT_OK
-    for folder in args.output:
-        try:
-            cleanup_one(Path(folder))
-        except DemoError as error:
-            print("Error: %s: %s" % (folder, error), file=sys.stderr)
-            first_failure = first_failure or error.exit_code
-    return first_failure
-
-
-def cleanup_one(output):
-    """Delete one run's Jobs and namespace, after proving each is the one the receipt names."""
-    receipt = read_json(output / "receipt.json", "the receipt")
-    if receipt.get("backend") == "local":
-        say("Nothing to clean up: %s is a local run (no cluster objects)" % output)
-        return EXIT_OK
-    try:
-        cluster, namespace, run_id = Cluster(receipt["context"]), receipt["namespace"], receipt["run_id"]
-    except (KeyError, TypeError):
-        raise DemoError("%s lacks context, namespace or run_id; refusing cleanup"
-                        % (output / "receipt.json")) from None
-    live = cluster.get_json("namespace", namespace)
-    if live is None:
-        say("Namespace already absent:", namespace)
-        return EXIT_OK
-    if not receipt.get("uid"):
-        raise DemoError("receipt.json has no namespace uid (the run stopped before the namespace's "
-                        "creation was confirmed), so ownership of %s cannot be proven; check it and "
-                        "delete it yourself with `kubectl --context %s delete namespace %s`"
-                        % (namespace, cluster.context, namespace))
-    problems = ownership_mismatches("namespace " + namespace, live,
-                                    {"uid": receipt["uid"], "label " + RUN_LABEL: run_id})
-    if problems:
-        raise DemoError("ownership check failed, refusing cleanup: " + "; ".join(problems))
-    if live["metadata"].get("deletionTimestamp"):
-        # Already Terminating (an interrupted cleanup, another cleanup, a committed retry): the
-        # deletion of this very namespace is under way, so waiting for it is the whole job.
-        note("Namespace %s is already being deleted; waiting for it to go..." % namespace)
-        return wait_for_namespace(cluster, namespace)
-
-    if receipt.get("backend") == "warm-pool":
-        delete_warm_pool_objects(cluster, namespace, run_id, receipt)
-    # Every Job in the namespace must be one the receipt (or the saved job.json) names.
-    recorded = dict(receipt.get("jobs") or {})
-    if receipt.get("job_uid"):
-        recorded.setdefault(JOB_NAME, receipt["job_uid"])
-    if JOB_NAME not in recorded and (output / "job.json").exists() and receipt.get("backend") != "warm-pool":
-        recorded[JOB_NAME] = read_json(output / "job.json", "the saved Job").get("metadata", {}).get("uid")
-    live_jobs = json.loads(cluster.read("-n", namespace, "get", "jobs", "-o", "json"))["items"]
-    problems = []
-    for live_job in live_jobs:
-        name = live_job["metadata"]["name"]
-        if not recorded.get(name):
-            raise DemoError("Job %s exists in %s but neither receipt.json nor job.json records its uid; "
-                            "refusing cleanup" % (name, namespace))
-        problems += ownership_mismatches("job " + name, live_job, {"uid": recorded[name]})
-    if problems:
-        raise DemoError("ownership check failed, refusing cleanup: " + "; ".join(problems))
-    for live_job in live_jobs:
-        name = live_job["metadata"]["name"]
-        delete_retrying(cluster, "-n", namespace, "delete", "job", name, "--cascade=foreground", "--wait=false")
-        note("Deleting Job %s and its pods..." % name)
-    if live_jobs:
-        wait_until_gone(cluster, "Jobs or their pods in %s" % namespace, ("-n", namespace, "jobs"),
-                        CLEANUP_WAIT_SECONDS)
-    if receipt.get("queue"):
-        # A Job's Workload goes with it (garbage collection, ownerReference); wait as for pods.
-        try:
-            wait_until_gone(cluster, "Workloads in %s" % namespace, ("-n", namespace, WORKLOADS), CLEANUP_WAIT_SECONDS)
-        except KubectlError as error:
-            if "doesn't have a resource type" not in error.stderr:
-                raise
-    try:
-        delete_retrying(cluster, "delete", "namespace", namespace, "--wait=false")
-    except KubectlError as error:
-        # A second DELETE of a Terminating namespace is refused with 409 Conflict (k8s-samples
-        # fact 24); its UID was checked above, so its deletion is in progress: wait for it.
-        if "(Conflict)" not in error.stderr or "ensuring all content is removed" not in error.stderr:
+            # The claims are created in the background, so that the first claims' episodes start
+            # while the last are still being created (as 1,000 independent clients would).
+            creating = executor.submit(create_claims, self.cluster, claims, self.run.run_id, self.observed)
+            polled = time.monotonic()
+            while True:
+                states = claim_watch.drain(timeout=WATCH_WAIT_SECONDS)
+                if time.monotonic() - polled >= FALLBACK_POLL_SECONDS:
+                    listed = self.cluster.read_items("-n", self.namespace, "get", "sandboxclaims", "-l", self.selector)
+                    states += [(time.time(), claim) for claim in listed]
+                    polled = time.monotonic()
+                if creating.done():
+                    creating.result()  # a refused create ends the run here
+                for sandbox in sandbox_watch.drain():
+                    self.sandboxes[sandbox["metadata"]["name"]] = sandbox
+                for now, claim in states:
+                    name = claim["metadata"]["name"]
+                    if name not in self.observed:
+                        continue
+                    self.latest[name] = claim
+                    if (claim.get("status") or {}).get("sandbox", {}).get("name"):
+                        self.observed[name].setdefault("bound", now)
+                    if claim_ready(claim).get("status") == "True":
+                        self.observed[name].setdefault("ready", now)
+                        if name not in pending:
+                            pending[name] = executor.submit(self.run_episode, name)
+                refused = [(name, claim_ready(claim)) for name, claim in self.latest.items() if name not in pending
+                           and claim_ready(claim).get("reason") in TERMINAL_CLAIM_REASONS]
+                done = sum(1 for future in pending.values() if future.done())
+                self.console.progress("claims: %d bound, %d ready; episodes done %d of %d, %.0f s" % (
+                    sum(1 for o in self.observed.values() if "bound" in o),
+                    sum(1 for o in self.observed.values() if "ready" in o), done, len(self.names),
+                    time.monotonic() - started))
+                if refused:
+                    name, condition = refused[0]
+                    raise DemoError("claim %s can never become Ready (%s: %s); stopped early" % (
+                        name, condition.get("reason"), condition.get("message")))
+                if done == len(self.names) or time.monotonic() > self.deadline:
+                    break
+            for future in pending.values():
+                future.result()  # an exception in a worker is the tool's own failure: surface it
+            self.run_info["client_job_complete_seconds"] = time.monotonic() - started
+        except KeyboardInterrupt:
+            self.cluster.runner.stop_running(executor)  # the running execs: their episodes are cut short, not results
+            self.console.tell("Interrupted: saving the claims and the episodes so far in %s" % self.output)
+            self.save_state()
             raise
-    note("Deleting namespace %s..." % namespace)
-    return wait_for_namespace(cluster, namespace)
+        finally:
+            self.console.end_progress()
+            executor.shutdown(wait=True, cancel_futures=True)
+
+    def run_episode(self, name):
+        """One episode, exec'd into its claim's sandbox; its output kept as its log."""
+        index = self.position[name]
+        bound = (self.latest[name].get("status") or {}).get("sandbox", {}).get("name")
+        sandbox = self.sandboxes.get(bound) or self.cluster.get_json("-n", self.namespace, "sandboxes", bound)
+        pod_name = (sandbox or {}).get("metadata", {}).get("annotations", {}).get(POD_NAME_ANNOTATION) or bound
+        self.observed[name]["exec_started"] = time.time()
+        code, stdout, stderr, error = exec_episode(self.cluster, self.namespace, pod_name, name, index, self.spec,
+                                                   self.deadline - time.monotonic())
+        self.observed[name]["exec_finished"] = time.time()
+        (self.output / (name + ".log")).write_text(stdout)
+        if stderr:
+            (self.output / (name + ".stderr")).write_text(stderr + "\n")
+        reason = "ExecTimedOut" if error and "did not finish within" in error else "ExecFailed"
+        self.results[name] = {"code": code, "error": error, "reason": reason, "sandbox": sandbox, "pod_name": pod_name}
+
+    def save_state(self):
+        """claims.json, sandboxes.json, pods.json (the API's, plus what only the watch saw),
+        episodes.json (one record per finished episode), observed.json, job.json (the batch's
+        creation), events.txt."""
+        output, names = self.output, self.names
+        write_json(output / "observed.json", self.observed)
+        write_json(output / "run.json", self.run_info)
+        try:
+            claims = self.cluster.read_items("-n", self.namespace, "get", "sandboxclaims", "-l", self.selector)
+            listed = {claim["metadata"]["name"] for claim in claims}
+            claims += [self.latest[name] for name in names if name in self.latest and name not in listed]
+            claims.sort(key=lambda claim: self.position.get(claim["metadata"]["name"], 0))
+            sandbox_list = self.cluster.read_items("-n", self.namespace, "get", "sandboxes")
+            pods = self.cluster.read_items("-n", self.namespace, "get", "pods", "-l", self.selector)
+        except DemoError as error:
+            claims, sandbox_list, pods = [self.latest[n] for n in names if n in self.latest], \
+                list(self.sandboxes.values()), []
+            self.console.warn("could not read the claims, Sandboxes and pods (%s); saved what the watches saw" % error)
+        write_json(output / "claims.json", claims)
+        write_json(output / "sandboxes.json", sorted(sandbox_list, key=by_creation))
+        write_json(output / "pods.json", sorted(pods, key=by_creation))
+        by_name = {sandbox["metadata"]["name"]: sandbox for sandbox in sandbox_list}
+        pods_by_name = {pod["metadata"]["name"]: pod for pod in pods}
+        records, launch = [], {}
+        for claim in claims:
+            name = claim["metadata"]["name"]
+            bound = (claim.get("status") or {}).get("sandbox", {}).get("name")
+            sandbox = by_name.get(bound) or self.sandboxes.get(bound)
+            if sandbox is not None:
+                launch[name] = (sandbox["metadata"].get("labels") or {}).get(LAUNCH_TYPE_LABEL)
+            if name in self.results:
+                result = self.results[name]
+                records.append(warm_episode_record(claim, self.position[name], sandbox or result["sandbox"],
+                                                   pods_by_name.get(result["pod_name"]), result, self.observed[name]))
+        pool_record = read_saved(output / "warm-pool.json") or {}
+        pool_record["launch_types"] = launch
+        write_json(output / "warm-pool.json", pool_record)
+        write_json(output / "episodes.json", records)
+        created = min((claim["metadata"]["creationTimestamp"] for claim in claims), default=utc_now())
+        write_json(output / "job.json", {"apiVersion": "rl-batch-demo/warm-pool", "kind": "WarmPoolBatch",
+                                         "metadata": {"name": POOL_NAME, "creationTimestamp": created},
+                                         "status": {"episodes": len(names), "finished_episodes": len(records)}})
+        try:
+            save_events(self.cluster, self.namespace, output)
+        except DemoError as error:
+            self.console.warn("could not save the events: %s" % error)
+
+    def unfinished_error(self, where):
+        """A BatchTimeout naming the claims without a finished episode, or None."""
+        unfinished = [name for name in self.names if name not in self.results]
+        if not unfinished:
+            return None
+        conditions = collections.Counter("%s: %s" % (claim_ready(self.latest[name]).get("reason"),
+                                                     claim_ready(self.latest[name]).get("message"))
+                                         for name in unfinished if name in self.latest)
+        return BatchTimeout("%d of %d claims had no finished episode within %d s%s; %s" % (
+            len(unfinished), len(self.names), self.spec.timeout,
+            " (%s)" % "; ".join(list(conditions)[:3]) if conditions else " (never seen by the watch)", where))
+
+
+class WarmPoolBackend(Backend):
+    """`--backend warm-pool`: a SandboxTemplate built from the Job pod's spec, a SandboxWarmPool
+    filled before the batch (not measured), then one SandboxClaim per episode, all at once, and
+    each episode exec'd into its sandbox as soon as its claim is Ready."""
+
+    name = "warm-pool"
+    help = ("kubernetes-sigs/agent-sandbox, a claim per episode from a pool of pre-started sandboxes, the episode "
+            "exec'd into it")
+    scheme = WARM_SCHEME
+    episodes_file = "episodes.json"  # exec'd episodes, one pod-shaped record per claim (pods.json keeps the pods)
+    own_flags = (("--pool-size", "pool_size"), ("--exec-concurrency", "exec_concurrency"))
+    batch_origin = "first claim was created"
+    timeline_origin = "first claim"
+    REPORT_ROWS = {
+        "setup": [("launch types warm / cold", "launch", None),
+                  ("warm pool fill (setup, not measured in the batch)", "batch", "pool.fill_seconds")],
+        "ready": [("batch all claims Ready", "batch", "batch_to_all_claims_ready_seconds"),
+                  ("time to all claims Ready (agent-sandbox stress test definition)", "batch",
+                   "agent_sandbox_stress_test.time_to_all_ready_seconds")],
+        "after": [("refill pods created during the batch", "number", "refill_pods.created_during_batch")],
+    }
+
+    @classmethod
+    def check_options(cls, args, fail):
+        # One batch of claims fired at once: the Job backend's waves, rounds, prewarm and
+        # retries have no counterpart here.
+        for flag, used in (("--parallelism", args.parallelism not in (None, args.count)),
+                           ("--rounds", args.rounds != 1), ("--prewarm", args.prewarm), ("--retries", args.retries)):
+            if used:
+                fail("%s is for the Job backend; --backend warm-pool claims every episode's sandbox at once (leave "
+                     "%s out)" % (flag, flag))
+        pool_size = args.count if args.pool_size is None else args.pool_size
+        if pool_size < 0:
+            fail("--pool-size must be 0 or more, got %d" % pool_size)
+        exec_concurrency = min(args.count, DEFAULT_EXEC_CONCURRENCY) if args.exec_concurrency is None \
+            else args.exec_concurrency
+        if exec_concurrency < 1:
+            fail("--exec-concurrency must be at least 1")
+        return {"pool_size": pool_size, "exec_concurrency": exec_concurrency}
+
+    def manifests(self, namespace, run_id):
+        spec = self.spec
+        objects = common_manifests(spec, namespace, run_id)
+        objects[0]["metadata"]["labels"][BACKEND_LABEL] = self.name
+        return objects + [sandbox_template_manifest(namespace, run_id, spec.image, spec.runtime_class,
+                                                    spec.tasks_list is not None),
+                          warm_pool_manifest(namespace, run_id, spec.pool_size)]
+
+    def dry_run_objects(self, namespace, run_id):
+        # claims go in once the pool is full; their shutdownTime is set then
+        return self.manifests(namespace, run_id) + claim_manifests(
+            namespace, run_id, self.spec.count, "<at submission: now + %d s>"
+            % (self.spec.timeout + CLIENT_GRACE_SECONDS + CLAIM_SAFETY_NET_SECONDS))
+
+    def new_receipt(self, context, namespace, run_id):
+        # cleanup then proves and deletes claims, pool and template
+        return dict(super().new_receipt(context, namespace, run_id), backend=self.name)
+
+    def check_server(self, cluster, facts):
+        facts["agent_sandbox"] = check_agent_sandbox(cluster)
+
+    def pods_at_once(self):
+        # A warm pool holds its pods idle, and refills as it is claimed: about pool + count pods.
+        return self.spec.pool_size + self.spec.count
+
+    def capacity_warning(self, fit, at_once, arithmetic):
+        return ("preflight: only %d of %d pods of the pool and its refill fit at once, so the pool cannot refill "
+                "while the batch runs, and claims beyond it start cold or wait: %s" % (fit, at_once, arithmetic))
+
+    def run(self, run):
+        """Template and pool, the pool filled (not measured), then every claim at once and each
+        episode exec'd as soon as its claim is Ready."""
+        spec, cluster, output, namespace = self.spec, run.cluster, run.output, run.namespace
+        run_info = run.new_run_info(self)
+        run_info.update(pool_size=spec.pool_size, exec_concurrency=spec.exec_concurrency,
+                        agent_sandbox=run.facts.get("agent_sandbox"))
+        if run.facts["preflight"] is not None:
+            run_info["preflight"] = run.facts["preflight"]
+        run.write_facts(run_info)
+        namespace_obj, *supporting, template, pool = self.manifests(namespace, run.run_id)
+        run.create_namespace(namespace_obj, supporting)
+        run.receipt["template_uid"] = cluster.create_owned(template, run.run_id)["metadata"]["uid"]
+        run.save_receipt()
+        batch = WarmPoolRun(run, run_info)
+        # Timed: a claim's bound and Ready times are when the watch delivered them, not when this
+        # loop got round to them.
+        claim_watch = cluster.watch("SandboxClaim", "-n", namespace, "sandboxclaims", "-l", batch.selector, timed=True)
+        sandbox_watch = cluster.watch("Sandbox", "-n", namespace, "sandboxes")
+        try:
+            run.receipt["pool_uid"] = cluster.create_owned(pool, run.run_id)["metadata"]["uid"]
+            run.save_receipt()
+            fill_started = time.monotonic()
+            live_pool = wait_for_pool(cluster, namespace, spec.pool_size, spec.timeout)
+            pool_record = {"name": POOL_NAME, "template": TEMPLATE_NAME, "size": spec.pool_size,
+                           "fill_seconds": time.monotonic() - fill_started,
+                           "fill_definition": "client monotonic clock: pool created -> readyReplicas = replicas "
+                                              "seen; setup, not part of any batch figure",
+                           "ready_at_fire": (live_pool.get("status") or {}).get("readyReplicas", 0)}
+            pool_pods = cluster.read_items("-n", namespace, "get", "pods", "-l", POOL_MEMBER_LABEL)
+            pool_record["pool_pods_at_fire"] = sorted(pod["metadata"]["name"] for pod in pool_pods)
+            write_json(output / "warm-pool.json", pool_record)
+            self.console.note("warm pool: %d of %d ready after %.1f s; firing %d claims" % (
+                pool_record["ready_at_fire"], spec.pool_size, pool_record["fill_seconds"], spec.count))
+            shutdown = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(
+                seconds=spec.timeout + CLIENT_GRACE_SECONDS + CLAIM_SAFETY_NET_SECONDS)).strftime("%Y-%m-%dT%H:%M:%SZ")
+            claims = claim_manifests(namespace, run.run_id, spec.count, shutdown)
+            write_json(output / "claims-submitted.json", claims)
+            batch.fire(claims, claim_watch, sandbox_watch)
+        finally:
+            claim_watch.stop()
+            sandbox_watch.stop()
+        batch.save_state()
+        where = "diagnostics saved in %s (claims.json, sandboxes.json, pods.json, episodes.json, events.txt, logs)" \
+            % output
+        unfinished = batch.unfinished_error(where)
+        if unfinished:
+            raise unfinished
+        return conclude(write_results(output, where), output, self.console)
+
+    @classmethod
+    def describe_results(cls, output, report, observed):
+        report.update(warm_pool_summary(output, report, observed))
+
+    @classmethod
+    def summary_view(cls, report):
+        return {"pool_fill_seconds": report["pool"]["fill_seconds"],
+                "refill_pods_created_during_batch": report["refill_pods"]["created_during_batch"],
+                "agent_sandbox_time_to_all_ready_seconds":
+                    report["agent_sandbox_stress_test"]["time_to_all_ready_seconds"]}
+
+    @classmethod
+    def summary_lines(cls, report):
+        return ["Launch types: %s; %d refill pods started during the batch." % (", ".join(
+            "%s %d" % item for item in report["launch_types"].items()), report["refill_pods"]["created_during_batch"])]
+
+    @classmethod
+    def timeline_where(cls, results):
+        return super().timeline_where(results) + ", warm pool of %s, launch types %s" % (
+            results["pool"]["size"], ", ".join("%s %d" % item for item in results["launch_types"].items()) or "none")
+
+    @classmethod
+    def delete_objects(cls, cluster, namespace, run_id, receipt, output):
+        """Its claims (each must carry the run's label), then its pool and template (their UIDs
+        must equal the receipt's), then wait until no Sandbox (and so no sandbox pod) is left in
+        the namespace; then any Job, as for every run."""
+        delete_warm_pool_objects(cluster, namespace, run_id, receipt)
+        super().delete_objects(cluster, namespace, run_id, receipt, output)
+
+    @classmethod
+    def list_objects(cls, cluster, namespace):
+        objects = super().list_objects(cluster, namespace)
+        try:
+            objects["claims"] = cluster.read_items("-n", namespace, "get", "sandboxclaims")
+        except KubectlError as error:
+            if not error.no_such_kind:
+                raise
+            objects["claims"] = []  # agent-sandbox uninstalled since: nothing of it is left
+        return objects
+
+    @classmethod
+    def list_state(cls, objects):
+        claims = objects["claims"]
+        ready = sum(1 for claim in claims if claim_ready(claim).get("status") == "True")
+        return "warm pool: %d of %d claims Ready" % (ready, len(claims)) if claims else "warm pool: no claims"
 
 
 def delete_warm_pool_objects(cluster, namespace, run_id, receipt):
     """A warm-pool run: its claims (each must carry the run's label), then its pool and template
     (their UIDs must equal the receipt's), then wait until no Sandbox (and so no sandbox pod)
     is left in the namespace, before the namespace itself goes."""
+    console = cluster.console
     try:
-        claims = json.loads(cluster.read("-n", namespace, "get", "sandboxclaims", "-o", "json"))["items"]
+        claims = cluster.read_items("-n", namespace, "get", "sandboxclaims")
     except KubectlError as error:
-        if "doesn't have a resource type" not in error.stderr:
+        if not error.no_such_kind:
             raise
-        note("agent-sandbox is no longer installed: the namespace's deletion removes what is left")
+        console.note("agent-sandbox is no longer installed: the namespace's deletion removes what is left")
         return
     problems = []
     for claim in claims:
@@ -3733,24 +4073,330 @@ def delete_warm_pool_objects(cluster, namespace, run_id, receipt):
     if problems:
         raise DemoError("ownership check failed, refusing cleanup: " + "; ".join(problems))
     if claims:
-        delete_retrying(cluster, "-n", namespace, "delete", "sandboxclaims", *[c["metadata"]["name"] for c in claims],
-                        "--wait=false")
-        note("Deleting %d SandboxClaims..." % len(claims))
+        cluster.delete("-n", namespace, "delete", "sandboxclaims", *[c["metadata"]["name"] for c in claims],
+                       "--wait=false")
+        console.note("Deleting %d SandboxClaims..." % len(claims))
     for resource, name in (("sandboxwarmpools", POOL_NAME), ("sandboxtemplates", TEMPLATE_NAME)):
         if live[resource] is not None:
-            delete_retrying(cluster, "-n", namespace, "delete", resource, name, "--wait=false")
-    note("Deleting the warm pool and its template; waiting until no Sandbox of the run remains...")
-    wait_until_gone(cluster, "Sandboxes in %s" % namespace, ("-n", namespace, "sandboxes"), CLEANUP_WAIT_SECONDS)
+            cluster.delete("-n", namespace, "delete", resource, name, "--wait=false")
+    console.note("Deleting the warm pool and its template; waiting until no Sandbox of the run remains...")
+    cluster.wait_until_gone("Sandboxes in %s" % namespace, ("-n", namespace, "sandboxes"), CLEANUP_WAIT_SECONDS)
+
+
+# ============================================================================
+# Local backend: the same episodes as local processes, no cluster, no kubectl
+# ============================================================================
+
+LOCAL_KIND = "LocalEpisode"  # the local backend's stand-in for a pod in pods.json
+
+
+def local_record(name, index, created, finished, code, message, timed_out):
+    """A local episode in the shape of a pod (kind LocalEpisode), so one validator serves both."""
+    terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                  "startedAt": iso_micro(created), "finishedAt": iso_micro(finished)}
+    if message:
+        terminated["message"] = message
+    status = {"phase": "Succeeded" if code == 0 else "Failed",
+              "containerStatuses": [{"name": CONTAINER_NAME, "restartCount": 0, "state": {"terminated": terminated},
+                                     "imageID": "local:%s (Python %s)" % (sys.executable, platform.python_version())}]}
+    if timed_out:
+        status["reason"], status["message"] = "DeadlineExceeded", "killed at the run's --timeout"
+    return {"apiVersion": "rl-batch-demo/local", "kind": LOCAL_KIND,
+            "metadata": {"name": name, "creationTimestamp": iso_micro(created), "annotations": {INDEX_KEY: str(index)}},
+            "spec": {"nodeName": "local:" + socket.gethostname()}, "status": status}
+
+
+class LocalBatch:
+    """One local batch under way: the episode processes (the parallelism honoured, retries as
+    --retries says), their records, and what an interrupt must stop."""
+
+    def __init__(self, spec, console, folder):
+        self.spec, self.console, self.folder = spec, console, folder
+        self.records, self.running = [], set()  # pod-shaped records; episode processes alive
+        self.lock, self.stopping = threading.Lock(), threading.Event()  # stopping: set on Ctrl-C or SIGTERM
+        self.scratch = None
+        self.created = self.deadline = None
+
+    def run(self, run_info):
+        spec, folder = self.spec, self.folder
+        self.scratch = Path(tempfile.mkdtemp(prefix="rl-batch-demo-"))
+        try:
+            (self.scratch / "bin").mkdir()
+            (self.scratch / "bin" / "python").symlink_to(sys.executable)  # the episode runs `python` for its tests
+            (self.scratch / "episode.py").write_text(spec.program)
+            for name, text in tasks_data(spec.tasks_list or []).items():
+                (self.scratch / name).write_text(text)
+            self.created = time.time()
+            self.deadline = self.created + spec.timeout
+            pool = concurrent.futures.ThreadPoolExecutor(max_workers=spec.parallelism)
+            try:
+                list(pool.map(self.run_index, range(spec.count)))
+            except KeyboardInterrupt:
+                self.interrupted(pool)
+                raise
+            pool.shutdown()
+        finally:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        records = sorted(self.records, key=by_creation)
+        failed = [r for r in records if r["status"]["phase"] != "Succeeded"]
+        timed_out = any(r["status"].get("reason") == "DeadlineExceeded" for r in records)
+        condition = {"type": "Complete", "status": "True", "reason": "CompletionsReached"}
+        if failed and not spec.episode:
+            condition = {"type": "Failed", "status": "True",
+                         "reason": "DeadlineExceeded" if timed_out else "EpisodeFailed",
+                         "message": "an episode was killed at --timeout" if timed_out else "an episode failed"}
+        job = {"apiVersion": "rl-batch-demo/local", "kind": "LocalBatch",
+               "metadata": {"name": "local", "creationTimestamp": iso_micro(self.created)},
+               "spec": {"completions": spec.count, "parallelism": spec.parallelism},
+               "status": {"conditions": [condition]}}
+        run_info["client_job_complete_seconds"] = time.time() - self.created
+        write_json(folder / "run.json", run_info)
+        write_state(folder, job, records)
+        where = "diagnostics saved in %s (job.json, pods.json, episode logs)" % folder
+        if condition["type"] == "Failed":
+            logs = [(folder / (r["metadata"]["name"] + ".log")).read_text() for r in records]
+            details = describe_failed_pods(records, logs)
+            error_type = BatchTimeout if timed_out else BatchFailed
+            raise error_type("local batch failed: %s; %s" % ("; ".join(details[:3]), where))
+        return write_results(folder, where)
+
+    def run_index(self, index):
+        """Episode `index`, and its retries while it fails (custom episodes only)."""
+        spec, scratch = self.spec, self.scratch
+        for attempt in range(spec.retries + 1):
+            name = "local-%d" % index if not attempt else "local-%d-retry-%d" % (index, attempt)
+            workspace = scratch / name
+            workspace.mkdir()
+            termination = scratch / (name + ".termination")
+            env = dict(os.environ, PATH="%s%s%s" % (scratch / "bin", os.pathsep, os.environ.get("PATH", "")),
+                       EPISODE_ID=name, RL_WORKSPACE=str(workspace), RL_TERMINATION_LOG=str(termination),
+                       JOB_COMPLETION_INDEX=str(index))
+            if spec.tasks_list is not None:
+                env.update(TASK_INDEX=str(index), TASK_FILE=str(scratch / ("task-%d.json" % index)))
+            created, timed_out = time.time(), False
+            with open(self.folder / (name + ".log"), "w") as log:
+                with self.lock:
+                    if self.stopping.is_set():
+                        return
+                    process = subprocess.Popen([sys.executable, "-B", str(scratch / "episode.py")],
+                                               cwd=str(workspace), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                               stdin=subprocess.DEVNULL, start_new_session=True)
+                    self.running.add(process)
+                try:
+                    code = process.wait(timeout=max(0.0, self.deadline - time.time()))
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    code, timed_out = process.wait() or 137, True
+                finally:
+                    with self.lock:
+                        self.running.discard(process)
+            message = termination.read_text()[-4096:] if termination.exists() else ""
+            with self.lock:
+                self.records.append(local_record(name, index, created, time.time(), 137 if timed_out else code,
+                                                 message, timed_out))
+            if code == 0 or timed_out or not spec.episode or self.stopping.is_set():
+                return
+
+    def interrupted(self, pool):
+        """Stop every episode's process group at once, keep what is known, leave nothing behind;
+        a second Ctrl-C must not cut this short (SIGINT stays ignored until the tool exits)."""
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.stopping.set()
+        with self.lock:
+            for process in self.running:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        pool.shutdown(wait=True, cancel_futures=True)
+        records = sorted(self.records, key=lambda record: record["metadata"]["name"])
+        write_json(self.folder / "pods.json", records)
+        write_json(self.folder / "job.json", {"apiVersion": "rl-batch-demo/local", "kind": "LocalBatch",
+                                              "metadata": {"name": "local",
+                                                           "creationTimestamp": iso_micro(self.created)},
+                                              "status": {"interrupted": True, "finished_episodes": len(records)}})
+        self.console.tell("Interrupted: stopped the running episodes; job.json, pods.json and the episode logs are "
+                          "in %s" % self.folder)
+
+
+class LocalBackend(Backend):
+    """`--backend local`: the same episodes as local processes (the parallelism honoured), the
+    same output folder and results.json shape; no cluster, no kubectl."""
+
+    name = "local"
+    help = "local processes, no cluster"
+    uses_cluster = False
+    api_timestamps = False  # every time comes from this machine's clock, to the microsecond
+    batch_origin = "batch started"
+
+    @classmethod
+    def check_options(cls, args, fail):
+        # Every cluster-only flag is refused alike, rather than some silently ignored.
+        for flag, used in (("--dry-run", args.dry_run), ("--prewarm", args.prewarm),
+                           ("--network none", args.network == "none"), ("--context", args.context),
+                           ("--image", args.image), ("--runtime", args.runtime),
+                           ("--no-runtime-class", args.no_runtime_class), ("--force", args.force)):
+            if used:
+                fail("%s is for the kubernetes backend; a local run uses this machine's Python (leave %s out, or "
+                     "drop --backend local)" % (flag, flag.split()[0]))
+        return {}
+
+    def new_receipt(self, context, namespace, run_id):
+        return {"backend": self.name, "namespace": None,
+                "note": "a local run: there is nothing on a cluster to clean up"}
+
+    def run(self, run):
+        spec, output = self.spec, run.output
+        run_info = run.new_run_info(self)
+        write_json(output / "run.json", run_info)
+        rounds = []
+        for number in range(1, spec.rounds + 1):
+            folder = round_folder(output, number, spec.rounds)
+            folder.mkdir(exist_ok=True)
+            info = dict(run_info, **({"round": number} if spec.rounds > 1 else {}))
+            rounds.append(LocalBatch(spec, self.console, folder).run(info))
+        return conclude(pool_round_folders(output, run_info, rounds), output, self.console)
+
+    @classmethod
+    def describe_results(cls, output, report, observed):
+        report.update(image="local-python", runtime="local-process", backend=cls.name)
+        for phase in report["phases"].values():
+            phase.update(clocks=["local"], mixed_clocks=False, resolution_seconds=1e-6)
+
+    @classmethod
+    def timeline_where(cls, results):
+        return "local backend"
+
+# ============================================================================
+# Backend registry: the one place that lists the backends (and so `--backend`'s choices)
+# ============================================================================
+
+BACKENDS = {backend.name: backend for backend in (JobBackend, WarmPoolBackend, LocalBackend)}
+DEFAULT_BACKEND = JobBackend.name
+
+
+def backend_named(name):
+    """The backend a run.json, receipt or namespace label names; the Job backend's records name
+    none (they predate the others)."""
+    return BACKENDS.get(name) or BACKENDS[DEFAULT_BACKEND]
+
+
+def backend_of(results):
+    """The backend a results.json came from."""
+    return backend_named(results.get("backend"))
+
+
+# ============================================================================
+# Cleanup, report and list
+# ============================================================================
+
+
+def ownership_mismatches(kind, live, expected):
+    """Compare live metadata with the receipt; one sentence per key that differs."""
+    problems = []
+    for key, want in expected.items():
+        if key.startswith("label "):
+            have = live.get("metadata", {}).get("labels", {}).get(key[len("label "):])
+        else:
+            have = live.get("metadata", {}).get(key)
+        if have != want:
+            problems.append("%s %s must equal %s: current value is %s" % (kind, key, want, have))
+    return problems
+
+
+def cmd_cleanup(args, console):
+    """Clean up each folder in turn; one folder's refusal does not stop the others."""
+    if len(args.output) == 1:
+        return cleanup_one(Path(args.output[0]), console)
+    first_failure = EXIT_OK
+    for folder in args.output:
+        try:
+            cleanup_one(Path(folder), console)
+        except DemoError as error:
+            console.tell("Error: %s: %s" % (folder, error))
+            first_failure = first_failure or error.exit_code
+    return first_failure
+
+
+def cleanup_one(output, console):
+    """Delete one run's objects and namespace, after proving each is the one the receipt names."""
+    receipt = read_json(output / "receipt.json", "the receipt")
+    backend = backend_named(receipt.get("backend"))
+    if not backend.uses_cluster:
+        console.say("Nothing to clean up: %s is a local run (no cluster objects)" % output)
+        return EXIT_OK
+    try:
+        cluster = Cluster(Kubectl(console), receipt["context"])
+        namespace, run_id = receipt["namespace"], receipt["run_id"]
+    except (KeyError, TypeError):
+        raise DemoError("%s lacks context, namespace or run_id; refusing cleanup"
+                        % (output / "receipt.json")) from None
+    live = cluster.get_json("namespace", namespace)
+    if live is None:
+        console.say("Namespace already absent:", namespace)
+        return EXIT_OK
+    if not receipt.get("uid"):
+        raise DemoError("receipt.json has no namespace uid (the run stopped before the namespace's "
+                        "creation was confirmed), so ownership of %s cannot be proven; check it and "
+                        "delete it yourself with `kubectl --context %s delete namespace %s`"
+                        % (namespace, cluster.context, namespace))
+    problems = ownership_mismatches("namespace " + namespace, live,
+                                    {"uid": receipt["uid"], "label " + RUN_LABEL: run_id})
+    if problems:
+        raise DemoError("ownership check failed, refusing cleanup: " + "; ".join(problems))
+    if live["metadata"].get("deletionTimestamp"):
+        # Already Terminating (an interrupted cleanup, another cleanup, a committed retry): the
+        # deletion of this very namespace is under way, so waiting for it is the whole job.
+        console.note("Namespace %s is already being deleted; waiting for it to go..." % namespace)
+        return wait_for_namespace(cluster, namespace)
+    backend.delete_objects(cluster, namespace, run_id, receipt, output)
+    try:
+        cluster.delete("delete", "namespace", namespace, "--wait=false")
+    except KubectlError as error:
+        # A second DELETE of a Terminating namespace is refused with 409 Conflict
+        # (tests/fakecluster/ASSUMPTIONS.md, fact 24); its UID was checked above, so its
+        # deletion is in progress: wait for it.
+        if not error.conflict or "ensuring all content is removed" not in error.stderr:
+            raise
+    console.note("Deleting namespace %s..." % namespace)
+    return wait_for_namespace(cluster, namespace)
+
+
+def delete_recorded_jobs(cluster, namespace, receipt, output, job_json):
+    """Every Job in the namespace must be one the receipt (or, with job_json, the saved
+    job.json) names by UID; then each is deleted with its pods, and waited for."""
+    recorded = dict(receipt.get("jobs") or {})
+    if receipt.get("job_uid"):
+        recorded.setdefault(JOB_NAME, receipt["job_uid"])
+    if job_json and JOB_NAME not in recorded and (output / "job.json").exists():
+        recorded[JOB_NAME] = read_json(output / "job.json", "the saved Job").get("metadata", {}).get("uid")
+    live_jobs = cluster.read_items("-n", namespace, "get", "jobs")
+    problems = []
+    for live_job in live_jobs:
+        name = live_job["metadata"]["name"]
+        if not recorded.get(name):
+            raise DemoError("Job %s exists in %s but neither receipt.json nor job.json records its uid; "
+                            "refusing cleanup" % (name, namespace))
+        problems += ownership_mismatches("job " + name, live_job, {"uid": recorded[name]})
+    if problems:
+        raise DemoError("ownership check failed, refusing cleanup: " + "; ".join(problems))
+    for live_job in live_jobs:
+        name = live_job["metadata"]["name"]
+        cluster.delete("-n", namespace, "delete", "job", name, "--cascade=foreground", "--wait=false")
+        cluster.console.note("Deleting Job %s and its pods..." % name)
+    if live_jobs:
+        cluster.wait_until_gone("Jobs or their pods in %s" % namespace, ("-n", namespace, "jobs"),
+                                CLEANUP_WAIT_SECONDS)
 
 
 def wait_for_namespace(cluster, namespace):
-    wait_until_gone(cluster, "Namespace %s (inspect its finalizers)" % namespace,
-                    ("namespace", namespace), CLEANUP_WAIT_SECONDS)
-    say("Deleted test namespace:", namespace)
+    cluster.wait_until_gone("Namespace %s (inspect its finalizers)" % namespace, ("namespace", namespace),
+                            CLEANUP_WAIT_SECONDS)
+    cluster.console.say("Deleted test namespace:", namespace)
     return EXIT_OK
 
 
-def cmd_report(args):
+def cmd_report(args, console):
     labels = args.label or [Path(folder).name or str(folder) for folder in args.folders]
     if len(labels) != len(args.folders):
         raise DemoError("give one --label per folder (%d folders, %d labels)" % (len(args.folders), len(labels)))
@@ -3769,12 +4415,11 @@ def cmd_report(args):
             Path(args.timeline).write_text(timeline_svg(columns))
         except OSError as error:
             raise DemoError("cannot write the timeline to %s: %s" % (args.timeline, error.strerror or error)) from None
-    say(json.dumps(table, indent=2) if args.json else report_markdown(table), end="" if not args.json else "\n")
+    console.say(json.dumps(table, indent=2) if args.json else report_markdown(table), end="" if not args.json else "\n")
     return EXIT_OK
 
 
 RESULT_KEYS = ("episodes", "successful_episodes", "reward_sum", "phases", "pods", "parallelism", "runtime")
-
 
 def find_receipts(folders):
     """{namespace: (folder, receipt)} for every receipt.json in the folders or one level below."""
@@ -3792,23 +4437,14 @@ def find_receipts(folders):
 
 def run_row(namespace, jobs, receipts, now, claims=None):
     """One line of `list`: what the cluster says about a run (all its Jobs: rounds, prewarm;
-    or, for a warm-pool run, its claims), and which receipt names it."""
+    what else its backend made), and which receipt names it."""
     meta = namespace["metadata"]
     name = meta["name"]
-    outcomes = [job_outcome(job) for job in jobs]
-    if meta.get("deletionTimestamp"):
-        state = "Terminating"
-    elif claims is not None:
-        ready = sum(1 for claim in claims if claim_ready(claim).get("status") == "True")
-        state = "warm pool: %d of %d claims Ready" % (ready, len(claims)) if claims else "warm pool: no claims"
-    elif not jobs:
-        state = "no Job"
-    elif "Failed" in outcomes:
-        state = "Failed"
-    elif any(job.get("spec", {}).get("suspend") and outcome is None for job, outcome in zip(jobs, outcomes)):
-        state = "Queued"  # suspended until Kueue admits it
-    else:
-        state = "Complete" if all(outcome == "Complete" for outcome in outcomes) else "Running"
+    backend = backend_named((meta.get("labels") or {}).get(BACKEND_LABEL))
+    objects = {"jobs": jobs}
+    if claims is not None:
+        objects["claims"] = claims
+    state = "Terminating" if meta.get("deletionTimestamp") else backend.list_state(objects)
     receipt = "-"
     if name in receipts:
         folder, saved = receipts[name]
@@ -3818,8 +4454,7 @@ def run_row(namespace, jobs, receipts, now, claims=None):
 
     def total(key):
         return sum(job.get("status", {}).get(key, 0) for job in jobs)
-    return {"namespace": name, "run_id": meta.get("labels", {}).get(RUN_LABEL),
-            "backend": meta.get("labels", {}).get(BACKEND_LABEL, "kubernetes"),
+    return {"namespace": name, "run_id": meta.get("labels", {}).get(RUN_LABEL), "backend": backend.name,
             "age_seconds": int(now - parse_k8s_time(meta["creationTimestamp"])), "state": state,
             "claims": None if claims is None else len(claims),
             "jobs": sorted(job["metadata"]["name"] for job in jobs),
@@ -3835,29 +4470,22 @@ def human_age(seconds):
     return "%ds" % seconds
 
 
-def cmd_list(args):
-    cluster = Cluster(args.context or current_context())
+def cmd_list(args, console):
+    runner = Kubectl(console)
+    cluster = Cluster(runner, args.context or runner.current_context())
     namespaces = json.loads(cluster.kubectl("get", "namespaces", "-l", RUN_LABEL, "-o", "json"))["items"]
     receipts = find_receipts(args.search or ["."])
     now = time.time()
     rows = []
     for ns in namespaces:
-        name = ns["metadata"]["name"]
-        claims = None
-        if ns["metadata"].get("labels", {}).get(BACKEND_LABEL) == "warm-pool":
-            try:
-                claims = json.loads(cluster.read("-n", name, "get", "sandboxclaims", "-o", "json"))["items"]
-            except KubectlError as error:
-                if "doesn't have a resource type" not in error.stderr:
-                    raise
-                claims = []  # agent-sandbox uninstalled since: nothing of it is left
-        rows.append(run_row(ns, json.loads(cluster.read("-n", name, "get", "jobs", "-o", "json"))["items"],
-                            receipts, now, claims))
+        backend = backend_named(ns["metadata"].get("labels", {}).get(BACKEND_LABEL))
+        objects = backend.list_objects(cluster, ns["metadata"]["name"])
+        rows.append(run_row(ns, objects["jobs"], receipts, now, objects.get("claims")))
     if args.json:
-        say(json.dumps(rows, indent=2))
+        console.say(json.dumps(rows, indent=2))
         return EXIT_OK
     if not rows:
-        say("No runs of %s on context %s." % (TOOL_NAME, cluster.context))
+        console.say("No runs of %s on context %s." % (TOOL_NAME, cluster.context))
         return EXIT_OK
     table = [("NAMESPACE", "AGE", "STATE", "EPISODES", "RECEIPT")]
     for row in rows:
@@ -3867,12 +4495,12 @@ def cmd_list(args):
         table.append((row["namespace"], human_age(row["age_seconds"]), row["state"], episodes, row["receipt"]))
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     for line in table:
-        say("   ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+        console.say("   ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
     return EXIT_OK
 
 
 # ============================================================================
-# Command line
+# Command line: the parser, the RunSpec built once, main()
 # ============================================================================
 
 
@@ -3913,10 +4541,9 @@ def build_parser():
     run.add_argument("--retries", type=int, default=0, metavar="N",
                      help="with --episode: retry an episode that failed for infrastructure reasons up to "
                           "N times, per episode (default 0)")
-    run.add_argument("--backend", choices=("kubernetes", "warm-pool", "local"), default="kubernetes",
-                     help="`kubernetes`: one Job, a pod per episode; `warm-pool`: kubernetes-sigs/agent-sandbox, "
-                          "a claim per episode from a pool of pre-started sandboxes, the episode exec'd into it; "
-                          "`local`: local processes, no cluster (default: kubernetes)")
+    run.add_argument("--backend", choices=tuple(BACKENDS), default=DEFAULT_BACKEND,
+                     help="%s (default: %s)" % ("; ".join("`%s`: %s" % (name, backend.help)
+                                                          for name, backend in BACKENDS.items()), DEFAULT_BACKEND))
     run.add_argument("--pool-size", type=int, metavar="N",
                      help="warm-pool: sandboxes started before the batch (default COUNT; 0: every claim starts "
                           "cold through the claim API)")
@@ -3971,14 +4598,13 @@ def build_parser():
                      help="no progress or notes on stderr (errors and warnings still print)")
     run.add_argument("--context", metavar="NAME",
                      help="kubectl context (default: kubectl's current context)")
-    run.set_defaults(handler=cmd_run, subparser=run)
+    run.set_defaults(subparser=run)
 
     cleanup = commands.add_parser("cleanup", help="delete what one run created, after checking "
                                                   "ownership against its receipt.json")
     cleanup.add_argument("--output", required=True, metavar="DIR", nargs="+",
                          help="the run's output folder (its receipt.json names the context); "
                               "several folders are cleaned up in turn")
-    cleanup.set_defaults(handler=cmd_cleanup)
 
     report = commands.add_parser("report", help="compare saved runs side by side (no cluster needed)",
                                  description="Print the tutorial's comparison table for saved output "
@@ -3988,7 +4614,6 @@ def build_parser():
                         help="column label, once per folder in order (default: the folder names)")
     report.add_argument("--json", action="store_true", help="print JSON instead of a Markdown table")
     report.add_argument("--timeline", metavar="FILE.svg", help="also write one timeline stacking every run")
-    report.set_defaults(handler=cmd_report)
 
     listing = commands.add_parser("list", help="list the runs of this tool on a context, and the local "
                                                "receipts that name them")
@@ -3997,26 +4622,25 @@ def build_parser():
     listing.add_argument("--context", metavar="NAME",
                          help="kubectl context (default: kubectl's current context)")
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    listing.set_defaults(handler=cmd_list)
     return parser
 
 
-def load_episode_inputs(args):
-    """Read --episode and --tasks, and check them, before anything touches the cluster or disk."""
-    fail = args.subparser.error
+def read_episode_inputs(args, fail):
+    """--episode and --tasks, read and checked before anything touches the cluster or disk:
+    (program text, tasks as a tuple or None)."""
     if args.tasks and not args.episode:
         fail("--tasks needs --episode: the built-in task takes no input")
     if args.retries and not args.episode:
-        fail("--retries needs --episode: the built-in task keeps the seed's rule that any failure is an error")
+        fail("--retries needs --episode: the built-in task keeps the tutorial's rule that any failure is an error")
     if args.retries < 0:
         fail("--retries must be 0 or more, got %d" % args.retries)
-    args.program, args.tasks_list = EPISODE_PROGRAM, None
+    program, tasks = EPISODE_PROGRAM, None
     if args.episode:
         try:
-            args.program = Path(args.episode).read_text()
+            program = Path(args.episode).read_text()
         except (OSError, UnicodeDecodeError) as error:
             fail("cannot read --episode %s: %s" % (args.episode, getattr(error, "strerror", None) or error))
-        size = configmap_bytes({"episode.py": args.program})
+        size = configmap_bytes({"episode.py": program})
         if size > CONFIGMAP_MAX_BYTES:
             fail("--episode %s is %d bytes; a ConfigMap holds at most %d: ship a smaller program (or put it in "
                  "the image)" % (args.episode, size, CONFIGMAP_MAX_BYTES))
@@ -4025,94 +4649,75 @@ def load_episode_inputs(args):
             lines = Path(args.tasks).read_text().splitlines()
         except (OSError, UnicodeDecodeError) as error:
             fail("cannot read --tasks %s: %s" % (args.tasks, getattr(error, "strerror", None) or error))
-        args.tasks_list = []
+        tasks = []
         for number, line in enumerate(lines, 1):
             if line.strip():
                 try:
-                    args.tasks_list.append(json.loads(line))
+                    tasks.append(json.loads(line))
                 except ValueError as error:
                     fail("--tasks %s line %d is not JSON: %s" % (args.tasks, number, error))
-        if not args.tasks_list:
+        if not tasks:
             fail("--tasks %s holds no task" % args.tasks)
-        size = configmap_bytes(tasks_data(args.tasks_list))
+        size = configmap_bytes(tasks_data(tasks))
         if size > CONFIGMAP_MAX_BYTES:
             fail("--tasks %s makes a ConfigMap of %d bytes, over Kubernetes' limit of %d (1 MiB): split the tasks "
                  "over several runs, or shrink them" % (args.tasks, size, CONFIGMAP_MAX_BYTES))
-        if args.count is not None and args.count != len(args.tasks_list):
+        if args.count is not None and args.count != len(tasks):
             fail("--count %d differs from the %d tasks in %s; leave --count out to run every task"
-                 % (args.count, len(args.tasks_list), args.tasks))
-        args.count = len(args.tasks_list)
-    if args.count is None:
-        args.count = DEFAULT_COUNT
+                 % (args.count, len(tasks), args.tasks))
+        tasks = tuple(tasks)
+    return program, tasks
+
+
+def run_spec(args):
+    """The RunSpec of `run`, checked once: every refusal is one usage line (exit 2)."""
+    fail = args.subparser.error
+    if not args.output and not args.dry_run:
+        fail("--output DIR is required (unless --dry-run)")
+    program, tasks = read_episode_inputs(args, fail)
+    fields = {field.name: getattr(args, field.name) for field in dataclasses.fields(RunSpec)
+              if hasattr(args, field.name)}
+    fields.update(program=program, tasks_list=tasks)
+    if tasks is not None:
+        fields["count"] = len(tasks)
+    elif args.count is None:
+        fields["count"] = DEFAULT_COUNT
+    args = argparse.Namespace(**dict(vars(args), **fields))  # the checks below read the derived count
+    backend = BACKENDS[args.backend]
+    KueueGate.check_options(args, fail, backend)
+    for other in BACKENDS.values():
+        for flag, field in other.own_flags:
+            if other is not backend and getattr(args, field) is not None:
+                fail("%s is for --backend %s" % (flag, other.name))
+    if backend.uses_cluster:
+        fields.update(image=args.image or DEFAULT_IMAGE, runtime=args.runtime or DEFAULT_RUNTIME)
+    bound = MAX_LARGE_COUNT if args.allow_large else MAX_COUNT
+    derived = backend.check_options(args, fail)
+    if not 1 <= args.count <= bound:
+        fail("--count must be between 1 and %d%s, got %d" % (
+            bound, "" if args.allow_large else " (the demo's bound to keep first trials small; "
+            "--allow-large lifts it to %d)" % MAX_LARGE_COUNT, args.count))
+    fields.update(derived)
+    if args.rounds < 1:
+        fail("--rounds must be at least 1, got %d" % args.rounds)
+    if args.timeout is not None and args.timeout < 1:
+        fail("--timeout must be at least 1 second, got %d" % args.timeout)
+    parallelism = args.count if args.parallelism is None else args.parallelism
+    if not 1 <= parallelism <= args.count:
+        fail("--parallelism must be between 1 and --count (%d), got %d" % (args.count, parallelism))
+    fields["parallelism"] = parallelism
+    if args.timeout is None:
+        fields["timeout"] = default_deadline(args.count, parallelism)
+    return RunSpec(**fields)
+
+
+COMMANDS = {"run": start_run, "cleanup": cmd_cleanup, "report": cmd_report, "list": cmd_list}
 
 
 def parse_args(argv):
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "run":
-        if not args.output and not args.dry_run:
-            args.subparser.error("--output DIR is required (unless --dry-run)")
-        load_episode_inputs(args)
-        if args.cluster_queue and not args.queue:
-            args.subparser.error("--cluster-queue needs --queue NAME (the LocalQueue to create for it)")
-        if args.queue and (args.backend != "kubernetes" or args.prewarm):
-            args.subparser.error("--queue is for the Job backend without --prewarm (Kueue admits Jobs; prewarm Jobs "
-                                 "would have to queue too)")
-        if args.queue_timeout < 1:
-            args.subparser.error("--queue-timeout must be at least 1 second, got %d" % args.queue_timeout)
-        if args.backend != "warm-pool":
-            for flag, used in (("--pool-size", args.pool_size is not None),
-                               ("--exec-concurrency", args.exec_concurrency is not None)):
-                if used:
-                    args.subparser.error("%s is for --backend warm-pool" % flag)
-        if args.backend == "local":
-            # Every cluster-only flag is refused alike, rather than some silently ignored.
-            for flag, used in (("--dry-run", args.dry_run), ("--prewarm", args.prewarm),
-                               ("--network none", args.network == "none"), ("--context", args.context),
-                               ("--image", args.image), ("--runtime", args.runtime),
-                               ("--no-runtime-class", args.no_runtime_class), ("--force", args.force)):
-                if used:
-                    args.subparser.error("%s is for the kubernetes backend; a local run uses this machine's Python "
-                                         "(leave %s out, or drop --backend local)" % (flag, flag.split()[0]))
-        else:
-            args.image = args.image or DEFAULT_IMAGE
-            args.runtime = args.runtime or DEFAULT_RUNTIME
-        if args.backend == "warm-pool":
-            # One batch of claims fired at once: the Job backend's waves, rounds, prewarm and
-            # retries have no counterpart here.
-            for flag, used in (("--parallelism", args.parallelism not in (None, args.count)),
-                               ("--rounds", args.rounds != 1), ("--prewarm", args.prewarm), ("--retries", args.retries)):
-                if used:
-                    args.subparser.error("%s is for the Job backend; --backend warm-pool claims every episode's "
-                                         "sandbox at once (leave %s out)" % (flag, flag))
-            args.pool_size = args.count if args.pool_size is None else args.pool_size
-            if args.pool_size < 0:
-                args.subparser.error("--pool-size must be 0 or more, got %d" % args.pool_size)
-            if args.exec_concurrency is None:
-                args.exec_concurrency = min(args.count, DEFAULT_EXEC_CONCURRENCY)
-            if args.exec_concurrency < 1:
-                args.subparser.error("--exec-concurrency must be at least 1")
-        bound = MAX_LARGE_COUNT if args.allow_large else MAX_COUNT
-        if not 1 <= args.count <= bound:
-            args.subparser.error("--count must be between 1 and %d%s, got %d" % (
-                bound, "" if args.allow_large else " (the demo's bound to keep first trials small; "
-                "--allow-large lifts it to %d)" % MAX_LARGE_COUNT, args.count))
-        if args.rounds < 1:
-            args.subparser.error("--rounds must be at least 1, got %d" % args.rounds)
-        if args.timeout is not None and args.timeout < 1:
-            args.subparser.error("--timeout must be at least 1 second, got %d" % args.timeout)
-        if args.parallelism is None:
-            args.parallelism = args.count
-        if not 1 <= args.parallelism <= args.count:
-            args.subparser.error("--parallelism must be between 1 and --count (%d), got %d"
-                                 % (args.count, args.parallelism))
-        if args.timeout is None:
-            args.timeout = default_deadline(args.count, args.parallelism)
-    return args
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM: handled like Ctrl-C (save what is known, print the cleanup command), exit 143."""
+    """The command line: a RunSpec for `run`, the parsed arguments for the other subcommands."""
+    args = build_parser().parse_args(argv)
+    return run_spec(args) if args.command == "run" else args
 
 
 def on_sigterm(signum, frame):
@@ -4121,19 +4726,20 @@ def on_sigterm(signum, frame):
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    options = parse_args(argv)
+    console = Console(quiet=getattr(options, "quiet", False))
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        return args.handler(args)
+        return COMMANDS[options.command](options, console)
     except DemoError as error:
-        print("Error: %s" % error, file=sys.stderr)
+        console.tell("Error: %s" % error)
         return error.exit_code
     except Terminated:
-        print("Error: terminated (SIGTERM)", file=sys.stderr)
+        console.tell("Error: terminated (SIGTERM)")
         return EXIT_TERMINATED
     except KeyboardInterrupt:
-        print("Error: interrupted", file=sys.stderr)
+        console.tell("Error: interrupted")
         return EXIT_INTERRUPTED
 
 

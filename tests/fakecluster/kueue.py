@@ -25,6 +25,8 @@ import json
 import time
 import uuid
 
+from apitypes import parse_quantity
+
 GROUP = "kueue.x-k8s.io/v1beta2"
 RESOURCES = {
     "resourceflavors": (GROUP, "ResourceFlavor", False, ".kueue.x-k8s.io"),
@@ -44,14 +46,6 @@ def installed(config):
 def stamp(at=None):
     return datetime.datetime.fromtimestamp(int(at or time.time()), datetime.timezone.utc).strftime(
         "%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_quantity(value):
-    value = str(value)
-    for suffix, factor in (("Ki", 2 ** 10), ("Mi", 2 ** 20), ("Gi", 2 ** 30), ("m", 1e-3)):
-        if value.endswith(suffix):
-            return float(value[:-len(suffix)]) * factor
-    return float(value)
 
 
 def quantity(resource, amount):

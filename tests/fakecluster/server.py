@@ -26,6 +26,7 @@ import time
 import uuid
 
 import agentsandbox
+from apitypes import parse_quantity, tolerates
 import kueue
 
 DEFAULT_CONFIG = {
@@ -170,17 +171,6 @@ def now_rfc3339(at=None):
     return datetime.datetime.fromtimestamp(int(at), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def parse_quantity(value):
-    """'100m' -> 0.1, '64Mi' -> 67108864, '8' -> 8.0 (the subset used here)."""
-    value = str(value)
-    suffixes = {"m": 1e-3, "Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40,
-                "k": 1e3, "M": 1e6, "G": 1e9}
-    for suffix in sorted(suffixes, key=len, reverse=True):
-        if value.endswith(suffix):
-            return float(value[: -len(suffix)]) * suffixes[suffix]
-    return float(value)
-
-
 # Field selectors the API server supports, beyond metadata.name/namespace (events: the
 # fields of pkg/registry/core/event/strategy.go ToSelectableFields; pods: a subset).
 FIELD_LABELS = {
@@ -199,19 +189,6 @@ def field_of(obj, path):
     for part in path.split("."):
         value = value.get(part, "") if isinstance(value, dict) else ""
     return value
-
-
-def tolerates(tolerations, taint):
-    """v1 Toleration.ToleratesTaint: effect empty = every effect; Exists with no key = every taint."""
-    for toleration in tolerations or []:
-        if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
-            continue
-        if toleration.get("operator", "Equal") == "Exists":
-            if not toleration.get("key") or toleration["key"] == taint.get("key"):
-                return True
-        elif toleration.get("key") == taint.get("key") and toleration.get("value", "") == taint.get("value", ""):
-            return True
-    return False
 
 
 def pod_mount_namespaces_available(setting):
