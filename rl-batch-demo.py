@@ -305,6 +305,7 @@ def last_line(text):
 KUBECTL_ERROR_STARTS = ("Error from server", "error:", "Error in configuration", "The connection to the server",
                         "Unable to connect to the server")
 
+
 def meaningful_line(text):
     """The line of kubectl's stderr that says what went wrong: the last of its own error
     lines, else the last line that is not a log or warning line."""
@@ -636,6 +637,7 @@ def write_json(path, obj):
         partial.write_text(json.dumps(obj, indent=2) + "\n")
     os.replace(partial, path)
 
+
 def read_json(path, what, keys=(), shape=dict):
     """A JSON object (or list) from a file of the output folder; one clear error when it is
     missing, unreadable, of another shape, or lacks one of `keys`."""
@@ -654,13 +656,16 @@ def read_json(path, what, keys=(), shape=dict):
         raise DemoError("%s is not %s of rl-batch-demo: it lacks %s" % (path, what, ", ".join(missing)))
     return obj
 
+
 def read_saved(path):
     return json.loads(path.read_text()) if path.exists() else None
+
 
 def program_name():
     """How the user ran the tool: `rl-batch-demo` (the installed command) or `rl-batch-demo.py`."""
     name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
     return name if name.startswith("rl-batch-demo") else "rl-batch-demo"
+
 
 def cleanup_command(output):
     program = program_name()
@@ -680,6 +685,7 @@ def default_deadline(count, parallelism):
     waves = -(-count // parallelism)
     return DEFAULT_TIMEOUT_SECONDS + 30 * (waves - 1) + max(0, count - MAX_COUNT) // 10
 
+
 def object_labels(run_id, component):
     """Labels on every object the tool creates: the seed's run label plus the recommended
     app.kubernetes.io set, so `list` and other tools can find a run and its owner."""
@@ -690,11 +696,13 @@ def object_labels(run_id, component):
             "app.kubernetes.io/component": component,
             "app.kubernetes.io/managed-by": TOOL_NAME}
 
+
 def namespace_manifest(namespace, run_id):
     # Pod Security Admission enforces `restricted` here: the cluster, not only this file,
     # then guarantees the sandboxes' posture (non-root, no escalation, no capabilities).
     labels = {**object_labels(run_id, "run"), "pod-security.kubernetes.io/enforce": "restricted"}
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": labels}}
+
 
 def configmap_manifest(namespace, run_id, program=EPISODE_PROGRAM):
     return {"apiVersion": "v1", "kind": "ConfigMap",
@@ -702,18 +710,22 @@ def configmap_manifest(namespace, run_id, program=EPISODE_PROGRAM):
                          "labels": object_labels(run_id, "episode-program")},
             "data": {"episode.py": program}}
 
+
 def tasks_configmap_manifest(namespace, run_id, tasks):
     """Episode i reads /tasks/task-<i>.json (its TASK_FILE)."""
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": TASKS_CONFIGMAP, "namespace": namespace, "labels": object_labels(run_id, "tasks")},
             "data": tasks_data(tasks)}
 
+
 def tasks_data(tasks):
     return {"task-%d.json" % index: json.dumps(task) for index, task in enumerate(tasks)}
+
 
 def configmap_bytes(data):
     """What the API server counts against its 1 MiB limit: every key and value."""
     return sum(len(key.encode()) + len(value.encode()) for key, value in data.items())
+
 
 def network_policy_manifest(namespace, run_id):
     """Default deny, ingress and egress, for every pod of the namespace."""
@@ -722,14 +734,20 @@ def network_policy_manifest(namespace, run_id):
                          "labels": object_labels(run_id, "network-isolation")},
             "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}}
 
-def job_manifest(namespace, run_id, count, parallelism, image, runtime,
-                 deadline=DEFAULT_TIMEOUT_SECONDS, indexed=False, retries=0, tasks=False):
-    """The batch: `count` episodes, `parallelism` at a time; runtime None = cluster default.
 
-    `indexed` (custom episodes): Indexed completion mode, `retries` failed attempts allowed
-    per index (backoffLimitPerIndex) so one failure never fails the others, and evictions
-    (DisruptionTarget) retried without counting. `tasks`: episode i gets task i.
-    """
+@dataclasses.dataclass(frozen=True)
+class CustomEpisodes:
+    """--episode: the batch's episodes are the user's program. Its Job is Indexed, each index
+    retried up to `retries` times; with `tasks` (--tasks) episode i reads task i."""
+
+    retries: int = 0
+    tasks: bool = False
+
+
+def episode_pod_template(run_id, image, runtime, tasks=False):
+    """The episode pod every cluster backend starts: the image, the RuntimeClass (None = the
+    cluster default), requests and limits, a hardened security context, the episode program
+    at /demo, an empty /workspace; with `tasks`, /tasks and the episode's TASK_FILE."""
     container = {
         "name": CONTAINER_NAME,
         "image": image,
@@ -761,14 +779,24 @@ def job_manifest(namespace, run_id, count, parallelism, image, runtime,
         pod_spec["volumes"].append({"name": "tasks", "configMap": {"name": TASKS_CONFIGMAP}})
     if runtime is not None:
         pod_spec = {"runtimeClassName": runtime, **pod_spec}
+    return {"metadata": {"labels": {"app": "rl-batch-demo", **object_labels(run_id, "episode")}}, "spec": pod_spec}
+
+
+def job_manifest(namespace, run_id, count, parallelism, image, runtime, deadline=DEFAULT_TIMEOUT_SECONDS,
+                 custom=None):
+    """The batch: `count` episodes, `parallelism` at a time; runtime None = cluster default.
+
+    `custom` (CustomEpisodes): Indexed completion mode, `custom.retries` failed attempts allowed
+    per index (backoffLimitPerIndex) so one failure never fails the others, and evictions
+    (DisruptionTarget) retried without counting; with `custom.tasks` episode i gets task i.
+    """
     spec = {"completions": count, "parallelism": parallelism, "backoffLimit": 0,
             "activeDeadlineSeconds": deadline}
-    if indexed:
+    if custom is not None:
         del spec["backoffLimit"]  # with backoffLimitPerIndex it defaults to "no global limit"
-        spec.update(completionMode="Indexed", backoffLimitPerIndex=retries, podFailurePolicy={"rules": [
+        spec.update(completionMode="Indexed", backoffLimitPerIndex=custom.retries, podFailurePolicy={"rules": [
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]})
-    spec["template"] = {"metadata": {"labels": {"app": "rl-batch-demo", **object_labels(run_id, "episode")}},
-                        "spec": pod_spec}
+    spec["template"] = episode_pod_template(run_id, image, runtime, custom is not None and custom.tasks)
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": JOB_NAME, "namespace": namespace, "labels": object_labels(run_id, "batch")},
             "spec": spec}
@@ -875,6 +903,7 @@ def parse_k8s_time(value):
     """RFC 3339 'YYYY-MM-DDTHH:MM:SSZ' -> Unix seconds (float)."""
     return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
+
 def percentile(values, q):
     """Linear interpolation between order statistics (the tutorial's definition).
 
@@ -885,6 +914,7 @@ def percentile(values, q):
     lo, hi = math.floor(rank), math.ceil(rank)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
 
+
 def batch_stats(values):
     """P50/P95/P99 (the tutorial's linear interpolation), min, max, mean; None when empty."""
     if not values:
@@ -892,6 +922,7 @@ def batch_stats(values):
     return {"count": len(values), "p50": percentile(values, 0.5), "p95": percentile(values, 0.95),
             "p99": percentile(values, 0.99), "min": min(values), "max": max(values),
             "mean": statistics.fmean(values)}
+
 
 def condition_time(pod, kind):
     """lastTransitionTime of a True condition, or (None, reason)."""
@@ -902,6 +933,7 @@ def condition_time(pod, kind):
             return None, ("%s is %s in the saved pod; the API keeps only its last transition"
                           % (kind, condition.get("status")))
     return None, "the cluster does not report the %s condition" % kind
+
 
 def episode_times(pod, ready, reward, observed=None):
     """Every TIME_POINT of one episode: ({point: unix seconds or None}, {point: why None}).
@@ -961,6 +993,7 @@ def job_finished_time(job):
               and c.get("lastTransitionTime")] + ([status["completionTime"]] if status.get("completionTime") else [])
     return min(parse_k8s_time(stamp) for stamp in stamps) if stamps else None
 
+
 def episode_skew(times, job_finished):
     """How far one episode's node clocks are at least off the API server's, where the data bound
     it: [{"clock", "direction", "at_least_seconds", "bound"}]. API times are truncated to the
@@ -994,10 +1027,12 @@ def episode_skew(times, job_finished):
                           "bound": "a container finishes before its Job finished (+ 1 s of resolution)"})
     return found
 
+
 def skew_phrase(finding):
     return "the %s clock on node %s is at least %.1f s %s the API server" % (
         finding["clock"], finding["node"], finding["at_least_seconds"],
         "behind" if finding["direction"] == "behind" else "ahead of")
+
 
 def clock_skew_summary(rows):
     """Per node, clock and direction: the largest lower bound any episode gives, with the bound
@@ -1037,6 +1072,7 @@ def parse_events(pod_name, log):
         events.append(event)
     return events
 
+
 def the_event(pod_name, events, kind):
     found = [event for event in events if event.get("event") == kind]
     if len(found) != 1:
@@ -1044,9 +1080,11 @@ def the_event(pod_name, events, kind):
                              % (pod_name, kind, len(found)))
     return found[0]
 
+
 def termination_message(pod):
     statuses = pod.get("status", {}).get("containerStatuses") or [{}]
     return ((statuses[0].get("state") or {}).get("terminated") or {}).get("message") or ""
+
 
 def episode_events(pod, log):
     """The episode's events and where they came from: the termination message when it holds
@@ -1145,9 +1183,11 @@ def by_creation(pod):
     """Pods in the order they were created (whole seconds, so the name breaks ties)."""
     return pod["metadata"].get("creationTimestamp", ""), pod["metadata"]["name"]
 
+
 def pod_index(pod):
     index = pod["metadata"].get("annotations", {}).get(INDEX_KEY)
     return int(index) if index is not None and str(index).isdigit() else None
+
 
 def attempt_failure(pod, log):
     """Why a finished custom-episode attempt is not a sample, or None when it is one."""
@@ -1167,6 +1207,7 @@ def attempt_failure(pod, log):
         return "crashed: exit code %s%s" % (state["terminated"].get("exitCode"), " (%s)" % detail if detail else "")
     waiting = (state.get("waiting") or {}).get("reason")
     return "did not finish: pod phase %s%s" % (phase, ", container %s" % waiting if waiting else "")
+
 
 def sample_events(pod, log):
     """A custom episode's (ready, reward, source) or raises EpisodeInvalid naming the malformation.
@@ -1267,6 +1308,7 @@ def collect_samples(pods, logs, job, count, observed=None, scheme=None):
             "rewards": reward_stats(rewards), "infrastructure_failures": failures,
             **batch_summary(samples, scheme), "pods": samples}
 
+
 def reward_stats(rewards):
     return {"count": len(rewards), "sum": sum(rewards), "mean": statistics.fmean(rewards) if rewards else None,
             "min": min(rewards, default=None), "max": max(rewards, default=None)}
@@ -1337,6 +1379,7 @@ def collect(pods, logs, job, count, observed=None, scheme=None):
     return {"episodes": count, "successful_episodes": len(rows), "reward_sum": sum(row["reward"] for row in rows),
             **batch_summary(rows, scheme), "pods": rows}
 
+
 def node_summary(node):
     """What a node contributes to a result's meaning: versions, kernel, OS, capacity."""
     info = node.get("status", {}).get("nodeInfo", {})
@@ -1344,6 +1387,7 @@ def node_summary(node):
             "container_runtime": info.get("containerRuntimeVersion"), "kernel": info.get("kernelVersion"),
             "os": info.get("osImage"), "architecture": info.get("architecture"),
             "allocatable": node.get("status", {}).get("allocatable")}
+
 
 def job_outcome(job):
     """'Complete', 'Failed' or None (still running), from the Job's conditions. FailureTarget
@@ -1355,11 +1399,13 @@ def job_outcome(job):
             return outcome
     return None
 
+
 def job_condition(job, kind):
     for condition in job.get("status", {}).get("conditions", []):
         if condition.get("type") == kind:
             return condition
     return {}
+
 
 def eviction_message(pod):
     """Why a pod was evicted (by the kubelet under node pressure, or through the Eviction
@@ -1371,6 +1417,7 @@ def eviction_message(pod):
             "EvictionByEvictionAPI", "TerminationByKubelet", "DeletionByTaintManager")):
         return (status.get("message") or (disruption or {}).get("message") or "evicted").strip()
     return None
+
 
 def describe_failed_pods(pods, logs):
     """One phrase per failed pod: name, eviction or exit code, and the last line of its log."""
@@ -1392,8 +1439,10 @@ def describe_failed_pods(pods, logs):
         phrases.append(phrase)
     return phrases
 
+
 def utc_now():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
 
 def iso_micro(unix_seconds):
     return datetime.datetime.fromtimestamp(unix_seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -1673,10 +1722,12 @@ def report_table(columns):
             rows.append({"measure": label, "values": values, "ratios": ratios, "whole_second_resolution": coarse})
     return {"columns": [label for label, _ in columns], "rows": rows}
 
+
 def batch_values(results, key):
     """A batch time for each round (one value for a single-round run); None values dropped."""
     values = [lookup(r, key) for r in results["rounds"]] if "rounds" in results else [lookup(results, key)]
     return [value for value in values if value is not None]
+
 
 def report_markdown(table):
     lines = ["| measure | %s |" % " | ".join(table["columns"]),
@@ -1696,6 +1747,7 @@ def report_markdown(table):
                      "about one second; small or negative values are within that resolution.")
     lines.append("Batch times of several rounds are listed per round; their ratio compares the means.")
     return "\n".join(lines) + "\n"
+
 
 QUEUED_COLOUR = "#f2c14e"
 
@@ -1816,6 +1868,11 @@ class RunSpec:
     tasks_list: tuple = None  # --tasks, one parsed JSON task each; None without --tasks
 
     @property
+    def custom_episodes(self):
+        """How the manifests run --episode's program, or None for the built-in task."""
+        return CustomEpisodes(self.retries, self.tasks_list is not None) if self.episode else None
+
+    @property
     def runtime_class(self):
         """The RuntimeClass the pods name; None: the nodes' default runtime."""
         return None if self.no_runtime_class else self.runtime
@@ -1898,6 +1955,10 @@ class Backend:
         self.spec, self.console = spec, console
 
     # --- the command line ---------------------------------------------------------------
+
+    @classmethod
+    def add_arguments(cls, parser):
+        """The `run` options only this backend takes (listed in own_flags too)."""
 
     @classmethod
     def check_options(cls, args, fail):
@@ -2087,6 +2148,7 @@ def tolerates(tolerations, taint):
             return True
     return False
 
+
 def usable_nodes(nodes, runtime_class):
     """Nodes the episode pods can land on: schedulable, Ready, every NoSchedule/NoExecute taint
     tolerated, and matching the RuntimeClass's nodeSelector. Admission adds the RuntimeClass's
@@ -2107,6 +2169,7 @@ def usable_nodes(nodes, runtime_class):
             usable.append(node)
     return usable
 
+
 def parse_quantity(value):
     """Kubernetes quantity -> float ('100m' -> 0.1 CPU, '64Mi' -> bytes)."""
     value = str(value)
@@ -2116,9 +2179,11 @@ def parse_quantity(value):
             return float(value[: -len(suffix)]) * factor
     return float(value)
 
+
 def mebibytes(value):
     text = "%.0fMi" % (value / 2 ** 20)
     return text + (" (%.1fGiB)" % (value / 2 ** 30) if value >= 2 ** 30 else "")
+
 
 def preflight(parallelism, runtime_class, nodes):
     """Can `parallelism` episode pods (requests plus Pod overhead) run at once on the usable
@@ -2163,9 +2228,8 @@ def human_summary(report, output):
         lines.append("Batch: all ready %s, all rewards %s after the %s." % (
             seconds("batch_to_all_ready_seconds"), seconds("batch_to_all_rewards_seconds"), backend.batch_origin))
     metric = backend.scheme.startup_metric
-    lines.append("%s created -> ready: P50 %s, P95 %s." % (metric.split("_")[0].capitalize(),
-                                                         seconds(metric + "_p50_seconds"),
-                                                         seconds(metric + "_p95_seconds")))
+    lines.append("%s created -> ready: P50 %s, P95 %s." % (
+        metric.split("_")[0].capitalize(), seconds(metric + "_p50_seconds"), seconds(metric + "_p95_seconds")))
     lines += KueueGate.summary_lines(report) + backend.summary_lines(report)
     lines.append("Results: %s (results.json, timeline.svg, one log per episode)." % (output / "results.json"))
     if backend.uses_cluster:
@@ -2236,6 +2300,7 @@ def blocking_reason(events, pods):
                     pod["metadata"]["name"], waiting["reason"], waiting.get("message"))
     return None
 
+
 def why_not_started(pods, events=()):
     """Why pods have not run, for a timeout's error line: each distinct waiting reason or
     scheduling failure with its message, and the last refused creation. Empty when unknown."""
@@ -2252,6 +2317,7 @@ def why_not_started(pods, events=()):
     if failed_creates and not pods:
         reasons.setdefault("FailedCreate: %s" % failed_creates[-1].get("message", ""), 0)
     return list(reasons)
+
 
 class JobWatches:
     """One pod watch and one Job watch for a set of Jobs, shared by their JobProgress: the
@@ -2411,6 +2477,7 @@ def log_workers(count):
     (each kubectl is a process of its own, tens of MB)."""
     return max(LOG_FETCH_WORKERS, min(MAX_LOG_FETCH_WORKERS, count // 16))
 
+
 BULK_LOGS_FROM = 4  # this many pods or more: their logs come from one kubectl process
 
 LOGS_SOURCE_BULK = "kubectl logs -l job-name=JOB --prefix (one process for the Job)"
@@ -2418,6 +2485,7 @@ LOGS_SOURCE_BULK = "kubectl logs -l job-name=JOB --prefix (one process for the J
 LOGS_SOURCE_POD = "kubectl logs POD"
 
 LOGS_GONE = "not available: the pod was gone from the API before its log could be read (no <pod>.log)"
+
 
 def split_prefixed_logs(raw, names, container, job_pods=()):
     """Tell apart the lines of `kubectl logs -l ... --prefix`: every write starts with
@@ -2436,6 +2504,7 @@ def split_prefixed_logs(raw, names, container, job_pods=()):
         if mark.group(1).decode() in logs:
             logs[mark.group(1).decode()] += raw[mark.end():following.start() if following else len(raw)]
     return {name: bytes(data) for name, data in logs.items()}
+
 
 def fetch_logs(cluster, namespace, folder, pods, job_name=None, job_pods=()):
     """Save <pod>.log for each pod, byte for byte what `kubectl logs POD` returns; return
@@ -2494,15 +2563,18 @@ def fetch_logs(cluster, namespace, folder, pods, job_name=None, job_pods=()):
     record_log_sources(folder, sources)
     return saved
 
+
 def record_log_sources(folder, sources):
     """Add {pod: where its log came from} to logs.json."""
     record = read_saved(folder / "logs.json") or {}
     record.update(sources)
     write_json(folder / "logs.json", dict(sorted(record.items())))
 
+
 def save_events(cluster, namespace, folder):
     (folder / "events.txt").write_text(
         cluster.read("-n", namespace, "get", "events", "--sort-by=.metadata.creationTimestamp"))
+
 
 def save_state(cluster, namespace, job_name, folder, job=None, watched=None):
     """job.json and pods.json as the API server has them now, plus the last watched state of
@@ -2519,10 +2591,12 @@ def save_state(cluster, namespace, job_name, folder, job=None, watched=None):
     write_state(folder, job, pods)
     return job, pods, gone
 
+
 def write_state(folder, job, pods):
     """job.json and pods.json: what results.json is computed from."""
     write_json(folder / "job.json", job)
     write_json(folder / "pods.json", pods)
+
 
 def save_node_summaries(nodes, pods, folder):
     """nodes.json: the nodes this folder's episodes ran on, from the list read at the start
@@ -2712,8 +2786,7 @@ class JobBackend(Backend):
     def manifests(self, namespace, run_id):
         spec = self.spec
         job = job_manifest(namespace, run_id, spec.count, spec.parallelism, spec.image, spec.runtime_class,
-                           spec.timeout, indexed=bool(spec.episode), retries=spec.retries,
-                           tasks=spec.tasks_list is not None)
+                           spec.timeout, spec.custom_episodes)
         objects = common_manifests(spec, namespace, run_id)
         if self.gate:
             objects += self.gate.manifests(namespace, run_id)
@@ -2797,7 +2870,7 @@ class JobBackend(Backend):
             name = node["metadata"]["name"]
             # The same program as the measured rounds (custom episodes warm up on task 0).
             job = job_manifest(namespace, run.run_id, 1, 1, spec.image, spec.runtime_class, spec.timeout,
-                               indexed=bool(spec.episode), retries=spec.retries, tasks=spec.tasks_list is not None)
+                               spec.custom_episodes)
             job["metadata"]["name"] = "prewarm-%d" % index
             job["metadata"]["labels"]["app.kubernetes.io/component"] = "prewarm"
             job["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] = "prewarm"
@@ -2868,6 +2941,7 @@ def local_queue_manifest(namespace, run_id, name, cluster_queue):
             "metadata": {"name": name, "namespace": namespace, "labels": object_labels(run_id, "queue")},
             "spec": {"clusterQueue": cluster_queue}}
 
+
 def queue_demand(parallelism, count, runtime_class):
     """What the Job's Workload asks of its ClusterQueue: (requests + Pod overhead) x
     min(parallelism, completions) pods (Kueue's podSet count), per resource."""
@@ -2875,6 +2949,7 @@ def queue_demand(parallelism, count, runtime_class):
     pods = min(parallelism, count)
     return {name: (parse_quantity(EPISODE_REQUESTS.get(name, 0)) + parse_quantity(overhead.get(name, 0))) * pods
             for name in sorted(set(EPISODE_REQUESTS) | set(overhead))}
+
 
 def never_fits(cluster_queue, demand):
     """Why the batch can never be admitted by this ClusterQueue, or None: a resource it does
@@ -2895,6 +2970,7 @@ def never_fits(cluster_queue, demand):
             return ("the batch needs %s %s at once, over ClusterQueue %s's nominal quota of %s"
                     % (shown, name, cluster_queue["metadata"]["name"], limit))
     return None
+
 
 def queue_refusal(cluster_queue, demand):
     """Why a readable ClusterQueue can never admit the batch (stopped, inactive, too small), or None."""
@@ -2918,6 +2994,18 @@ class KueueGate:
 
     def __init__(self, spec, console):
         self.spec, self.console = spec, console
+
+    @staticmethod
+    def add_arguments(parser):
+        parser.add_argument("--queue", metavar="NAME",
+                            help="submit the Job through the Kueue LocalQueue NAME (label kueue.x-k8s.io/queue-name): "
+                                 "it waits suspended until admitted; the queue wait is reported apart from startup")
+        parser.add_argument("--cluster-queue", metavar="NAME",
+                            help="with --queue: create LocalQueue NAME in the run's new namespace for this "
+                                 "ClusterQueue (without it, a namespace policy must put the LocalQueue there)")
+        parser.add_argument("--queue-timeout", type=int, default=DEFAULT_QUEUE_TIMEOUT_SECONDS, metavar="SECONDS",
+                            help="with --queue: how long to wait for an admission (the Job's deadline does not run "
+                                 "while it is queued) (default %d)" % DEFAULT_QUEUE_TIMEOUT_SECONDS)
 
     @staticmethod
     def check_options(args, fail, backend):
@@ -3339,8 +3427,10 @@ class AdmissionCycles:
                 "workload": (self.workload or {}).get("metadata", {}).get("name"), "job_create_called": self.job_created,
                 "cycles": self.cycles, "last_state": self.state()}
 
+
 def workload_condition(workload, kind):
     return next((c for c in (workload.get("status") or {}).get("conditions") or [] if c.get("type") == kind), {})
+
 
 def eviction_counts(workload):
     """status.schedulingStats.evictions as {(reason, underlyingCause): count} (Kueue v0.14+;
@@ -3348,10 +3438,12 @@ def eviction_counts(workload):
     stats = ((workload.get("status") or {}).get("schedulingStats") or {}).get("evictions") or []
     return {(entry.get("reason"), entry.get("underlyingCause") or ""): entry.get("count", 0) for entry in stats}
 
+
 def eviction_reason(reason, underlying_cause):
     """The Evicted condition's reason for a schedulingStats entry: Kueue appends the cause to
     "Deactivated" only (`DeactivatedDueToRequeuingLimitExceeded`, evict.go)."""
     return reason + "DueTo" + underlying_cause if reason == "Deactivated" and underlying_cause else reason
+
 
 def queue_summary(record):
     """results.json's `queue`: the first admission wait, every cycle with its reason and wait,
@@ -3385,6 +3477,7 @@ def queue_summary(record):
                                   "does not; every per-episode phase starts at pod creation, after admission",
             "deadline_note": "activeDeadlineSeconds does not run while the Job is suspended, and each admission "
                              "restarts it (the Job's startTime is reset on resume)"}
+
 
 def last_admission_time(record):
     """The server time of the last admission (whole seconds), or None."""
@@ -3485,17 +3578,19 @@ def sandbox_template_manifest(namespace, run_id, image, runtime, tasks=False):
     security context, the episode program at /demo) with a keep-alive command instead of the
     episode, an explicit dnsPolicy and no managed NetworkPolicy (agent-sandbox's defaults would
     otherwise change DNS and networking against the Job backend's pods)."""
-    pod = job_manifest(namespace, run_id, 1, 1, image, runtime, tasks=tasks)["spec"]["template"]
+    pod = episode_pod_template(run_id, image, runtime, tasks)
     pod["spec"]["containers"][0].update(command=list(KEEP_ALIVE_COMMAND), env=[])
     pod["spec"].update(terminationGracePeriodSeconds=1, dnsPolicy="ClusterFirst")
     return {"apiVersion": EXTENSIONS_API, "kind": "SandboxTemplate",
             "metadata": {"name": TEMPLATE_NAME, "namespace": namespace, "labels": object_labels(run_id, "sandbox-template")},
             "spec": {"podTemplate": pod, "networkPolicyManagement": "Unmanaged"}}
 
+
 def warm_pool_manifest(namespace, run_id, replicas):
     return {"apiVersion": EXTENSIONS_API, "kind": "SandboxWarmPool",
             "metadata": {"name": POOL_NAME, "namespace": namespace, "labels": object_labels(run_id, "warm-pool")},
             "spec": {"replicas": replicas, "sandboxTemplateRef": {"name": TEMPLATE_NAME}}}
+
 
 def claim_manifests(namespace, run_id, count, shutdown_time):
     """One SandboxClaim per episode, named episode-<i> (also the episode id). No env: claim env
@@ -3508,17 +3603,20 @@ def claim_manifests(namespace, run_id, count, shutdown_time):
                       "lifecycle": {"shutdownTime": shutdown_time, "shutdownPolicy": "Delete"}}}
             for index in range(count)]
 
+
 def nearest_rank(values, p):
     """The agent-sandbox stress test's percentile (test/stress stats.go): the value at rank
     ceil(p/100 * n), 1-based. Not the tutorial's interpolation used everywhere else."""
     ordered = sorted(values)
     return ordered[max(1, math.ceil(p / 100.0 * len(ordered))) - 1]
 
+
 def nearest_rank_stats(values):
     if not values:
         return {"count": 0}
     return {"count": len(values), "min": min(values), "mean": statistics.fmean(values),
             **{"p%d" % p: nearest_rank(values, p) for p in (50, 90, 95, 99)}, "max": max(values)}
+
 
 def warm_pool_summary(output, report, observed):
     """What only a warm-pool run has: launch types, pool fill, refill pods, the time to all
@@ -3576,6 +3674,7 @@ def warm_pool_summary(output, report, observed):
         "phases_by_launch_type": by_type,
     }
 
+
 def check_agent_sandbox(cluster):
     """Read-only: the four v1beta1 kinds are served, and the controller runs with --extensions
     (when its Deployment can be read). Raises one line with the install command otherwise."""
@@ -3596,8 +3695,9 @@ def check_agent_sandbox(cluster):
     except KubectlError as error:
         deployment = {"error": meaningful_line(error.stderr)}
     if deployment is None or "error" in deployment:
-        cluster.console.note("cannot read deployment/%s in %s (%s): whether its extensions controller runs is checked when the pool "
-             "is created" % (CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, (deployment or {}).get("error", "not found")))
+        cluster.console.note("cannot read deployment/%s in %s (%s): whether its extensions controller runs is "
+                             "checked when the pool is created" % (CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE,
+                                                                   (deployment or {}).get("error", "not found")))
         return {"controller": None, "served": wanted}
     containers = deployment["spec"]["template"]["spec"].get("containers") or []
     args = [arg for container in containers for arg in (container.get("command") or []) + (container.get("args") or [])]
@@ -3900,6 +4000,16 @@ class WarmPoolBackend(Backend):
                    "agent_sandbox_stress_test.time_to_all_ready_seconds")],
         "after": [("refill pods created during the batch", "number", "refill_pods.created_during_batch")],
     }
+
+    @classmethod
+    def add_arguments(cls, parser):
+        parser.add_argument("--pool-size", type=int, metavar="N",
+                            help="warm-pool: sandboxes started before the batch (default COUNT; 0: every claim starts "
+                                 "cold through the claim API)")
+        parser.add_argument("--exec-concurrency", type=int, metavar="N",
+                            help="warm-pool: `kubectl exec` processes at once (default min(COUNT, %d)); episodes "
+                                 "beyond it wait on this machine, which shows as claim Ready -> exec started"
+                                 % DEFAULT_EXEC_CONCURRENCY)
 
     @classmethod
     def check_options(cls, args, fail):
@@ -4271,6 +4381,7 @@ class LocalBackend(Backend):
 # Backend registry: the one place that lists the backends (and so `--backend`'s choices)
 # ============================================================================
 
+
 BACKENDS = {backend.name: backend for backend in (JobBackend, WarmPoolBackend, LocalBackend)}
 DEFAULT_BACKEND = JobBackend.name
 
@@ -4421,6 +4532,7 @@ def cmd_report(args, console):
 
 RESULT_KEYS = ("episodes", "successful_episodes", "reward_sum", "phases", "pods", "parallelism", "runtime")
 
+
 def find_receipts(folders):
     """{namespace: (folder, receipt)} for every receipt.json in the folders or one level below."""
     found = {}
@@ -4544,13 +4656,8 @@ def build_parser():
     run.add_argument("--backend", choices=tuple(BACKENDS), default=DEFAULT_BACKEND,
                      help="%s (default: %s)" % ("; ".join("`%s`: %s" % (name, backend.help)
                                                           for name, backend in BACKENDS.items()), DEFAULT_BACKEND))
-    run.add_argument("--pool-size", type=int, metavar="N",
-                     help="warm-pool: sandboxes started before the batch (default COUNT; 0: every claim starts "
-                          "cold through the claim API)")
-    run.add_argument("--exec-concurrency", type=int, metavar="N",
-                     help="warm-pool: `kubectl exec` processes at once (default min(COUNT, %d)); episodes beyond "
-                          "it wait on this machine, which shows as claim Ready -> exec started"
-                          % DEFAULT_EXEC_CONCURRENCY)
+    for backend in BACKENDS.values():
+        backend.add_arguments(run)
     run.add_argument("--count", type=int,
                      help="episodes in the batch, 1..%d, or up to %d with --allow-large (default %d, or "
                           "the number of --tasks)" % (MAX_COUNT, MAX_LARGE_COUNT, DEFAULT_COUNT))
@@ -4580,15 +4687,7 @@ def build_parser():
     run.add_argument("--network", choices=("default", "none"), default="default",
                      help="`none`: a default-deny NetworkPolicy (ingress and egress) in the run's "
                           "namespace; needs a CNI that enforces NetworkPolicies (default: default)")
-    run.add_argument("--queue", metavar="NAME",
-                     help="submit the Job through the Kueue LocalQueue NAME (label kueue.x-k8s.io/queue-name): it "
-                          "waits suspended until admitted; the queue wait is reported apart from startup")
-    run.add_argument("--cluster-queue", metavar="NAME",
-                     help="with --queue: create LocalQueue NAME in the run's new namespace for this ClusterQueue "
-                          "(without it, a namespace policy must put the LocalQueue there)")
-    run.add_argument("--queue-timeout", type=int, default=DEFAULT_QUEUE_TIMEOUT_SECONDS, metavar="SECONDS",
-                     help="with --queue: how long to wait for an admission (the Job's deadline does not run while "
-                          "it is queued) (default %d)" % DEFAULT_QUEUE_TIMEOUT_SECONDS)
+    KueueGate.add_arguments(run)
     run.add_argument("--dry-run", action="store_true",
                      help="print the objects a run would create (JSON for `kubectl create -f -`); "
                           "touch neither the cluster nor the output folder")

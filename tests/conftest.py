@@ -1,4 +1,5 @@
 import importlib.util
+import json
 from pathlib import Path
 import subprocess
 import sys
@@ -100,3 +101,36 @@ def interrupt_a_run(make_cluster, tmp_path, signal_number=None):
     process.send_signal(signal.SIGINT if signal_number is None else signal_number)
     _, stderr = process.communicate(timeout=60)
     return cluster, process.returncode, stderr
+
+
+# ---------------------------------------------------------------- helpers shared by the test modules
+
+
+T0 = 1795946400.0  # 2026-11-29T10:00:00Z as Unix seconds: the in-process tests' clock origin
+
+EPISODE = str(ROOT / "tests" / "episodes" / "scripted.py")
+
+
+def read(path):
+    return json.loads(Path(path).read_text())
+
+
+def write_tasks(path, tasks):
+    path.write_text("".join(json.dumps(task) + "\n" for task in tasks))
+    return str(path)
+
+
+PYTHON = sys.executable
+
+
+def make_image(tmp_path, name, body):
+    """A test image: its `python` is a shell script around the real interpreter."""
+    path = tmp_path / ("image-" + name)
+    path.write_text("#!/bin/sh\n" + body.replace("$PY", '"%s"' % PYTHON) + "\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def cluster_with_image(make_cluster, tmp_path, name, body, **config):
+    images = {"python:3.12-alpine": {"python": PYTHON}, name: {"python": make_image(tmp_path, name, body)}}
+    return make_cluster({"images": images, **config})

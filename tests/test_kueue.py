@@ -1,5 +1,6 @@
-"""Issue 13: the batch through a Kueue LocalQueue, its queue wait apart from startup, through the
-simulated cluster (Kueue v0.19.2), end to end as a user runs it."""
+"""The Kueue gate: the batch through a Kueue LocalQueue, its queue wait apart from startup, end to end
+through the simulated cluster (Kueue v0.19.2), and the preflight's quota arithmetic in-process."""
+
 import json
 import subprocess
 import sys
@@ -7,8 +8,8 @@ import time
 
 import pytest
 
-from conftest import SCRIPT
-from test_custom import read
+from conftest import EPISODE, SCRIPT, read, write_tasks
+
 
 TEAM = {"name": "team", "nominalQuota": {"cpu": "2", "memory": "4Gi"}}
 
@@ -360,7 +361,6 @@ def test_each_round_of_a_queued_run_is_queued_and_reported(make_cluster, run_too
 
 def test_custom_episodes_of_a_preempted_cycle_are_retried_and_only_the_last_cycle_counts(make_cluster, run_tool,
                                                                                         tmp_path):
-    from test_custom import EPISODE, write_tasks
     write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok", "reward": 1}, {"mode": "ok", "reward": 0.5}])
     cluster = make_cluster(dict(kueue(preempt={"whilePodsPending": 2}), profile="vm-sandbox"))
     done = run_tool("run", "--no-runtime-class", "--episode", EPISODE, "--tasks", "tasks.jsonl", "--retries", "1",
@@ -405,3 +405,38 @@ def test_a_preemption_while_the_workload_watch_is_down_is_still_counted(make_clu
     assert queue["cycles"][0]["evicted_message"].startswith("Preempted to accommodate a workload")
     assert queue["preempted_cycle_pods"] == 4
     assert (results["successful_episodes"], results["reward_sum"]) == (4, 4)
+
+
+# ---------------------------------------------------------------- in-process: the preflight's arithmetic
+
+def cluster_queue(nominal_cpu="1", nominal_memory="1Gi", **spec):
+    return {"metadata": {"name": "team"}, "spec": dict({"resourceGroups": [{"flavors": [{"name": "default", "resources": [
+        {"name": "cpu", "nominalQuota": nominal_cpu}, {"name": "memory", "nominalQuota": nominal_memory}]}]}]}, **spec)}
+
+
+def test_a_demand_over_the_nominal_quota_never_fits(tool):
+    demand = tool.queue_demand(20, 20, None)  # 20 x 100m CPU, 20 x 64Mi
+    assert demand == {"cpu": pytest.approx(2.0), "memory": 20 * 64 * 2 ** 20}
+    assert tool.never_fits(cluster_queue(), demand) == (
+        "the batch needs 2000m cpu at once, over ClusterQueue team's nominal quota of 1000m")
+
+
+def test_a_resource_the_cluster_queue_does_not_cover_never_fits(tool):
+    queue = cluster_queue()
+    queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"].pop()  # no memory
+    assert tool.never_fits(queue, tool.queue_demand(1, 1, None)) == "ClusterQueue team covers no memory"
+
+
+def test_a_demand_within_the_quota_fits(tool):
+    assert tool.never_fits(cluster_queue(), tool.queue_demand(5, 20, None)) is None
+
+
+def test_a_stopped_or_inactive_cluster_queue_is_refused_with_its_reason(tool):
+    demand = tool.queue_demand(1, 1, None)
+    assert tool.queue_refusal(cluster_queue(stopPolicy="Hold"), demand) == "ClusterQueue team is stopped (stopPolicy Hold)"
+    inactive = cluster_queue()
+    inactive["status"] = {"conditions": [{"type": "Active", "status": "False", "reason": "FlavorNotFound",
+                                          "message": "Can't admit new workloads: references missing ResourceFlavor(s)"}]}
+    assert tool.queue_refusal(inactive, demand) == ("ClusterQueue team is not active (FlavorNotFound: Can't admit new "
+                                                    "workloads: references missing ResourceFlavor(s))")
+    assert tool.queue_refusal(cluster_queue(), demand) is None

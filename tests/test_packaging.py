@@ -10,6 +10,9 @@ import sysconfig
 
 import pytest
 
+from conftest import find_python, read
+
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -63,9 +66,6 @@ def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     command = "python3 -m pytest"
     assert command in readme and command in ci
-
-
-# ---------------------------------------------------------------- installing it as users do
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +125,18 @@ def test_the_source_package_carries_what_its_tests_and_example_need(tmp_path):
                    "tests/fakecluster/kubectl.py", "tests/episodes/scripted.py", "examples/sum_episode.py",
                    "examples/sum_tasks.jsonl", "benchmarks/collection.py"):
         assert needed in names, needed
+
+
+def test_a_batch_runs_with_the_tool_on_python_3_9(cluster, run_tool, tmp_path):
+    result = run_tool("run", "--count", "3", "--output", "out", cluster=cluster, python=find_python("3.9"))
+    assert result.code == 0, result
+    assert read(tmp_path / "out" / "results.json")["reward_sum"] == 3
+    assert run_tool("cleanup", "--output", "out", cluster=cluster, python=find_python("3.9")).code == 0
+
+
+def test_cli_runs_on_python_3_9(tmp_path):
+    python = find_python("3.9")
+    script = Path(__file__).resolve().parent.parent / "rl-batch-demo.py"
+    done = subprocess.run([python, str(script), "run", "--help"], text=True, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "--parallelism" in done.stdout

@@ -5,18 +5,11 @@ through the simulated cluster configured the way a real cluster behaves."""
 
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-from conftest import SCRIPT, interrupt_a_run
-from test_custom import EPISODE, read, write_tasks
-from test_e2e import cluster_with_image
-
-
-# ---------------------------------------------------------------- 1. refusals that pass
+from conftest import EPISODE, cluster_with_image, interrupt_a_run, read, write_tasks
 
 
 def test_serviceaccount_lag_in_a_new_namespace_does_not_stop_the_run(make_cluster, run_tool, tmp_path):
@@ -58,90 +51,12 @@ def test_refusals_that_pass_on_their_own_are_not_blocking(tool):
         assert tool.blocking_reason([event], []) is None
 
 
-# ---------------------------------------------------------------- 2. watches that end
-
-
 @pytest.mark.parametrize("ending", ["expired", "close"])
 def test_watches_that_end_do_not_break_the_run(make_cluster, run_tool, tmp_path, ending):
     cluster = make_cluster({"watchEnds": {"afterSeconds": 0.5, "with": ending}, "profile": "vm-sandbox"})
     result = run_tool("run", "--count", "3", "--output", "out", cluster=cluster)
     assert result.code == 0, result
     assert read(tmp_path / "out" / "results.json")["successful_episodes"] == 3
-
-
-# ---------------------------------------------------------------- 3. namespaces already terminating
-
-
-def finished_run(make_cluster, run_tool, tmp_path, **config):
-    cluster = make_cluster(config)
-    result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
-    assert result.code == 0, result
-    return cluster, read(tmp_path / "out" / "receipt.json")["namespace"]
-
-
-def test_cleanup_waits_for_a_namespace_that_is_already_terminating(make_cluster, run_tool, tmp_path):
-    cluster, namespace = finished_run(make_cluster, run_tool, tmp_path, namespaceDeletionSeconds=2)
-    cluster.kubectl("delete", "namespace", namespace, "--wait=false")
-    result = run_tool("cleanup", "--output", "out", cluster=cluster)
-    assert result.code == 0, result
-    assert "Deleted test namespace: %s" % namespace in result.stdout
-    assert cluster.kubectl("get", "namespace", namespace, "--ignore-not-found", "-o", "name").stdout == ""
-
-
-def test_cleanup_survives_a_committed_delete_answered_with_an_error(make_cluster, run_tool, tmp_path):
-    # The first DELETE is carried out, then answered with an etcd error; the retry meets 409.
-    cluster, namespace = finished_run(make_cluster, run_tool, tmp_path, namespaceDeletionSeconds=2, transientFailures=[
-        {"verb": "delete", "resource": "namespaces", "times": 1, "kind": "etcd-timeout", "afterCommit": True}])
-    result = run_tool("cleanup", "--output", "out", cluster=cluster)
-    assert result.code == 0, result
-    assert "Deleted test namespace: %s" % namespace in result.stdout
-
-
-def test_two_cleanups_at_once_both_succeed(make_cluster, tmp_path):
-    cluster = make_cluster({"namespaceDeletionSeconds": 2})
-    subprocess.run([sys.executable, str(SCRIPT), "run", "--count", "2", "--output", "out"], cwd=str(tmp_path),
-                   env=cluster.env(), capture_output=True, timeout=120, check=True)
-    cleanups = [subprocess.Popen([sys.executable, str(SCRIPT), "cleanup", "--output", "out"], cwd=str(tmp_path),
-                                 env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                for _ in range(2)]
-    outputs = [process.communicate(timeout=120) for process in cleanups]
-    assert [process.returncode for process in cleanups] == [0, 0], outputs
-
-
-# ---------------------------------------------------------------- 4. tainted sandbox pools
-
-
-SANDBOX_TAINT = {"key": "sandbox.gke.io/runtime", "value": "gvisor", "effect": "NoSchedule"}
-SANDBOX_POOL = {"runtimeClasses": [{"name": "gvisor", "handler": "runsc", "scheduling": {
-    "nodeSelector": {"sandbox.gke.io/runtime": "gvisor"},
-    "tolerations": [{"key": "sandbox.gke.io/runtime", "operator": "Equal", "value": "gvisor",
-                     "effect": "NoSchedule"}]}}],
-    "nodes": [{"name": "pool-node-1", "hostname": "ip-10-0-0-1", "labels": {"sandbox.gke.io/runtime": "gvisor"},
-               "taints": [SANDBOX_TAINT]},
-              {"name": "general-1", "taints": [{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}]}]}
-
-
-def test_a_tainted_pool_the_runtime_class_tolerates_passes_preflight_and_prewarms(make_cluster, run_tool, tmp_path):
-    cluster = make_cluster(SANDBOX_POOL)
-    result = run_tool("run", "--runtime", "gvisor", "--count", "2", "--prewarm", "--output", "out", cluster=cluster)
-    assert result.code == 0, result
-    assert "no usable node" not in result.stderr
-    assert read(tmp_path / "out" / "run.json")["preflight"]["pods_that_fit_at_once"] > 0
-    prewarm = read(tmp_path / "out" / "prewarm" / "pool-node-1" / "job-submitted.json")
-    # pinned by the node's own hostname label, which differs from its name here
-    assert prewarm["spec"]["template"]["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "ip-10-0-0-1"}
-    assert read(tmp_path / "out" / "results.json")["nodes"] == {"pool-node-1": 2}
-
-
-def test_preflight_refuses_taints_nothing_tolerates(tool):
-    node = {"metadata": {"name": "n", "labels": {}}, "spec": {"taints": [SANDBOX_TAINT]},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}], "allocatable": {"cpu": "8", "memory": "8Gi"}}}
-    assert tool.usable_nodes([node], None) == []
-    runtime_class = {"scheduling": {"tolerations": [{"key": "sandbox.gke.io/runtime", "operator": "Exists"}]}}
-    assert tool.usable_nodes([node], runtime_class) == [node]
-
-
-# ---------------------------------------------------------------- 5. etcd errors and unknown outcomes
 
 
 def test_etcd_errors_on_reads_after_completion_are_retried(make_cluster, run_tool, tmp_path):
@@ -177,9 +92,6 @@ def test_a_create_answered_with_an_etcd_error_after_commit_is_adopted(make_clust
     assert receipt["uid"] == cluster.get_json("namespace", receipt["namespace"])["metadata"]["uid"]
 
 
-# ---------------------------------------------------------------- 6, 7. deadlines and why
-
-
 def test_deadline_ends_the_run_at_failure_target_not_after_the_grace_period(make_cluster, run_tool, tmp_path):
     # `sleep` as the container's PID 1 ignores SIGTERM: the pods take their full 30 s grace period.
     cluster = cluster_with_image(make_cluster, tmp_path, "slow:1", "exec sleep 60")
@@ -212,9 +124,6 @@ def test_an_unschedulable_batch_timeout_names_the_scheduler_message(make_cluster
     result = run_tool("run", "--count", "2", "--timeout", "3", "--force", "--output", "out", cluster=cluster)
     assert result.code == 3, result
     assert "FailedScheduling: 0/1 nodes are available: 1 Insufficient cpu." in result.stderr
-
-
-# ---------------------------------------------------------------- 8, 9. clocks
 
 
 @pytest.mark.parametrize("offset", [-8, 5])
@@ -252,9 +161,6 @@ def test_custom_episodes_on_a_skewed_node_never_report_a_negative_batch_time(mak
 def test_pod_scheduled_is_on_the_api_server_clock(tool):
     definition = tool.phase_definition("scheduling")
     assert (definition["clocks"], definition["mixed_clocks"]) == (["api-server"], False)
-
-
-# ---------------------------------------------------------------- 10. evictions
 
 
 def test_a_kubelet_eviction_of_the_builtin_episode_is_named_as_such(make_cluster, run_tool, tmp_path):
@@ -310,44 +216,12 @@ def test_a_retried_evicted_attempt_is_listed_among_failed_attempts(make_cluster,
     assert [attempt["reason"] for attempt in row["failed_attempts"]] == ["evicted: Eviction API: evicting"]
 
 
-# ---------------------------------------------------------------- 11. signals, KUBECTL, context
-
-
 def test_sigterm_saves_what_is_known_and_exits_143(make_cluster, tmp_path):
     _, code, stderr = interrupt_a_run(make_cluster, tmp_path, signal.SIGTERM)
     assert code == 143, stderr
     assert "Error: terminated (SIGTERM)" in stderr
     assert "Clean up with:" in stderr
     assert len(read(tmp_path / "out" / "pods.json")) == 2
-
-
-@pytest.mark.parametrize("what", ["a directory", "not executable"])
-def test_a_kubectl_that_cannot_run_is_one_line(run_tool, tmp_path, what):
-    program = tmp_path / "kubectl-here"
-    if what == "a directory":
-        program.mkdir()
-    else:
-        program.write_text("#!/bin/sh\n")
-    result = run_tool("run", "--count", "1", "--output", "out", env={"KUBECTL": str(program)})
-    assert result.code == 1, result
-    assert result.stderr.strip().splitlines() == [
-        "Error: cannot run kubectl %r: it is %s; set KUBECTL to the kubectl program itself" % (str(program), what)]
-
-
-def test_an_unknown_context_shows_kubectls_meaningful_line(cluster, run_tool):
-    result = run_tool("run", "--count", "1", "--context", "nosuch", "--output", "out", cluster=cluster)
-    assert result.code == 1, result
-    assert "context was not found for specified context: nosuch" in result.stderr
-
-
-def test_the_meaningful_line_skips_client_go_logs(tool):
-    stderr = ('E1130 06:46:07.123456   12345 memcache.go:265] "Unhandled Error" err="couldn\'t get current server '
-              'API group list"\nThe connection to the server localhost:8080 was refused - did you specify the right '
-              'host or port?\nI1130 06:46:07.2 12345 helpers.go:1] trailing log line\n')
-    assert tool.meaningful_line(stderr).startswith("The connection to the server localhost:8080 was refused")
-
-
-# ---------------------------------------------------------------- pods as pods: real paths
 
 
 POD_PATHS_EPISODE = '''import json, os, time
@@ -422,3 +296,26 @@ def test_the_tutorials_own_episode_runs_unchanged(make_cluster, run_tool, tmp_pa
     results = run_pod_program(make_cluster, run_tool, tmp_path, TUTORIAL_WORKER, 3)
     assert (results["successful_episodes"], results["reward_sum"]) == (3, 3)
     assert {row["reward_fields"]["baseline_exit"] for row in results["pods"]} == {1}
+
+
+def test_transient_kubectl_failures_are_retried(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"transientFailures": [{"verb": "get", "resource": "jobs", "times": 2},
+                                                  {"verb": "list", "resource": "pods", "times": 1}]})
+    result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    assert "Error from server (InternalError)" in result.stderr and "retrying in" in result.stderr
+    assert read(tmp_path / "out" / "results.json")["reward_sum"] == 2
+
+
+def test_a_create_that_timed_out_after_commit_is_adopted_not_repeated(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"transientFailures": [{"verb": "create", "resource": "jobs", "times": 1,
+                                                   "kind": "timeout-after-commit"}]})
+    result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    receipt = read(tmp_path / "out" / "receipt.json")
+    jobs = cluster.get_json("-n", receipt["namespace"], "jobs")["items"]
+    assert [job["metadata"]["uid"] for job in jobs] == [receipt["job_uid"]]
+    calls = cluster.calls()
+    creates = [index for index, call in enumerate(calls) if "create" in call]
+    assert len(creates) == 3  # namespace, configmap, Job: never a second create of the Job
+    assert calls[creates[-1] + 1][3:6] == ["get", "-n", receipt["namespace"]]  # it looked, found it, adopted it

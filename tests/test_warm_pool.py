@@ -1,12 +1,16 @@
-"""Issue 12: the warm-pool backend (kubernetes-sigs/agent-sandbox v1beta1) through the simulated
-cluster, end to end as a user runs it."""
+"""The warm-pool backend (kubernetes-sigs/agent-sandbox v1beta1): end to end through the simulated
+cluster as a user runs it, and its records and summaries in-process."""
+
 import json
 
 import pytest
 
-from test_custom import EPISODE, read, write_tasks
+from conftest import EPISODE, T0, read, write_tasks
+
 
 AGENT_SANDBOX = {"agentSandbox": {"version": "v0.5.6", "extensions": True}}
+
+
 INSTALL = ("kubectl --context kind-rl apply -f https://github.com/kubernetes-sigs/agent-sandbox/releases/download/"
            "v0.5.6/sandbox-with-extensions.yaml")
 
@@ -243,3 +247,76 @@ def test_a_warm_pool_batch_survives_what_real_clusters_do(make_cluster, run_tool
     assert (results["successful_episodes"], sum(results["launch_types"].values())) == (6, 6)
     assert len(read(tmp_path / "warm" / "claims.json")) == 6  # the committed creates were adopted, not repeated
     assert run_tool("cleanup", "--output", "warm", cluster=cluster).code == 0
+
+
+# ---------------------------------------------------------------- in-process: records and summaries
+
+CLAIM = {"metadata": {"name": "episode-3", "creationTimestamp": "2026-11-29T10:00:01Z", "uid": "c-3"}}
+SANDBOX = {"metadata": {"name": "episodes-abcde", "labels": {"agents.x-k8s.io/launch-type": "warm"}}}
+POD = {"metadata": {"name": "episodes-abcde"}, "spec": {"nodeName": "kind-worker"},
+       "status": {"containerStatuses": [{"restartCount": 0, "imageID": "docker.io/library/python@sha256:aa"}]}}
+
+
+def test_a_warm_episode_record_takes_its_phase_from_the_exit_code_and_its_node_from_the_pod(tool):
+    times = {"exec_started": 1795946402.25, "exec_finished": 1795946403.5}
+    record = tool.warm_episode_record(CLAIM, 3, SANDBOX, POD, {"code": 0, "error": None}, times)
+    assert record["kind"] == "WarmPoolEpisode" and record["metadata"]["name"] == "episode-3"
+    assert record["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "3"
+    assert record["spec"] == {"nodeName": "kind-worker", "sandbox": "episodes-abcde", "pod": "episodes-abcde",
+                              "launch_type": "warm"}
+    terminated = record["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert record["status"]["phase"] == "Succeeded" and terminated["exitCode"] == 0
+    assert terminated["startedAt"] == "2026-11-29T10:00:02.250000Z"
+
+
+def test_a_warm_episode_whose_exec_failed_carries_the_reason_and_message(tool):
+    result = {"code": None, "error": "kubectl did not finish within 3 s", "reason": "ExecTimedOut"}
+    record = tool.warm_episode_record(CLAIM, 0, None, None, result, {})
+    assert record["status"]["phase"] == "Failed"
+    assert (record["status"]["reason"], record["status"]["message"]) == ("ExecTimedOut", result["error"])
+    assert record["spec"] == {"nodeName": None, "sandbox": None, "pod": None, "launch_type": None}
+
+
+def test_nearest_rank_is_the_stress_tests_percentile_not_the_interpolated_one(tool):
+    values = [10, 20, 30, 40]
+    assert [tool.nearest_rank(values, p) for p in (25, 50, 51, 99, 100)] == [10, 20, 30, 40, 40]
+    assert tool.nearest_rank([7], 1) == 7
+    assert tool.percentile(values, 0.5) == 25  # the tutorial's interpolation differs
+
+
+def write_warm_folder(folder, claims, pods, record):
+    folder.mkdir()
+    (folder / "claims.json").write_text(json.dumps(claims))
+    (folder / "pods.json").write_text(json.dumps(pods))
+    (folder / "warm-pool.json").write_text(json.dumps(record))
+
+
+def test_the_warm_pool_summary_counts_refill_pods_and_times_all_claims_ready(tool, tmp_path):
+    claims = [{"metadata": {"name": "episode-%d" % i, "creationTimestamp": "2026-11-29T10:00:0%dZ" % i}}
+              for i in range(2)]
+    refill = {"metadata": {"name": "episodes-new"}, "status": {"containerStatuses": [
+        {"state": {"running": {"startedAt": "2026-11-29T10:00:02Z"}}}]}}
+    pool_pod = {"metadata": {"name": "episodes-old"}}
+    write_warm_folder(tmp_path / "w", claims, [pool_pod, refill],
+                      {"size": 2, "fill_seconds": 1.5, "launch_types": {"episode-0": "warm", "episode-1": "cold"},
+                       "pool_pods_at_fire": ["episodes-old"]})
+    observed = {"episode-0": {"create_called": T0 - 0.5, "create_returned": T0 - 0.4, "ready": T0 + 1.0},
+                "episode-1": {"create_called": T0 - 0.5, "create_returned": T0 - 0.3, "ready": T0 + 2.0}}
+    report = {"episodes": 2, "pods": [{"pod": "episodes-old", "launch_type": "warm", "times": {"reward": T0 + 3}},
+                                      {"pod": "episodes-x", "launch_type": "cold", "times": {"reward": T0 + 4}}]}
+    report["pods"] = [dict(row, phases=dict.fromkeys(tool.WARM_PHASES), phase_notes={}) for row in report["pods"]]
+    summary = tool.warm_pool_summary(tmp_path / "w", report, observed)
+    assert summary["launch_types"] == {"cold": 1, "warm": 1}
+    assert summary["refill_pods"] == dict(summary["refill_pods"], created_during_batch=1, started_before_last_reward=1)
+    assert summary["batch_to_all_claims_ready_seconds"] == pytest.approx(2.0)  # first claim created at T0
+    assert summary["agent_sandbox_stress_test"]["time_to_all_ready_seconds"] == pytest.approx(2.5)
+    assert summary["agent_sandbox_stress_test"]["create_ack_ms"]["max"] == pytest.approx(200, abs=1e-3)
+
+
+def test_a_claim_never_ready_leaves_both_all_ready_times_null(tool, tmp_path):
+    claims = [{"metadata": {"name": "episode-0", "creationTimestamp": "2026-11-29T10:00:00Z"}}]
+    write_warm_folder(tmp_path / "w", claims, [], {"size": 1})
+    summary = tool.warm_pool_summary(tmp_path / "w", {"episodes": 1, "pods": []},
+                                     {"episode-0": {"create_called": T0}})
+    assert summary["batch_to_all_claims_ready_seconds"] is None
+    assert summary["agent_sandbox_stress_test"]["time_to_all_ready_seconds"] is None

@@ -143,14 +143,14 @@ class ApiFailure(Failure):
     def __init__(self, status):
         self.status = status
         # kubectl's StandardErrorMessage: a Status without a reason prints no parentheses
-        # ("Error from server: etcdserver: leader changed", k8s-samples fact 27).
+        # ("Error from server: etcdserver: leader changed", ASSUMPTIONS.md fact 27).
         reason = " (%s)" % status["reason"] if status.get("reason") else ""
         super().__init__("Error from server%s: %s" % (reason, status["message"]))
 
 
 def ordered(obj):
     """kubectl decodes resources into unstructured maps, and Go's encoder sorts map keys: `get -o
-    json` (and `get -w -o json`) prints keys sorted at every level (k8s-samples README, fact 1)."""
+    json` (and `get -w -o json`) prints keys sorted at every level (ASSUMPTIONS.md fact 1)."""
     return obj
 
 
@@ -256,7 +256,7 @@ def resource_name(token):
 def watch_stream(resource, name, flags, namespace, out, since, timeout):
     """`get -w -o json`: print each changed object as it changes, until the request timeout or
     until the server ends the watch. kubectl ignores the end of the stream and exits 0; an
-    ERROR event's Status object is printed on stdout like any object (k8s-samples fact 25)."""
+    ERROR event's Status object is printed on stdout like any object (ASSUMPTIONS.md fact 25)."""
     ends = time.time() + timeout if flags.get("--request-timeout") not in (None, "0") else None
     started = time.time()
     while ends is None or time.time() < ends:
@@ -405,7 +405,7 @@ def tail(text, lines):
 
 
 def cmd_logs(positionals, flags, namespace, timeout, out):
-    """`kubectl logs POD` or `kubectl logs -l SELECTOR` (k8s-samples fact 32): with a selector
+    """`kubectl logs POD` or `kubectl logs -l SELECTOR` (ASSUMPTIONS.md fact 32): with a selector
     --tail defaults to 10 and the pods are read one after another, unless -f: then every
     stream at once (at most --max-log-requests, default 5), lines of different pods
     interleaving; --prefix starts each write with `[pod/NAME/CONTAINER] `, and kubectl
@@ -563,7 +563,7 @@ def main(argv):
     if context and context not in config.get("contexts", []):
         raise Failure("Error in configuration: context was not found for specified context: %s" % context)
     if not context:
-        # With no context at all kubectl falls back to localhost:8080 (k8s-samples fact 30).
+        # With no context at all kubectl falls back to localhost:8080 (ASSUMPTIONS.md fact 30).
         raise Failure("The connection to the server localhost:8080 was refused - did you specify the right "
                       "host or port?")
     timeout = parse_timeout(flags.get("--request-timeout"))

@@ -1,22 +1,12 @@
-"""Bring-your-own episodes, infrastructure failures kept apart from rewards, the local backend."""
+"""Bring-your-own episodes on every backend: samples and infrastructure failures kept apart,
+retries, tasks."""
 
 import json
-from pathlib import Path
+import re
 
 import pytest
 
-from conftest import ROOT
-
-EPISODE = str(ROOT / "tests" / "episodes" / "scripted.py")
-
-
-def read(path):
-    return json.loads(Path(path).read_text())
-
-
-def write_tasks(path, tasks):
-    path.write_text("".join(json.dumps(task) + "\n" for task in tasks))
-    return str(path)
+from conftest import EPISODE, read, write_tasks
 
 
 @pytest.fixture(params=["kubernetes", "local"])
@@ -105,34 +95,6 @@ def test_an_evicted_episode_is_retried_without_counting_against_retries(make_clu
     assert len(attempts) == 1 and attempts[0]["reason"].startswith("evicted: The node was low on resource: memory")
 
 
-def test_the_built_in_task_keeps_the_strict_checks_on_the_local_backend(run_tool, tmp_path):
-    result = run_tool("run", "--backend", "local", "--count", "3", "--output", "out")
-    assert result.code == 0, result
-    results = read(tmp_path / "out" / "results.json")
-    assert (results["episodes"], results["successful_episodes"], results["reward_sum"]) == (3, 3, 3)
-    assert results["runtime"] == "local-process" and list(results["nodes"])[0].startswith("local:")
-    assert "infrastructure_failures" not in results
-    assert results["phases"]["module_import"]["clocks"] == ["local"]
-    assert results["pods"][0]["phase_notes"]["scheduling"] == "local backend: no scheduler and no sandbox"
-    cleanup = run_tool("cleanup", "--output", "out")
-    assert cleanup.code == 0 and cleanup.stdout.startswith("Nothing to clean up")
-
-
-def test_local_backend_honours_parallelism(run_tool, tmp_path):
-    assert run_tool("run", "--backend", "local", "--count", "4", "--parallelism", "1", "--output", "out").code == 0
-    rows = sorted(read(tmp_path / "out" / "results.json")["pods"], key=lambda row: row["times"]["pod_created"])
-    for earlier, later in zip(rows, rows[1:]):
-        assert earlier["times"]["container_finished"] <= later["times"]["pod_created"]
-
-
-def test_report_sets_a_local_baseline_beside_a_cluster_run(cluster, run_tool, tmp_path):
-    assert run_tool("run", "--backend", "local", "--count", "3", "--output", "bare").code == 0
-    assert run_tool("run", "--count", "3", "--output", "sandbox", cluster=cluster).code == 0
-    table = run_tool("report", "bare", "sandbox", "--label", "bare process", "--label", "cube")
-    assert table.code == 0, table
-    assert table.stdout.splitlines()[0] == "| measure | bare process | cube |"
-
-
 def test_an_oversized_task_file_is_refused_before_any_change(cluster, run_tool, tmp_path):
     big = write_tasks(tmp_path / "tasks.jsonl", [{"id": i, "blob": "x" * 100000} for i in range(11)])
     result = run_tool("run", "--episode", EPISODE, "--tasks", big, "--allow-large", "--output", "out", cluster=cluster)
@@ -171,17 +133,93 @@ def test_the_custom_job_is_indexed_with_per_index_retries(run_tool, tmp_path):
     assert {"name": "TASK_FILE", "value": "/tasks/task-$(TASK_INDEX).json"} in env
 
 
-def test_the_worked_example_runs_locally(run_tool, tmp_path):
-    result = run_tool("run", "--backend", "local", "--episode", str(ROOT / "examples" / "sum_episode.py"),
-                      "--tasks", str(ROOT / "examples" / "sum_tasks.jsonl"), "--output", "sums")
-    assert result.code == 0, result
-    results = read(tmp_path / "sums" / "results.json")
-    assert results["rewards"]["count"] == 4 and results["reward_sum"] == 2.0
-
-
 def test_an_old_server_gets_a_warning_about_per_episode_retries(make_cluster, run_tool, tmp_path):
     cluster = make_cluster({"kubernetesVersion": "v1.27.3"})
     tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": 0}])
     result = run_tool("run", "--episode", EPISODE, "--tasks", tasks, "--output", "out", cluster=cluster)
     assert "warning: the server is Kubernetes v1.27.3; per-episode retries (backoffLimitPerIndex) need 1.29" \
         in result.stderr
+
+
+def test_an_episode_printing_a_python_dict_is_still_a_sample(cluster, run_tool, tmp_path):
+    episode = tmp_path / "chatty.py"
+    episode.write_text('import json, os, time\n'
+                       'emit = lambda event, **f: print(json.dumps(dict(event=event, at=time.time(), '
+                       'episode_id=os.environ["EPISODE_ID"], **f)), flush=True)\n'
+                       'emit("ready")\nprint({"step": 1})\nemit("reward", reward=0.5)\n')
+    result = run_tool("run", "--episode", str(episode), "--count", "2", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    results = read(tmp_path / "out" / "results.json")
+    assert results["infrastructure_failures"] == [] and results["reward_sum"] == 1.0
+
+
+# ---------------------------------------------------------------- in-process: what counts as a sample
+
+def custom_pod(name="rollout-0-abc", index=0, phase="Succeeded", created="2026-11-29T10:00:01Z", message=""):
+    terminated = {"exitCode": 0 if phase == "Succeeded" else 1, "reason": "Completed"}
+    if message:
+        terminated["message"] = message
+    return {"metadata": {"name": name, "creationTimestamp": created,
+                         "annotations": {"batch.kubernetes.io/job-completion-index": str(index)}},
+            "spec": {"nodeName": "kind-worker"},
+            "status": {"phase": phase, "containerStatuses": [{"restartCount": 0, "imageID": "img",
+                                                              "state": {"terminated": terminated}}]}}
+
+
+def events(name, reward=1, ready_at=1795946402.0):
+    return "\n".join(json.dumps(event) for event in (
+        {"event": "ready", "at": ready_at, "episode_id": name},
+        {"event": "reward", "at": ready_at + 1, "episode_id": name, "reward": reward, "passed": 3}))
+
+
+CUSTOM_JOB = {"metadata": {"creationTimestamp": "2026-11-29T10:00:00Z"}}
+
+
+def test_sample_events_ignore_the_episodes_own_output_lines(tool):
+    pod = custom_pod()
+    log = "collecting tests\n{'not': 'an event'}\n" + events(pod["metadata"]["name"], 0.5) + "\nbye\n"
+    ready, reward, source = tool.sample_events(pod, log)
+    assert (ready["event"], reward["reward"], source) == ("ready", 0.5, "log")
+
+
+def test_sample_events_prefer_the_termination_message(tool):
+    pod = custom_pod(message=events("rollout-0-abc", 0.25))
+    assert tool.sample_events(pod, "")[1]["reward"] == 0.25
+    assert tool.sample_events(pod, "")[2] == "termination-message"
+
+
+@pytest.mark.parametrize("log, reason", [
+    ("", "never ready: no ready event"),
+    (json.dumps({"event": "ready", "at": 1, "episode_id": "rollout-0-abc"}), "no reward: the episode was ready"),
+    ('{"event": "ready", "at": 1,', 'malformed events: log line 1 names "event" but is not valid JSON'),
+    (events("someone-else"), "malformed events: ready episode_id 'someone-else' is not the pod name"),
+    (events("rollout-0-abc", reward="high"), "malformed reward: 'high' is not a finite number"),
+])
+def test_sample_events_name_the_malformation(tool, log, reason):
+    with pytest.raises(tool.EpisodeInvalid, match=re.escape(reason)):
+        tool.sample_events(custom_pod(), log)
+
+
+def test_a_pod_deleted_before_its_log_was_read_is_no_sample(tool):
+    with pytest.raises(tool.EpisodeInvalid, match="no events: the pod was deleted before its log could be read"):
+        tool.sample_events(custom_pod(), None)
+
+
+def test_collect_samples_keeps_a_retried_index_once_and_lists_its_failed_attempt(tool):
+    failed = custom_pod("rollout-0-aaa", 0, phase="Failed", created="2026-11-29T10:00:01Z")
+    retried = custom_pod("rollout-0-bbb", 0, created="2026-11-29T10:00:03Z")
+    other = custom_pod("rollout-1-ccc", 1)
+    result = tool.collect_samples([failed, retried, other],
+                                  ["boom", events("rollout-0-bbb", 0.5), events("rollout-1-ccc", 0)], CUSTOM_JOB, 2)
+    assert (result["successful_episodes"], result["reward_sum"]) == (2, 0.5)
+    first = next(row for row in result["pods"] if row["index"] == 0)
+    assert first["pod"] == "rollout-0-bbb" and first["reward_fields"] == {"passed": 3}
+    assert first["failed_attempts"] == [{"pod": "rollout-0-aaa", "reason": "crashed: exit code 1 (boom)"}]
+    assert result["infrastructure_failures"] == []
+
+
+def test_collect_samples_reports_an_index_no_pod_ran_for(tool):
+    result = tool.collect_samples([custom_pod()], [events("rollout-0-abc")], CUSTOM_JOB, 2)
+    assert result["infrastructure_failures"] == [
+        {"index": 1, "reason": "no pod ran for this episode (see events.txt)", "attempts": []}]
+    assert result["rewards"]["count"] == 1 and result["episodes"] == 2

@@ -1,21 +1,57 @@
 """Where the time goes: phases and run metadata in results.json, `report`, timeline.svg."""
 
 import json
-from pathlib import Path
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import SCRIPT
+from conftest import SCRIPT, T0, read
 from fakecluster import FakeCluster
 
+
+def test_report_sets_a_local_baseline_beside_a_cluster_run(cluster, run_tool, tmp_path):
+    assert run_tool("run", "--backend", "local", "--count", "3", "--output", "bare").code == 0
+    assert run_tool("run", "--count", "3", "--output", "sandbox", cluster=cluster).code == 0
+    table = run_tool("report", "bare", "sandbox", "--label", "bare process", "--label", "cube")
+    assert table.code == 0, table
+    assert table.stdout.splitlines()[0] == "| measure | bare process | cube |"
+
+
+def local_results(run_tool, tmp_path):
+    assert run_tool("run", "--backend", "local", "--count", "2", "--output", "out").code == 0
+    return tmp_path / "out"
+
+
+def test_a_timeline_into_a_missing_folder_is_one_line(run_tool, tmp_path):
+    local_results(run_tool, tmp_path)
+    result = run_tool("report", "out", "--timeline", "/no/such/dir/t.svg")
+    assert result.code == 1, result
+    assert result.stderr.strip().splitlines() == [
+        "Error: cannot write the timeline to /no/such/dir/t.svg: No such file or directory"]
+
+
+@pytest.mark.parametrize("content, holds", [("{}", "it lacks episodes"), ("[]", "it holds list")])
+def test_a_results_file_of_the_wrong_shape_is_one_line(run_tool, tmp_path, content, holds):
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "results.json").write_text(content)
+    result = run_tool("report", "odd")
+    assert result.code == 1, result
+    line, = result.stderr.strip().splitlines()
+    assert line.startswith("Error: odd/results.json is not the results of rl-batch-demo") and holds in line
+
+
+def test_local_runs_are_titled_and_footnoted_as_local(run_tool, tmp_path):
+    out = local_results(run_tool, tmp_path)
+    assert "context None" not in (out / "timeline.svg").read_text()
+    assert "local backend" in (out / "timeline.svg").read_text()
+    report = run_tool("report", "out")
+    assert report.code == 0 and "uses Kubernetes timestamps" not in report.stdout
+    assert " *" not in report.stdout
+
+
 SVG = "{http://www.w3.org/2000/svg}"
-
-
-def read(path):
-    return json.loads(Path(path).read_text())
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +189,91 @@ def test_timeline_rows_follow_pod_creation_order(two_runs):
 def test_report_stacks_several_runs_in_one_timeline(two_runs, run_tool, tmp_path):
     assert run_tool("report", str(two_runs[0]), str(two_runs[1]), "--timeline", "both.svg").code == 0
     assert len(episode_rows(tmp_path / "both.svg")) == 20
+
+
+def test_report_shows_batch_times_per_round(cluster, run_tool, tmp_path):
+    assert run_tool("run", "--count", "2", "--rounds", "3", "--output", "out", cluster=cluster).code == 0
+    table = json.loads(run_tool("report", "out", "--json").stdout)
+    rows = {row["measure"]: row for row in table["rows"]}
+    assert rows["batch all rewards"]["values"][0].count(" / ") == 2
+    assert rows["tasks / rewards"]["values"] == ["6/6"]
+
+
+# ---------------------------------------------------------------- in-process: the table and the picture
+
+def phase(p50, p95, count=1):
+    return {"p50": p50, "p95": p95, "count": count}
+
+
+def results(backend=None, **extra):
+    """The parts of a results.json that `report` reads."""
+    base = {"episodes": 2, "successful_episodes": 2, "reward_sum": 2, "parallelism": 2, "runtime": "runc",
+            "image": "python:3.12-alpine", "context": "kind-rl",
+            "batch_to_all_ready_seconds": 2.0, "batch_to_all_rewards_seconds": 3.0,
+            "phases": {"scheduling": phase(0.0, 1.0), "module_import": phase(0.0125, 0.02),
+                       "pod_to_ready": phase(1.5, 2.0)}, "pods": []}
+    if backend:
+        base["backend"] = backend
+    base.update(extra)
+    return base
+
+
+def test_report_table_gives_ratios_against_the_first_column_for_batch_times(tool):
+    table = tool.report_table([("a", results()), ("b", results(batch_to_all_ready_seconds=3.0))])
+    rows = {row["measure"]: row for row in table["rows"]}
+    assert table["columns"] == ["a", "b"]
+    assert rows["batch all ready"]["values"] == ["2.00 s", "3.00 s"]
+    assert rows["batch all ready"]["ratios"] == [1.0, 1.5]
+    assert rows["tasks / rewards"]["values"] == ["2/2", "2/2"]
+
+
+def test_report_table_shows_whole_second_rows_in_seconds_and_episode_rows_in_milliseconds(tool):
+    rows = {row["measure"]: row for row in tool.report_table([("a", results())])["rows"]}
+    assert rows["pod created -> scheduled P50 / P95"]["values"] == ["0 s / 1 s"]
+    assert rows["pod created -> scheduled P50 / P95"]["whole_second_resolution"] is True
+    assert rows["Python module import P50 / P95"]["values"] == ["12.5 ms / 20.0 ms"]
+    assert rows["Python module import P50 / P95"]["whole_second_resolution"] is False
+
+
+def test_report_table_drops_rows_no_column_has_and_marks_missing_ones_n_a(tool):
+    warm = results("warm-pool", launch_types={"warm": 2}, phases={"claim_binding": phase(0.04, 0.1)})
+    rows = {row["measure"]: row for row in tool.report_table([("job", results()), ("warm", warm)])["rows"]}
+    assert rows["launch types warm / cold"]["values"] == [None, "2 / 0"]
+    assert rows["claim created -> bound P50 / P95"]["values"] == [None, "0 s / 0.1 s"]
+    assert "Kueue admission cycles" not in rows  # no column was queued
+
+
+def test_a_local_column_has_no_whole_second_rows(tool):
+    rows = tool.report_table([("local", results("local"))])["rows"]
+    assert not any(row["whole_second_resolution"] for row in rows)
+
+
+def timeline_row(name, start, backend_row=None):
+    times = {"pod_created": start, "scheduled": start, "sandbox_ready": start + 0.5, "container_started": start + 1,
+             "process_start": start + 1.2, "imports_done": start + 1.25, "ready": start + 1.3, "reward": start + 2,
+             "container_finished": start + 2}
+    return {"pod": name, "times": times, "batch_to_ready_seconds": times["ready"] - T0}
+
+
+def test_the_timeline_draws_one_group_per_episode_in_creation_order_on_one_axis(tool):
+    run = results(pods=[timeline_row("rollout-b", T0 + 1), timeline_row("rollout-a", T0)])
+    svg = tool.timeline_svg([("run", run)])
+    root = ET.fromstring(svg.encode())
+    groups = root.findall(".//%sg" % SVG)
+    assert [group.get("data-pod") for group in groups] == ["rollout-a", "rollout-b"]
+    assert "seconds since the Job was created" in svg and "run: 2 episodes" in svg
+    # every phase of a pod with a known sandbox-ready time, but not the combined fallback segment
+    assert len(groups[0].findall("%srect" % SVG)) == 8
+
+
+def test_the_timeline_of_a_warm_run_names_claims_and_their_launch_type(tool):
+    times = {"claim_created": T0, "claim_bound": T0 + 0.1, "claim_ready": T0 + 0.2, "exec_started": T0 + 0.3,
+             "process_start": T0 + 0.5, "imports_done": T0 + 0.55, "ready": T0 + 0.6, "reward": T0 + 1,
+             "exec_finished": T0 + 1.1}
+    row = {"claim": "episode-0", "pod": "episodes-x", "launch_type": "warm", "times": times,
+           "batch_to_ready_seconds": 0.6}
+    run = results("warm-pool", pods=[row], pool={"size": 1}, launch_types={"warm": 1})
+    svg = tool.timeline_svg([("warm", run)])
+    group = ET.fromstring(svg.encode()).find(".//%sg" % SVG)
+    assert (group.get("data-claim"), group.get("data-launch-type")) == ("episode-0", "warm")
+    assert "seconds since the first claim was created" in svg and "warm pool of 1, launch types warm 1" in svg

@@ -1,0 +1,201 @@
+"""`cleanup` and `list`: ownership proven before anything is deleted, several folders,
+concurrent and interrupted cleanups."""
+
+import json
+import subprocess
+import sys
+
+from conftest import SCRIPT, read
+
+
+def test_cleanup_deletes_the_namespace_and_keeps_the_output(cluster, run_tool, tmp_path):
+    assert run_tool("run", "--count", "3", "--output", "out", cluster=cluster).code == 0
+    namespace = read(tmp_path / "out" / "receipt.json")["namespace"]
+    result = run_tool("cleanup", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    assert "Deleted test namespace: " + namespace in result.stdout
+    assert cluster.kubectl("get", "namespace", namespace, "--ignore-not-found", "-o", "name").stdout == ""
+    assert (tmp_path / "out" / "results.json").is_file()
+    deletes = [call for call in cluster.calls() if "delete" in call]
+    assert deletes[0][-4:] == ["job", "rollout", "--cascade=foreground", "--wait=false"]
+    assert deletes[1][-3:] == ["namespace", namespace, "--wait=false"]
+
+
+def test_cleanup_of_an_absent_namespace_says_so(cluster, run_tool):
+    assert run_tool("run", "--count", "1", "--output", "out", cluster=cluster).code == 0
+    assert run_tool("cleanup", "--output", "out", cluster=cluster).code == 0
+    result = run_tool("cleanup", "--output", "out", cluster=cluster)
+    assert result.code == 0
+    assert "Namespace already absent" in result.stdout
+
+
+def test_cleanup_without_receipt_fails(cluster, run_tool, tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = run_tool("cleanup", "--output", "empty", cluster=cluster)
+    assert result.code == 1
+    assert result.stderr.startswith("Error: no receipt.json in empty")
+    assert "Traceback" not in result.stderr
+
+
+def test_cleanup_refuses_a_namespace_whose_uid_differs(cluster, run_tool, tmp_path):
+    assert run_tool("run", "--count", "1", "--output", "out", cluster=cluster).code == 0
+    receipt = read(tmp_path / "out" / "receipt.json")
+    cluster.kubectl("delete", "namespace", receipt["namespace"])
+    impostor = {"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": receipt["namespace"], "labels": {"agc-demo-run": receipt["run_id"]}}}
+    cluster.kubectl("create", "-f", "-", stdin=json.dumps(impostor))
+    result = run_tool("cleanup", "--output", "out", cluster=cluster)
+    assert result.code == 1
+    assert "ownership check failed, refusing cleanup: namespace %s uid must equal %s: current value is " % (
+        receipt["namespace"], receipt["uid"]) in result.stderr
+    assert cluster.kubectl("get", "namespace", receipt["namespace"], "-o", "name").stdout.strip()
+
+
+def test_cleanup_refuses_a_namespace_whose_run_label_differs(cluster, run_tool, tmp_path):
+    assert run_tool("run", "--count", "1", "--output", "out", cluster=cluster).code == 0
+    receipt = read(tmp_path / "out" / "receipt.json")
+    cluster.kubectl("label", "namespace", receipt["namespace"], "agc-demo-run=someone-else", "--overwrite")
+    result = run_tool("cleanup", "--output", "out", cluster=cluster)
+    assert result.code == 1
+    assert ("label agc-demo-run must equal %s: current value is someone-else" % receipt["run_id"]) in result.stderr
+    assert not [call for call in cluster.calls() if "delete" in call]
+
+
+def test_cleanup_refuses_a_job_whose_uid_differs(cluster, run_tool, tmp_path):
+    assert run_tool("run", "--count", "1", "--output", "out", cluster=cluster).code == 0
+    receipt = read(tmp_path / "out" / "receipt.json")
+    namespace = receipt["namespace"]
+    cluster.kubectl("-n", namespace, "delete", "job", "rollout")
+    other = read(tmp_path / "out" / "job-submitted.json")
+    cluster.kubectl("create", "-f", "-", stdin=json.dumps(other))
+    result = run_tool("cleanup", "--output", "out", cluster=cluster)
+    assert result.code == 1
+    assert "job rollout uid must equal %s: current value is " % receipt["job_uid"] in result.stderr
+    assert cluster.kubectl("-n", namespace, "get", "job", "rollout", "-o", "name").stdout.strip() == "job.batch/rollout"
+
+
+def test_cleanup_takes_the_job_uid_from_job_json_when_the_receipt_lacks_it(cluster, run_tool, tmp_path):
+    assert run_tool("run", "--count", "1", "--output", "out", cluster=cluster).code == 0
+    receipt_path = tmp_path / "out" / "receipt.json"
+    receipt = read(receipt_path)
+    del receipt["job_uid"]
+    receipt_path.write_text(json.dumps(receipt))
+    result = run_tool("cleanup", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+
+
+def test_a_receipt_that_is_not_an_object_is_one_line(run_tool, tmp_path):
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "receipt.json").write_text("[]")
+    result = run_tool("cleanup", "--output", "odd")
+    assert result.code == 1, result
+    assert result.stderr.strip().splitlines() == [
+        "Error: odd/receipt.json is not the receipt of rl-batch-demo: a JSON object was expected, it holds list"]
+
+
+def finished_run(make_cluster, run_tool, tmp_path, **config):
+    cluster = make_cluster(config)
+    result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    return cluster, read(tmp_path / "out" / "receipt.json")["namespace"]
+
+
+def test_cleanup_waits_for_a_namespace_that_is_already_terminating(make_cluster, run_tool, tmp_path):
+    cluster, namespace = finished_run(make_cluster, run_tool, tmp_path, namespaceDeletionSeconds=2)
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+    result = run_tool("cleanup", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    assert "Deleted test namespace: %s" % namespace in result.stdout
+    assert cluster.kubectl("get", "namespace", namespace, "--ignore-not-found", "-o", "name").stdout == ""
+
+
+def test_cleanup_survives_a_committed_delete_answered_with_an_error(make_cluster, run_tool, tmp_path):
+    # The first DELETE is carried out, then answered with an etcd error; the retry meets 409.
+    cluster, namespace = finished_run(make_cluster, run_tool, tmp_path, namespaceDeletionSeconds=2, transientFailures=[
+        {"verb": "delete", "resource": "namespaces", "times": 1, "kind": "etcd-timeout", "afterCommit": True}])
+    result = run_tool("cleanup", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    assert "Deleted test namespace: %s" % namespace in result.stdout
+
+
+def test_two_cleanups_at_once_both_succeed(make_cluster, tmp_path):
+    cluster = make_cluster({"namespaceDeletionSeconds": 2})
+    subprocess.run([sys.executable, str(SCRIPT), "run", "--count", "2", "--output", "out"], cwd=str(tmp_path),
+                   env=cluster.env(), capture_output=True, timeout=120, check=True)
+    cleanups = [subprocess.Popen([sys.executable, str(SCRIPT), "cleanup", "--output", "out"], cwd=str(tmp_path),
+                                 env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for _ in range(2)]
+    outputs = [process.communicate(timeout=120) for process in cleanups]
+    assert [process.returncode for process in cleanups] == [0, 0], outputs
+
+
+def test_list_finds_a_leftover_run_and_cleanup_removes_it(cluster, run_tool, tmp_path):
+    assert run_tool("run", "--count", "2", "--output", "runs/a", cluster=cluster).code == 0
+    namespace = read(tmp_path / "runs" / "a" / "receipt.json")["namespace"]
+    listed = run_tool("list", "--search", "runs", cluster=cluster)
+    assert listed.code == 0, listed
+    header, line = listed.stdout.splitlines()
+    assert header.split() == ["NAMESPACE", "AGE", "STATE", "EPISODES", "RECEIPT"]
+    assert line.startswith(namespace)
+    assert "Complete" in line and "2/2 done, 0 failed" in line and line.endswith("runs/a")
+    assert run_tool("cleanup", "--output", "runs/a", cluster=cluster).code == 0
+    after = run_tool("list", "--search", "runs", cluster=cluster)
+    assert after.stdout == "No runs of rl-batch-demo on context kind-rl.\n"
+
+
+def test_list_shows_runs_that_no_local_receipt_names(cluster, run_tool, tmp_path):
+    assert run_tool("run", "--count", "1", "--output", "runs/a", cluster=cluster).code == 0
+    (tmp_path / "elsewhere").mkdir()
+    listed = run_tool("list", "--search", "elsewhere", "--json", cluster=cluster)
+    (row,) = json.loads(listed.stdout)
+    assert row["receipt"] == "-"
+    assert (row["state"], row["succeeded"], row["completions"]) == ("Complete", 1, 1)
+
+
+def test_list_counts_every_job_of_a_run_with_rounds(cluster, run_tool, tmp_path):
+    assert run_tool("run", "--count", "2", "--rounds", "2", "--output", "runs/r", cluster=cluster).code == 0
+    (row,) = json.loads(run_tool("list", "--search", "runs", "--json", cluster=cluster).stdout)
+    assert (row["state"], row["jobs"], row["succeeded"], row["completions"]) == (
+        "Complete", ["rollout-1", "rollout-2"], 4, 4)
+
+
+def test_list_ignores_namespaces_this_tool_did_not_create(cluster, run_tool):
+    other = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}
+    cluster.kubectl("create", "-f", "-", stdin=json.dumps(other))
+    listed = run_tool("list", "--json", cluster=cluster)
+    assert json.loads(listed.stdout) == []
+
+
+def test_cleanup_accepts_several_folders(cluster, run_tool, tmp_path):
+    for name in ("a", "b"):
+        assert run_tool("run", "--count", "1", "--output", name, cluster=cluster).code == 0
+    result = run_tool("cleanup", "--output", "a", "b", cluster=cluster)
+    assert result.code == 0, result
+    assert result.stdout.count("Deleted test namespace:") == 2
+    assert json.loads(run_tool("list", "--json", cluster=cluster).stdout) == []
+
+
+def test_cleanup_of_several_folders_goes_on_after_a_refusal(cluster, run_tool, tmp_path):
+    for name in ("a", "b"):
+        assert run_tool("run", "--count", "1", "--output", name, cluster=cluster).code == 0
+    refused = read(tmp_path / "a" / "receipt.json")
+    cluster.kubectl("label", "namespace", refused["namespace"], "agc-demo-run=intruder", "--overwrite")
+    result = run_tool("cleanup", "--output", "a", "b", cluster=cluster)
+    assert result.code == 1
+    assert result.stderr.splitlines()[0] == (
+        "Error: a: ownership check failed, refusing cleanup: namespace %s label agc-demo-run must equal %s: "
+        "current value is intruder" % (refused["namespace"], refused["run_id"]))
+    remaining = [row["namespace"] for row in json.loads(run_tool("list", "--json", cluster=cluster).stdout)]
+    assert remaining == [refused["namespace"]]
+
+
+def test_ownership_mismatches_name_each_key(tool):
+    live = {"metadata": {"uid": "u2", "labels": {"agc-demo-run": "other"}}}
+    assert tool.ownership_mismatches("namespace agc-rl-x", live, {"uid": "u1", "label agc-demo-run": "x"}) == [
+        "namespace agc-rl-x uid must equal u1: current value is u2",
+        "namespace agc-rl-x label agc-demo-run must equal x: current value is other"]
+
+
+def test_ownership_matches_when_every_key_is_equal(tool):
+    live = {"metadata": {"uid": "u1", "labels": {"agc-demo-run": "x"}}}
+    assert tool.ownership_mismatches("namespace n", live, {"uid": "u1", "label agc-demo-run": "x"}) == []

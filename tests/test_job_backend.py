@@ -1,0 +1,328 @@
+"""The Job backend end to end through the simulated cluster: the batch, its failures, rounds,
+prewarm, the log archive, interrupts; and its stall check in-process."""
+
+import json
+from pathlib import Path
+
+from conftest import EPISODE, cluster_with_image, interrupt_a_run, read, write_tasks
+
+
+def test_run_10_parallel_writes_results(cluster, run_tool, tmp_path):
+    result = run_tool("run", "--count", "10", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    out = tmp_path / "out"
+    results = read(out / "results.json")
+    assert (results["episodes"], results["successful_episodes"], results["reward_sum"]) == (10, 10, 10)
+    assert (results["parallelism"], results["runtime"], results["image"]) == (10, "cube", "python:3.12-alpine")
+    assert results["cache_state"] == "uncontrolled"
+    assert results["context"] == "kind-rl"
+    assert sum(results["nodes"].values()) == 10
+    assert len(results["pods"]) == 10
+    assert 0 < results["pod_to_ready_p50_seconds"] <= results["pod_to_ready_p95_seconds"] <= results[
+        "pod_to_ready_max_seconds"]
+    assert results["batch_to_all_ready_seconds"] <= results["batch_to_all_rewards_seconds"]
+    assert results["client_job_complete_seconds"] > 0
+    for name in ("receipt.json", "job-submitted.json", "job.json", "pods.json", "events.txt"):
+        assert (out / name).is_file(), name
+    assert sorted(p.name for p in out.glob("rollout-*.log")) == sorted(row["pod"] + ".log" for row in results["pods"])
+    assert "Test namespace: " + results["namespace"] in result.stdout
+    summary = json.loads(result.stdout.split("\n", 1)[1])
+    assert "pods" not in summary and summary["reward_sum"] == 10
+
+
+def test_run_records_ownership_in_the_receipt(cluster, run_tool, tmp_path):
+    assert run_tool("run", "--count", "1", "--output", "out", cluster=cluster).code == 0
+    receipt = read(tmp_path / "out" / "receipt.json")
+    namespace = cluster.get_json("namespace", receipt["namespace"])
+    job = cluster.get_json("-n", receipt["namespace"], "job", "rollout")
+    assert receipt == {"context": "kind-rl", "namespace": "agc-rl-" + receipt["run_id"], "run_id": receipt["run_id"],
+                       "uid": namespace["metadata"]["uid"], "job_uid": job["metadata"]["uid"],
+                       "jobs": {"rollout": job["metadata"]["uid"]}}
+    assert namespace["metadata"]["labels"]["agc-demo-run"] == receipt["run_id"]
+
+
+def test_run_10_sequential_runs_one_episode_at_a_time(cluster, run_tool, tmp_path):
+    result = run_tool("run", "--count", "10", "--parallelism", "1", "--output", "seq", cluster=cluster)
+    assert result.code == 0, result
+    results = read(tmp_path / "seq" / "results.json")
+    assert (results["episodes"], results["successful_episodes"], results["reward_sum"]) == (10, 10, 10)
+    assert results["parallelism"] == 1
+    assert read(tmp_path / "seq" / "job.json")["spec"]["parallelism"] == 1
+    rows = sorted(results["pods"], key=lambda row: row["batch_to_ready_seconds"])
+    for earlier, later in zip(rows, rows[1:]):
+        assert earlier["batch_to_reward_seconds"] < later["batch_to_ready_seconds"]
+    assert run_tool("cleanup", "--output", "seq", cluster=cluster).code == 0
+    gone = cluster.kubectl("get", "namespace", results["namespace"], "--ignore-not-found", "-o", "name")
+    assert gone.stdout == ""
+
+
+def test_no_runtime_class_runs_on_the_default_runtime(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"runtimeClasses": []})
+    result = run_tool("run", "--count", "2", "--no-runtime-class", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    assert read(tmp_path / "out" / "results.json")["runtime"] is None
+    assert "runtimeClassName" not in read(tmp_path / "out" / "job-submitted.json")["spec"]["template"]["spec"]
+
+
+def test_failing_episode_fails_the_batch_with_diagnostics(make_cluster, run_tool, tmp_path):
+    # An image whose test runner always fails: the patched code "fails" its tests.
+    cluster = cluster_with_image(make_cluster, tmp_path, "broken:tests",
+                                 '[ "$2" = test_shipping.py ] && exit 1\nexec $PY "$@"')
+    result = run_tool("run", "--count", "2", "--image", "broken:tests", "--output", "out", cluster=cluster)
+    assert result.code == 4, result
+    assert "Error: Job rollout failed (BackoffLimitExceeded: Job has reached the specified backoff limit)" in result.stderr
+    assert "RuntimeError: patched code failed its tests" in result.stderr
+    assert "diagnostics saved in out" in result.stderr and "cleanup --output out" in result.stderr
+    out = tmp_path / "out"
+    assert not (out / "results.json").exists()
+    for name in ("job.json", "pods.json", "events.txt"):
+        assert (out / name).is_file()
+    assert any('"reward": 0' in log.read_text() for log in out.glob("rollout-*.log"))
+    assert run_tool("cleanup", "--output", "out", cluster=cluster).code == 0
+
+
+def test_baseline_that_passes_fails_the_batch(make_cluster, run_tool, tmp_path):
+    cluster = cluster_with_image(make_cluster, tmp_path, "broken:baseline",
+                                 '[ "$2" = test_shipping.py ] && exit 0\nexec $PY "$@"')
+    result = run_tool("run", "--count", "1", "--image", "broken:baseline", "--output", "out", cluster=cluster)
+    assert result.code == 4, result
+    assert "RuntimeError: baseline must fail the boundary test" in result.stderr
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_restarted_container_fails_validation(make_cluster, run_tool, tmp_path):
+    nodes = [{"name": "kind-worker", "restartContainersOnce": True}]
+    cluster = make_cluster({"nodes": nodes})
+    result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
+    assert result.code == 4, result
+    assert "validation failed, no results.json written: pod rollout-" in result.stderr
+    assert "container restarted 1 times, expected 0" in result.stderr
+    errors = (tmp_path / "out" / "validation-errors.txt").read_text().splitlines()
+    assert len(errors) == 2 and all("restarted 1 times" in line for line in errors)
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_missing_ready_event_fails_validation(make_cluster, run_tool, tmp_path):
+    # The node's runtime returns no termination message, so the log is read; its rotation dropped
+    # the first line, so the log lacks the ready event.
+    cluster = make_cluster({"nodes": [{"name": "kind-worker", "logDropFirstLines": 1, "dropTerminationMessages": True}]})
+    result = run_tool("run", "--count", "1", "--output", "out", cluster=cluster)
+    assert result.code == 4, result
+    assert "expected exactly one ready event, found 0" in result.stderr
+
+
+def test_mismatched_episode_id_fails_validation(make_cluster, run_tool, tmp_path):
+    cluster = cluster_with_image(make_cluster, tmp_path, "odd:id", 'EPISODE_ID=someone-else exec $PY "$@"')
+    result = run_tool("run", "--count", "1", "--image", "odd:id", "--output", "out", cluster=cluster)
+    assert result.code == 4, result
+    assert "ready event has episode_id 'someone-else', expected the pod name" in result.stderr
+
+
+def test_clock_skew_fails_validation_with_out_of_order_timestamps(make_cluster, run_tool, tmp_path):
+    nodes = [{"name": "kind-worker", "clockOffsetSeconds": -30}]
+    cluster = make_cluster({"nodes": nodes})
+    result = run_tool("run", "--count", "1", "--output", "out", cluster=cluster)
+    assert result.code == 4, result
+    assert "the episode clock on node kind-worker is at least 2" in result.stderr
+    assert "synchronise that node's clock with the API server's (NTP)" in result.stderr
+
+
+def test_job_past_its_deadline_times_out(make_cluster, run_tool, tmp_path):
+    cluster = cluster_with_image(make_cluster, tmp_path, "slow:1", "exec sleep 60")
+    result = run_tool("run", "--count", "2", "--image", "slow:1", "--timeout", "2", "--output", "out",
+                      cluster=cluster)
+    assert result.code == 3, result
+    assert "Job rollout failed (DeadlineExceeded: Job was active longer than specified deadline)" in result.stderr
+    assert "cleanup --output out" in result.stderr
+    assert read(tmp_path / "out" / "job.json")["status"]["conditions"][-1]["reason"] == "DeadlineExceeded"
+    assert run_tool("cleanup", "--output", "out", cluster=cluster).code == 0
+
+
+def test_image_that_cannot_be_pulled_times_out_with_saved_events(cluster, run_tool, tmp_path):
+    result = run_tool("run", "--count", "1", "--image", "no-such/image:1", "--timeout", "2", "--output", "out",
+                      cluster=cluster)
+    assert result.code == 3, result
+    assert "ErrImagePull" in (tmp_path / "out" / "events.txt").read_text()
+    assert (tmp_path / "out").glob("rollout-*.log")
+
+
+def log_calls(cluster):
+    return [call for call in cluster.calls() if "logs" in call]
+
+
+def test_every_log_comes_from_one_kubectl_process_byte_for_byte(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster()
+    # more output than a termination message holds, a crash, a last line without a newline
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [
+        {"id": 0, "chatter": 200, "termination_message": True}, {"id": 1, "mode": "crash"},
+        {"id": 2, "trailing": "no newline at the end"}, {"id": 3}, {"id": 4, "reward": 0}])
+    result = run_tool("run", "--episode", EPISODE, "--tasks", tasks, "--output", "out", cluster=cluster)
+    assert result.code == 5, result
+    out = tmp_path / "out"
+    pods = [pod["metadata"]["name"] for pod in read(out / "pods.json")]
+    before = len(log_calls(cluster))
+    for name in pods:
+        direct = cluster.kubectl("-n", read(out / "receipt.json")["namespace"], "logs", name, "-c", "episode").stdout
+        assert (out / (name + ".log")).read_text() == direct, name
+    # the run made two: the four logs that validation needs (no termination message), in one
+    # process before results.json, then the fifth
+    assert before == 2, log_calls(cluster)
+    assert sum("-l" in call for call in log_calls(cluster)) == 1
+    assert any("no newline at the end" in (out / (name + ".log")).read_text() for name in pods)
+    assert max(len((out / (name + ".log")).read_text()) for name in pods) > 4096
+    sources = read(out / "logs.json")
+    assert set(sources) == set(pods)
+    first = [name for name in pods if name.startswith("rollout-0-")][0]
+    assert sources.pop(first) == "kubectl logs POD"
+    assert set(sources.values()) == {"kubectl logs -l job-name=JOB --prefix (one process for the Job)"}
+    assert read(out / "results.json")["log_archive"]["logs"] == 5
+
+
+def test_a_pod_gone_before_its_log_was_read_is_recorded_as_such(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"nodes": [{"name": "kind-worker", "apiEvictFirstPodAfterSeconds": 0.3}]})
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": i, "sleep": 1, "termination_message": True}
+                                                   for i in range(4)])
+    result = run_tool("run", "--episode", EPISODE, "--tasks", tasks, "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    out = tmp_path / "out"
+    gone = read(out / "run.json")["pods_seen_only_by_watch"]
+    assert len(gone) == 1
+    assert read(out / "logs.json")[gone[0]].startswith("not available: the pod was gone from the API")
+    assert not (out / (gone[0] + ".log")).exists()
+    assert read(out / "results.json")["log_archive"]["sources"]["not available"] == 1
+
+
+def test_split_prefixed_logs_keeps_each_pods_bytes(tool):
+    raw = (b"[pod/a/episode] one\n[pod/b/episode] x\n[pod/a/episode] two without newline"
+           b"[pod/b/episode] y\n[pod/a/episode] [pod/zzz/episode] is content\n[pod/d/episode] not asked for\n")
+    assert tool.split_prefixed_logs(raw, ["a", "b", "c"], "episode", ["a", "b", "c", "d"]) == {
+        "a": b"one\ntwo without newline[pod/zzz/episode] is content\n", "b": b"x\ny\n", "c": b""}
+
+
+def test_output_that_does_not_start_with_a_prefix_is_not_split(tool):
+    assert tool.split_prefixed_logs(b"error: something\n", ["a"], "episode") is None
+
+
+def test_prewarm_on_many_nodes_uses_two_watches_in_all(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"nodes": [{"name": "kind-worker%d" % i} for i in range(4)]})
+    result = run_tool("run", "--count", "2", "--prewarm", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    watches = [call for call in cluster.calls() if "--watch" in call]
+    # prewarm: one pod watch and one Job watch for its four Jobs; the measured round: two more.
+    # At most: a watch stopped before the fake kubectl logged its call (a loaded machine) is not
+    # counted, and the point is that there is no watch per node or per Job.
+    assert 2 <= len(watches) <= 4, watches
+    assert len(list((tmp_path / "out" / "prewarm").glob("*/results.json"))) == 4
+
+
+def test_the_stall_check_reads_only_the_jobs_failed_create_events(make_cluster, run_tool, tmp_path):
+    # The pods are refused until the ServiceAccount comes, 7 s after the namespace: a stall of
+    # at least the 3 s that starts a check, even when a loaded machine slows the tool's start.
+    cluster = make_cluster({"serviceAccountDelaySeconds": 7})
+    assert run_tool("run", "--count", "2", "--output", "out", cluster=cluster).code == 0
+    event_reads = [call for call in cluster.calls() if "events" in call and "--sort-by" not in " ".join(call)]
+    assert event_reads, "the run made no stall check"
+    for call in event_reads:
+        assert call[call.index("--field-selector") + 1] == (
+            "involvedObject.kind=Job,involvedObject.name=rollout,reason=FailedCreate")
+
+
+def test_interrupt_exits_130_and_leaves_a_folder_cleanup_finishes(make_cluster, run_tool, tmp_path):
+    cluster, code, stderr = interrupt_a_run(make_cluster, tmp_path)
+    assert code == 130, stderr
+    assert "cleanup --output out" in stderr
+    assert "Traceback" not in stderr
+    cleanup = run_tool("cleanup", "--output", "out", cluster=cluster)
+    assert cleanup.code == 0, cleanup
+
+
+def test_rounds_with_prewarm_keep_each_round_and_pool_the_percentiles(cluster, run_tool, tmp_path):
+    result = run_tool("run", "--count", "3", "--rounds", "2", "--prewarm", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    out = tmp_path / "out"
+    prewarm = read(out / "prewarm" / "prewarm.json")
+    assert prewarm["nodes"] == ["kind-worker", "kind-worker2"]
+    for node in prewarm["nodes"]:
+        warm = read(out / "prewarm" / node / "results.json")
+        assert warm["episodes"] == 1 and warm["nodes"] == {node: 1}
+    rounds = [read(out / ("round-%d" % n) / "results.json") for n in (1, 2)]
+    assert [r["episodes"] for r in rounds] == [3, 3] and [r["round"] for r in rounds] == [1, 2]
+    pooled = read(out / "results.json")
+    assert (pooled["episodes"], pooled["successful_episodes"], pooled["reward_sum"]) == (6, 6, 6)
+    assert [r["round"] for r in pooled["rounds"]] == [1, 2]
+    assert pooled["rounds"][0]["batch_to_all_rewards_seconds"] == rounds[0]["batch_to_all_rewards_seconds"]
+    assert len(pooled["pods"]) == 6  # the warm-up episodes are not in the figures
+    assert pooled["phases"]["pod_to_ready"]["count"] == 6
+    assert pooled["cache_state"] == "prewarmed"
+    assert pooled["run"]["cache_state"]["nodes"] == ["kind-worker", "kind-worker2"]
+    receipt = read(out / "receipt.json")
+    assert sorted(receipt["jobs"]) == ["prewarm-1", "prewarm-2", "rollout-1", "rollout-2"]
+    cleanup = run_tool("cleanup", "--output", "out", cluster=cluster)
+    assert cleanup.code == 0, cleanup
+    assert cluster.kubectl("get", "namespace", receipt["namespace"], "--ignore-not-found", "-o", "name").stdout == ""
+
+
+def test_pooled_rounds_recompute_from_the_folder(cluster, run_tool, tmp_path, tool):
+    assert run_tool("run", "--count", "2", "--rounds", "2", "--output", "out", cluster=cluster).code == 0
+    assert tool.results_from_folder(tmp_path / "out") == read(tmp_path / "out" / "results.json")
+
+
+def test_interrupt_saves_what_is_known(make_cluster, tmp_path):
+    _, code, stderr = interrupt_a_run(make_cluster, tmp_path)
+    assert code == 130, stderr
+    out = tmp_path / "out"
+    assert len(read(out / "pods.json")) == 2
+    assert read(out / "job.json")["metadata"]["name"] == "rollout"
+    assert (out / "events.txt").exists()
+
+
+def test_a_25_episode_batch_runs_with_allow_large(cluster, run_tool, tmp_path):
+    result = run_tool("run", "--count", "25", "--allow-large", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    assert read(tmp_path / "out" / "results.json")["reward_sum"] == 25
+
+
+def watch_processes(cluster):
+    """kubectl watch processes of this cluster still alive (from /proc)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"--watch" in argv and ("FAKE_K8S_DIR=%s" % cluster.state).encode() in environ:
+            found.append(proc.name)
+    return found
+
+
+def test_no_watch_is_left_running_after_a_run(cluster, run_tool):
+    assert run_tool("run", "--count", "2", "--output", "ok", cluster=cluster).code == 0
+    assert run_tool("run", "--count", "2", "--image", "no-such/image:1", "--timeout", "2", "--output", "failed",
+                    cluster=cluster).code == 3
+    assert watch_processes(cluster) == []
+
+
+def test_blocking_reason_reports_an_admission_refusal(tool):
+    events = [{"reason": "SuccessfulCreate", "message": "Created pod: rollout-a"},
+              {"reason": "FailedCreate", "message": 'Error creating: pods "rollout-b" is forbidden: violates '
+                                                    'PodSecurity "restricted:latest": seccompProfile (...)'}]
+    assert tool.blocking_reason(events, []) == (
+        'the cluster refused to create the episode pods: pods "rollout-b" is forbidden: violates PodSecurity '
+        '"restricted:latest": seccompProfile (...)')
+
+
+def test_blocking_reason_reports_a_container_config_error(tool):
+    pod = {"metadata": {"name": "rollout-a"}, "status": {"containerStatuses": [{"state": {"waiting": {
+        "reason": "CreateContainerConfigError",
+        "message": "container has runAsNonRoot and image will run as root"}}}]}}
+    assert tool.blocking_reason([], [pod]) == ("pod rollout-a cannot start its container "
+                                               "(CreateContainerConfigError: container has runAsNonRoot and "
+                                               "image will run as root)")
+
+
+def test_blocking_reason_ignores_transient_states(tool):
+    pod = {"metadata": {"name": "rollout-a"}, "status": {"containerStatuses": [{"state": {"waiting": {
+        "reason": "ContainerCreating"}}}]}}
+    events = [{"reason": "FailedScheduling", "message": "0/2 nodes are available"}]
+    assert tool.blocking_reason(events, [pod]) is None

@@ -1,0 +1,84 @@
+"""The local backend: episodes as local processes, no cluster."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, SCRIPT, read
+
+
+def test_the_built_in_task_keeps_the_strict_checks_on_the_local_backend(run_tool, tmp_path):
+    result = run_tool("run", "--backend", "local", "--count", "3", "--output", "out")
+    assert result.code == 0, result
+    results = read(tmp_path / "out" / "results.json")
+    assert (results["episodes"], results["successful_episodes"], results["reward_sum"]) == (3, 3, 3)
+    assert results["runtime"] == "local-process" and list(results["nodes"])[0].startswith("local:")
+    assert "infrastructure_failures" not in results
+    assert results["phases"]["module_import"]["clocks"] == ["local"]
+    assert results["pods"][0]["phase_notes"]["scheduling"] == "local backend: no scheduler and no sandbox"
+    cleanup = run_tool("cleanup", "--output", "out")
+    assert cleanup.code == 0 and cleanup.stdout.startswith("Nothing to clean up")
+
+
+def test_local_backend_honours_parallelism(run_tool, tmp_path):
+    assert run_tool("run", "--backend", "local", "--count", "4", "--parallelism", "1", "--output", "out").code == 0
+    rows = sorted(read(tmp_path / "out" / "results.json")["pods"], key=lambda row: row["times"]["pod_created"])
+    for earlier, later in zip(rows, rows[1:]):
+        assert earlier["times"]["container_finished"] <= later["times"]["pod_created"]
+
+
+def test_the_worked_example_runs_locally(run_tool, tmp_path):
+    result = run_tool("run", "--backend", "local", "--episode", str(ROOT / "examples" / "sum_episode.py"),
+                      "--tasks", str(ROOT / "examples" / "sum_tasks.jsonl"), "--output", "sums")
+    assert result.code == 0, result
+    results = read(tmp_path / "sums" / "results.json")
+    assert results["rewards"]["count"] == 4 and results["reward_sum"] == 2.0
+
+
+SLOW_EPISODE = '''import os, pathlib, time
+pathlib.Path(os.environ["PID_DIR"], str(os.getpid())).write_text("")
+time.sleep(60)
+'''
+
+
+def test_ctrl_c_twice_on_a_local_batch_stops_every_episode_and_leaves_nothing(tmp_path):
+    episode, pids, scratch = tmp_path / "slow.py", tmp_path / "pids", tmp_path / "tmp"
+    episode.write_text(SLOW_EPISODE)
+    pids.mkdir()
+    scratch.mkdir()
+    env = dict(os.environ, PID_DIR=str(pids), TMPDIR=str(scratch))
+    process = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--backend", "local", "--episode", str(episode),
+                                "--count", "6", "--output", "out"], cwd=str(tmp_path), env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while len(list(pids.iterdir())) < 6:
+        assert time.monotonic() < deadline, "the episodes never started"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    _, stderr = process.communicate(timeout=30)
+    assert time.monotonic() - started < 5, "the episodes were waited for instead of stopped"
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == "Error: interrupted"
+    assert list(scratch.iterdir()) == []  # no temporary folder left
+    time.sleep(0.2)
+    for pid in (int(path.name) for path in pids.iterdir()):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert (tmp_path / "out" / "pods.json").exists() and (tmp_path / "out" / "job.json").exists()
+
+
+@pytest.mark.parametrize("flags", [["--image", "python:3.13"], ["--runtime", "kata"], ["--no-runtime-class"],
+                                   ["--force"], ["--context", "kind-rl"]])
+def test_cluster_only_flags_are_refused_alike_by_the_local_backend(run_tool, tmp_path, flags):
+    result = run_tool("run", "--backend", "local", *flags, "--output", "out")
+    assert result.code == 2, result
+    assert "%s is for the kubernetes backend" % flags[0] in result.stderr
+    assert not (tmp_path / "out").exists()
