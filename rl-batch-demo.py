@@ -70,11 +70,13 @@ Sections of this file, in order (each under a banner of the same name)
 """
 
 import argparse
+import base64
 import collections
 import concurrent.futures
 import dataclasses
 import datetime
 import hashlib
+import http.client
 import json
 import math
 import os
@@ -82,6 +84,7 @@ from pathlib import Path
 import platform
 import queue
 import re
+import select
 import shlex
 import shutil
 import signal
@@ -92,6 +95,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import uuid
 
 __version__ = "0.1.0"
@@ -332,6 +336,7 @@ class Kubectl:
         self.program = program or os.environ.get("KUBECTL") or "kubectl"
         self.running = set()  # kubectl processes running now
         self.watches = []  # every Watch not yet stopped
+        self.background = []  # long-running kubectl processes (a proxy) not yet stopped
         self.stopping = threading.Event()
 
     def run(self, argv, stdin_text=None, binary=False, timeout=KUBECTL_PROCESS_TIMEOUT_SECONDS):
@@ -383,9 +388,35 @@ class Kubectl:
         finally:
             self.stopping.clear()
 
-    def stop_watches(self):
+    def start_background(self, argv):
+        """A long-running kubectl (a proxy): stdout piped, stopped by stop_background at the latest."""
+        if self.stopping.is_set():
+            raise DemoError("interrupted")
+        try:
+            process = subprocess.Popen([self.program, *argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE)
+        except OSError as error:
+            raise DemoError("cannot run kubectl %r: %s" % (self.program, error.strerror or error)) from None
+        self.background.append(process)
+        return process
+
+    def stop_process(self, process):
+        if process in self.background:
+            self.background.remove(process)
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def stop_background(self):
+        """Every watch and every background kubectl of this invocation (every exit path ends here)."""
         for watch in list(self.watches):
             watch.stop()
+        for process in list(self.background):
+            self.stop_process(process)
 
     def current_context(self):
         try:
@@ -837,15 +868,18 @@ class PhaseScheme:
     (name -> (clock, resolution in seconds, source)), its phases (name -> (from point, to
     point, label)), its startup metric (a phase, also the row key `<metric>_seconds`), the
     function that reads a record's times, the point a row is ordered by, how a row is named,
-    the timeline's colours (phase -> colour, in drawing order), and the report's phase rows
-    (slot -> phases). Each backend names its scheme; nothing else tells schemes apart."""
+    the timeline's colours (phase -> colour, in drawing order) and the combined phases it draws
+    only where their split is unknown, and the report's phase rows (slot -> phases). Each backend
+    names its scheme; nothing else tells schemes apart."""
 
     def __init__(self, points, phases, startup_metric, times_of, created_point, identity, row_key,
-                 timeline_colours, report_phases):
+                 timeline_colours, report_phases, timeline_fallbacks=None):
         self.points, self.phases, self.startup_metric = points, phases, startup_metric
         self.times_of, self.created_point = times_of, created_point
         self.identity, self.row_key = identity, row_key
         self.timeline_colours, self.report_phases = timeline_colours, report_phases
+        # phase -> point: a combined phase drawn only when that point (which splits it) is unknown
+        self.timeline_fallbacks = timeline_fallbacks or {}
 
 
 # A pod's points (the Job and local backends), in order.
@@ -880,7 +914,7 @@ PHASES = {
 EPISODE_PHASES = ("module_import", "import_done_to_ready", "ready_to_reward")
 
 # Timeline segments, in order: phase -> colour. scheduled_to_container_started is drawn only
-# when the sandbox-ready time is unknown.
+# when the sandbox-ready time is unknown (POD_SCHEME's timeline_fallbacks).
 TIMELINE_COLOURS = {
     "scheduling": "#bdbdbd", "sandbox_start": "#8e6bbf", "container_start": "#4c72b0",
     "scheduled_to_container_started": "#6a8fcf", "interpreter_start": "#dd8452", "module_import": "#c44e52",
@@ -902,6 +936,25 @@ def phase_definition(name, scheme=None):
 def parse_k8s_time(value):
     """RFC 3339 'YYYY-MM-DDTHH:MM:SSZ' -> Unix seconds (float)."""
     return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+RFC3339 = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d{1,9})?(Z|[+-]\d\d:\d\d)$")
+
+
+def parse_rfc3339_nano(value):
+    """RFC3339Nano (Go's time.RFC3339Nano: up to nine fraction digits) -> Unix seconds; None when
+    absent or not a time (agent-sandbox writes "unknown" for a first-Ready time it lost)."""
+    match = RFC3339.match(value or "")
+    if not match:
+        return None
+    zone = "+00:00" if match.group(3) == "Z" else match.group(3)
+    whole = datetime.datetime.fromisoformat(match.group(1) + zone).timestamp()
+    return whole + (float(match.group(2)) if match.group(2) else 0.0)
+
+
+def rfc3339_nano(unix_seconds):
+    """Unix seconds -> RFC3339 with a fraction (UTC), as annotations carry times."""
+    return iso_micro(unix_seconds)
 
 
 def percentile(values, q):
@@ -936,7 +989,8 @@ def condition_time(pod, kind):
 
 
 def episode_times(pod, ready, reward, observed=None):
-    """Every TIME_POINT of one episode: ({point: unix seconds or None}, {point: why None}).
+    """Every TIME_POINT of one episode: ({point: unix seconds or None}, {point: why None},
+    {point: the fallback source used instead of the point's own}; a pod's points have none).
 
     `observed` may supply times seen while the pod ran (a watch), e.g. sandbox_ready,
     which a finished pod no longer shows.
@@ -960,7 +1014,7 @@ def episode_times(pod, ready, reward, observed=None):
         value = event.get(key)
         times[point] = float(value) if isinstance(value, (int, float)) else None
         missing[point] = None if times[point] is not None else "the %s event has no %s" % (event.get("event"), key)
-    return times, {point: why for point, why in missing.items() if why}
+    return times, {point: why for point, why in missing.items() if why}, {}
 
 
 def episode_phases(times, missing, scheme):
@@ -978,6 +1032,7 @@ def episode_phases(times, missing, scheme):
 POD_SCHEME = PhaseScheme(
     TIME_POINTS, PHASES, "pod_to_ready", episode_times, "pod_created",
     identity=lambda pod: {"pod": pod["metadata"]["name"]}, row_key="pod", timeline_colours=TIMELINE_COLOURS,
+    timeline_fallbacks={"scheduled_to_container_started": "sandbox_ready"},
     report_phases={"startup": ("scheduling", "sandbox_start", "container_start", "scheduled_to_container_started",
                                "interpreter_start"),
                    "startup_metric": ("pod_to_ready",), "finish": ("reward_to_container_finished",)})
@@ -1160,8 +1215,9 @@ def episode_row(pod, ready, reward, job_created, observed, source, job_finished=
     status = (pod["status"].get("containerStatuses") or [{}])[0]
     ready_at, reward_at = float(ready["at"]), float(reward["at"])
     pod_created = parse_k8s_time(pod["metadata"]["creationTimestamp"])
-    times, missing = scheme.times_of(pod, ready, reward, observed)
+    times, missing, fallbacks = scheme.times_of(pod, ready, reward, observed)
     phases, notes = episode_phases(times, missing, scheme)
+    extra = {"time_fallbacks": fallbacks} if fallbacks else {}
     return {
         **scheme.identity(pod),
         "node": pod["spec"].get("nodeName"),
@@ -1176,6 +1232,7 @@ def episode_row(pod, ready, reward, job_created, observed, source, job_finished=
         "times": times,
         "clock_skew": episode_skew(times, job_finished),
         "events_source": source,
+        **extra,
     }
 
 
@@ -1789,7 +1846,7 @@ def timeline_svg(runs):
             times = row["times"]
             for phase, colour in scheme.timeline_colours.items():
                 start, end, _ = scheme.phases[phase]
-                if phase == "scheduled_to_container_started" and times["sandbox_ready"] is not None:
+                if phase in scheme.timeline_fallbacks and times.get(scheme.timeline_fallbacks[phase]) is not None:
                     continue
                 if times.get(start) is None or times.get(end) is None:
                     continue
@@ -1988,6 +2045,10 @@ class Backend:
         """How many of its pods must fit the nodes at once."""
         return self.spec.parallelism
 
+    def never_fits(self, fit, runtime_class, nodes):
+        """Why the run could never complete on these nodes (beyond no pod fitting at all), or None."""
+        return None
+
     def capacity_warning(self, fit, at_once, arithmetic):
         return ("preflight: only %d of %d episode pods fit at once, so the batch will queue and "
                 "batch_to_all_ready_seconds will include queueing: %s" % (fit, at_once, arithmetic))
@@ -2027,6 +2088,9 @@ class Backend:
             if fit == 0 and not spec.force:
                 raise DemoError("preflight: no usable node can run even one episode pod: %s; fix the capacity or "
                                 "the RuntimeClass scheduling, or pass --force to submit anyway" % arithmetic)
+            never = self.never_fits(fit, facts["runtime_class"], facts["nodes"])
+            if never and not spec.force:
+                raise DemoError("preflight: %s; pass --force to submit anyway" % never)
             if fit < at_once:
                 self.console.warn(self.capacity_warning(fit, at_once, arithmetic))
             facts["preflight"] = {"pods_that_fit_at_once": fit, "parallelism": at_once, "arithmetic": arithmetic}
@@ -2121,7 +2185,7 @@ def start_run(spec, console):
             console.tell("Interrupted. Clean up with: %s" % cleanup_command(output))
         raise
     finally:
-        runner.stop_watches()
+        runner.stop_background()
 
 
 def fetch_optional(fetch):
@@ -3499,27 +3563,57 @@ TEMPLATE_NAME, POOL_NAME, CLAIM_PREFIX = "episode", "episodes", "episode-"
 LAUNCH_TYPE_LABEL = "agents.x-k8s.io/launch-type"  # on the Sandbox: warm (from the pool) or cold
 POOL_MEMBER_LABEL = "agents.x-k8s.io/warm-pool-sandbox"  # on unclaimed pool Sandboxes and their pods
 POD_NAME_ANNOTATION = "agents.x-k8s.io/pod-name"
+# Claim timestamps (RFC3339Nano) of agent-sandbox's internal/metrics/metrics.go (v0.5.6): the client's
+# create call (its SDK sets it; so does this tool), the controller's first sight, the first Ready
+# (may be "unknown" when the controller had to backfill it).
+CLIENT_REQUESTED_ANNOTATION = "agents.x-k8s.io/client-first-requested-at"
+CONTROLLER_OBSERVED_ANNOTATION = "agents.x-k8s.io/controller-first-observed-at"
+CLAIM_FIRST_READY_ANNOTATION = "agents.x-k8s.io/claim-first-ready-at"
+CLAIM_TIME_ANNOTATIONS = (CLIENT_REQUESTED_ANNOTATION, CONTROLLER_OBSERVED_ANNOTATION, CLAIM_FIRST_READY_ANNOTATION)
 # The pod's own command: stay alive, exit at once on SIGTERM (agent-sandbox's own stress test
 # uses this); the episode is exec'd into it.
 KEEP_ALIVE_COMMAND = ["sh", "-c", "trap 'exit 0' TERM INT; sleep infinity & wait"]
-DEFAULT_EXEC_CONCURRENCY = 64  # concurrent `kubectl exec` processes (each tens of MB)
+DEFAULT_EXEC_CONCURRENCY = 1024  # episodes exec'd at once over the WebSocket channel (a thread and a socket each)
+FALLBACK_EXEC_PROCESSES = 64  # `kubectl exec` processes at once when the channel falls back (tens of MB each)
+CLAIM_CREATE_STREAMS = 64  # claim creates under way at once through the proxy
+CLAIM_CREATE_PROCESSES = 4  # `kubectl create -f -` processes (a List of claims each) without it
 CLAIM_SAFETY_NET_SECONDS = 600  # claims expire (shutdownPolicy Delete) this long after the client's deadline
-# Claim Ready=False reasons that waiting will not cure (the SDK's TERMINAL_CLAIM_READY_REASONS,
-# plus a pool or template that does not exist).
+# Claim Ready=False reasons that waiting will not cure: the SDK's TERMINAL_CLAIM_READY_REASONS.
+# WarmPoolNotFound and TemplateNotFound are not among them: the controller requeues those claims
+# (the pool or template may yet be created), so the run waits for them like for any claim.
 TERMINAL_CLAIM_REASONS = ("InvalidMetadata", "EnvVarsInjectionRejected", "VolumeClaimTemplatesError",
-                          "ClaimExpired", "SandboxExpired", "WarmPoolNotFound", "TemplateNotFound")
+                          "ClaimExpired", "SandboxExpired")
 WARM_KIND = "WarmPoolEpisode"  # an exec'd episode in the shape of a pod, in episodes.json
 EXTENSIONS_WAIT_SECONDS = 30  # a pool the controller has not reconciled by then: no extensions controller
+
+
+def go_bool_flag(arg, name):
+    """Whether a command-line word turns Go's boolean flag `name` on, as the flag package parses
+    it: -name or --name alone, or =value with a value strconv.ParseBool takes as true."""
+    flag, _, value = arg.lstrip("-").partition("=")
+    if not arg.startswith("-") or arg.startswith("---") or flag != name:
+        return False
+    return "=" not in arg or value in ("1", "t", "T", "TRUE", "true", "True")
 
 # An exec'd episode's points: the claim's life, then the episode. "client" is this tool's
 # wall clock (time.time()); a watch time is when the event reached the tool, so it includes
 # the watch's delivery delay. Durations on it assume no clock step during the run.
 WARM_TIME_POINTS = {
-    "claim_created": ("api-server", 1.0, "claim metadata.creationTimestamp"),
+    # Set by the tool as it sends the create, as agent-sandbox's SDK does; it feeds the
+    # controller's agent_sandbox_client_claim_startup_latency_ms. A claim without it (made by
+    # something else) falls back to its creationTimestamp, named in the row's time_fallbacks.
+    "claim_created": ("client", 1e-6, "claim annotation %s (RFC3339Nano, set at the create call); fallback: "
+                                      "metadata.creationTimestamp (api-server clock, whole seconds)"
+                      % CLIENT_REQUESTED_ANNOTATION),
+    "claim_observed": ("controller", 1e-6, "claim annotation %s (RFC3339Nano, the agent-sandbox controller's clock)"
+                       % CONTROLLER_OBSERVED_ANNOTATION),
+    "claim_first_ready": ("controller", 1e-6, "claim annotation %s (RFC3339Nano, the controller's clock, stamped "
+                                              "as it records the claim Ready)" % CLAIM_FIRST_READY_ANNOTATION),
     # The API keeps no time of the binding: the first watch event with status.sandbox.name.
     "claim_bound": ("client", 1e-3, "first claim watch event with status.sandbox.name (arrival)"),
     "claim_ready": ("client", 1e-3, "first claim watch event with Ready=True (arrival)"),
-    "exec_started": ("client", 1e-6, "just before `kubectl exec` was started"),
+    "exec_started": ("client", 1e-6, "the exec request sent (WebSocket channel; fallback: `kubectl exec` started)"),
+    "stream_open": ("client", 1e-6, "the exec stream open: HTTP 101 received (WebSocket channel only)"),
     "process_start": TIME_POINTS["process_start"],
     "imports_done": TIME_POINTS["imports_done"],
     "ready": TIME_POINTS["ready"],
@@ -3527,9 +3621,13 @@ WARM_TIME_POINTS = {
     "exec_finished": ("client", 1e-6, "`kubectl exec` returned"),
 }
 WARM_PHASES = {
+    "claim_to_controller": ("claim_created", "claim_observed", "claim requested -> controller saw it"),
+    "client_claim_startup": ("claim_created", "claim_first_ready", "claim requested -> first Ready (controller)"),
     "claim_binding": ("claim_created", "claim_bound", "claim created -> bound"),
     "bound_to_claim_ready": ("claim_bound", "claim_ready", "bound -> claim Ready"),
     "claim_ready_to_exec": ("claim_ready", "exec_started", "claim Ready -> exec started"),
+    "exec_to_stream_open": ("exec_started", "stream_open", "exec request -> stream open"),
+    "stream_open_to_first_statement": ("stream_open", "process_start", "stream open -> first statement"),
     "exec_to_first_statement": ("exec_started", "process_start", "exec started -> first statement"),
     "module_import": PHASES["module_import"],
     "import_done_to_ready": PHASES["import_done_to_ready"],
@@ -3539,37 +3637,51 @@ WARM_PHASES = {
 }
 WARM_TIMELINE_COLOURS = {  # a claim is drawn like a pod: its own phases, the episode's in the same colours
     "claim_binding": "#bdbdbd", "bound_to_claim_ready": "#8e6bbf", "claim_ready_to_exec": "#4c72b0",
+    "exec_to_stream_open": "#6a8fcf", "stream_open_to_first_statement": "#dd8452",
     "exec_to_first_statement": "#dd8452", "module_import": "#c44e52", "import_done_to_ready": "#937860",
     "ready_to_reward": "#55a868", "reward_to_exec_finished": "#8c8c8c",
 }
 
 
 def warm_episode_times(record, ready, reward, observed):
-    """An exec'd warm-pool episode's points (WARM_TIME_POINTS) and why any is missing."""
+    """An exec'd warm-pool episode's points (WARM_TIME_POINTS), why any is missing, and which
+    fell back to another source."""
     observed = observed or {}
-    times = {"claim_created": parse_k8s_time(record["metadata"]["creationTimestamp"])}
-    missing = {}
+    annotations = record["metadata"].get("annotations") or {}
+    times, missing, fallbacks = {}, {}, {}
+    times["claim_created"] = parse_rfc3339_nano(annotations.get(CLIENT_REQUESTED_ANNOTATION))
+    if times["claim_created"] is None:
+        times["claim_created"] = parse_k8s_time(record["metadata"]["creationTimestamp"])
+        fallbacks["claim_created"] = ("metadata.creationTimestamp (api-server clock, whole seconds): the claim has "
+                                      "no %s annotation" % CLIENT_REQUESTED_ANNOTATION)
+    for point, key in (("claim_observed", CONTROLLER_OBSERVED_ANNOTATION),
+                       ("claim_first_ready", CLAIM_FIRST_READY_ANNOTATION)):
+        times[point] = parse_rfc3339_nano(annotations.get(key))
+        if times[point] is None:
+            missing[point] = "the claim has no %s annotation (or it is %r)" % (key, annotations.get(key))
     for point, key in (("claim_bound", "bound"), ("claim_ready", "ready"), ("exec_started", "exec_started"),
-                       ("exec_finished", "exec_finished")):
+                       ("stream_open", "stream_open"), ("exec_finished", "exec_finished")):
         times[point] = observed.get(key)
         if times[point] is None:
-            missing[point] = "the claim watch did not see it" if point.startswith("claim") else "no exec time"
+            missing[point] = ("the claim watch did not see it" if point.startswith("claim") else
+                              "`kubectl exec` (the fallback channel) does not tell when its stream opened"
+                              if point == "stream_open" else "no exec time")
     for point, event, key in (("process_start", ready, "started_at"), ("imports_done", ready, "imports_done_at"),
                               ("ready", ready, "at"), ("reward", reward, "at")):
         value = event.get(key)
         times[point] = float(value) if isinstance(value, (int, float)) else None
         if times[point] is None:
             missing[point] = "the %s event has no %s" % (event.get("event"), key)
-    return times, missing
+    return times, missing, fallbacks
 
 
 WARM_SCHEME = PhaseScheme(
     WARM_TIME_POINTS, WARM_PHASES, "claim_to_ready", warm_episode_times, "claim_created",
     identity=lambda record: {"claim": record["metadata"]["name"], "sandbox": record["spec"].get("sandbox"),
                              "pod": record["spec"].get("pod"), "launch_type": record["spec"].get("launch_type")},
-    row_key="claim", timeline_colours=WARM_TIMELINE_COLOURS,
-    report_phases={"startup": ("claim_binding", "bound_to_claim_ready", "claim_ready_to_exec",
-                               "exec_to_first_statement"),
+    row_key="claim", timeline_colours=WARM_TIMELINE_COLOURS, timeline_fallbacks={"exec_to_first_statement": "stream_open"},
+    report_phases={"startup": ("client_claim_startup", "claim_binding", "bound_to_claim_ready", "claim_ready_to_exec",
+                               "exec_to_stream_open", "stream_open_to_first_statement", "exec_to_first_statement"),
                    "startup_metric": ("claim_to_ready",), "finish": ("reward_to_exec_finished",)})
 
 
@@ -3701,7 +3813,7 @@ def check_agent_sandbox(cluster):
         return {"controller": None, "served": wanted}
     containers = deployment["spec"]["template"]["spec"].get("containers") or []
     args = [arg for container in containers for arg in (container.get("command") or []) + (container.get("args") or [])]
-    if not any(arg in ("--extensions", "--extensions=true") for arg in args):
+    if not any(go_bool_flag(arg, "extensions") for arg in args):
         raise DemoError("the agent-sandbox controller (deployment/%s in %s) runs without --extensions, so nothing "
                         "reconciles warm pools and claims; install sandbox-with-extensions.yaml (`%s`) or, with Helm, "
                         "set controller.extensions=true" % (CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, install))
@@ -3742,6 +3854,14 @@ def wait_for_pool(cluster, namespace, size, wait_seconds):
                 refused = [m for m in messages if any(marker in m for marker in PERMANENT_REFUSALS)]
                 if refused:
                     raise DemoError("the warm pool cannot fill: %s" % refused[0])
+                # The controller's own signal (SandboxWarmPool controller, setNotProgressing): its
+                # sandboxes are unschedulable past the readiness grace period.
+                stuck = cluster.read_items("-n", namespace, "get", "events", "--field-selector",
+                                           "involvedObject.kind=SandboxWarmPool,involvedObject.name=%s,reason=%s"
+                                           % (POOL_NAME, "WarmPoolNotProgressing"))
+                if stuck:
+                    raise DemoError("the warm pool cannot fill: the agent-sandbox controller says: %s"
+                                    % stuck[-1].get("message"))
                 if elapsed > wait_seconds:
                     raise BatchTimeout("the warm pool did not fill within %d s: %d of %d Sandboxes ready%s" % (
                         wait_seconds, status.get("readyReplicas", 0), size,
@@ -3751,18 +3871,38 @@ def wait_for_pool(cluster, namespace, size, wait_seconds):
         watch.stop()
 
 
-def create_claims(cluster, claims, run_id, observed):
-    """Create every claim at once: a few `kubectl create -f -` processes (a List each) run
-    together, so that 1,000 claims do not wait for 1,000 kubectl start-ups. Records each claim's
-    create call and answer on the client clock; a chunk that fails is resolved claim by claim."""
-    workers = min(16, len(claims))
-    size = -(-len(claims) // workers)
-    chunks = [claims[start:start + size] for start in range(0, len(claims), size)]
-
-    def create(chunk):
+def create_claims(cluster, claims, run_id, observed, channel=None):
+    """Create every claim at once, recording each create call and answer on the client clock
+    (and the call in the claim's client-first-requested-at annotation). Through the run's proxy
+    when it has one: concurrent POSTs from this process, no kubectl started; else a few `kubectl
+    create -f -` processes (a List each) together. A create whose outcome is unknown is resolved
+    claim by claim: looked for, then tried again (Cluster.create_owned)."""
+    def stamp(chunk):
         called = time.time()
         for claim in chunk:
             observed[claim["metadata"]["name"]]["create_called"] = called
+            claim["metadata"].setdefault("annotations", {})[CLIENT_REQUESTED_ANNOTATION] = rfc3339_nano(called)
+
+    def answered(chunk):
+        returned = time.time()
+        for claim in chunk:
+            observed[claim["metadata"]["name"]]["create_returned"] = returned
+
+    def post(claim):
+        stamp([claim])
+        try:
+            status, body = channel.create(claim)
+        except (OSError, http.client.HTTPException):
+            status, body = None, {}
+        if status in (400, 403, 404, 422):  # refused: nothing was made
+            raise DemoError("creating SandboxClaim %s was refused: HTTP %d: %s" % (
+                claim["metadata"]["name"], status, body.get("message")))
+        if status != 201:
+            cluster.create_owned(claim, run_id)  # unknown outcome (or AlreadyExists): look, then try again
+        answered([claim])
+
+    def create(chunk):
+        stamp(chunk)
         try:
             cluster.kubectl("create", "-f", "-", "-o", "name", data={"apiVersion": "v1", "kind": "List", "items": chunk})
         except KubectlError as error:
@@ -3770,10 +3910,15 @@ def create_claims(cluster, claims, run_id, observed):
                 raise
             for claim in chunk:  # the outcome of each is unknown: look before trying again
                 cluster.create_owned(claim, run_id)
-        returned = time.time()
-        for claim in chunk:
-            observed[claim["metadata"]["name"]]["create_returned"] = returned
+        answered(chunk)
 
+    if getattr(channel, "create", None) is not None:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(CLAIM_CREATE_STREAMS, len(claims))) as pool:
+            list(pool.map(post, claims))
+        return
+    workers = min(CLAIM_CREATE_PROCESSES, len(claims))
+    size = -(-len(claims) // workers)
+    chunks = [claims[start:start + size] for start in range(0, len(claims), size)]
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(chunks)) as pool:
         list(pool.map(create, chunks))
 
@@ -3782,26 +3927,316 @@ def claim_ready(claim):
     return next((c for c in (claim.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), {})
 
 
-def exec_episode(cluster, namespace, pod_name, claim_name, index, spec, seconds_left):
-    """Run the episode program in the claimed sandbox's container through the API server. The
-    episode id (and task) go on the command line: claim env would force a cold start.
-    Returns (exit code or None when kubectl itself failed, stdout, stderr, kubectl's error)."""
+def episode_command(claim_name, index, spec):
+    """The command exec'd into a claimed sandbox. The episode id (and task) go on the command
+    line: claim env would force a cold start."""
     env = ["EPISODE_ID=" + claim_name]
     if spec.episode:
         env.append("JOB_COMPLETION_INDEX=%d" % index)
     if spec.tasks_list is not None:
         env += ["TASK_INDEX=%d" % index, "TASK_FILE=/tasks/task-%d.json" % index]
-    argv = ["-n", namespace, "exec", pod_name, "-c", CONTAINER_NAME, "--", "env", *env, "python", "-B", "/demo/episode.py"]
+    return ["env", *env, "python", "-B", "/demo/episode.py"]
+
+
+class ExecResult:
+    """What one exec returned: the exit code (None when the exec itself failed), stdout and
+    stderr as bytes, the failure's reason and message, and when the request was sent and the
+    stream opened (client clock, time.time(); None where the channel cannot tell)."""
+
+    def __init__(self, code, stdout=b"", stderr=b"", error=None, reason="ExecFailed", sent_at=None, opened_at=None):
+        self.code, self.stdout, self.stderr, self.error, self.reason = code, stdout, stderr, error, reason
+        self.sent_at, self.opened_at = sent_at, opened_at
+
+
+class KubectlExecChannel:
+    """The fallback: one `kubectl exec` process per episode (a process start, a TLS connection and
+    a stream upgrade each, on this machine)."""
+
+    kind = "kubectl-exec"
+
+    def __init__(self, cluster, namespace, reason=None):
+        self.cluster, self.namespace, self.fallback_reason = cluster, namespace, reason
+        self.processes = threading.BoundedSemaphore(FALLBACK_EXEC_PROCESSES)
+
+    def record(self):
+        return {"kind": self.kind, "detail": "one `kubectl exec` process per episode",
+                "fallback_reason": self.fallback_reason}
+
+    def run(self, pod_name, command, seconds_left):
+        argv = ["-n", self.namespace, "exec", pod_name, "-c", CONTAINER_NAME, "--", *command]
+        with self.processes:
+            return self.run_process(argv, seconds_left)
+
+    def run_process(self, argv, seconds_left):
+        sent_at = time.time()
+        try:
+            # No request timeout: an episode may run longer than one API request may take.
+            stdout = self.cluster.kubectl(*argv, request_timeout="0", timeout=max(1.0, seconds_left))
+            return ExecResult(0, stdout.encode(), sent_at=sent_at)
+        except KubectlError as error:
+            stdout = (error.stdout or "").encode()
+            exited = re.search(r"command terminated with exit code (\d+)", error.stderr)
+            if exited:
+                return ExecResult(int(exited.group(1)), stdout, error.stderr[:exited.start()].rstrip("\n").encode(),
+                                  sent_at=sent_at)
+            message = meaningful_line(error.stderr) or str(error)
+            return ExecResult(None, stdout, error=message, sent_at=sent_at,
+                              reason="ExecTimedOut" if "did not finish within" in message else "ExecFailed")
+
+    def close(self):
+        pass
+
+
+class ExecRefused(Exception):
+    """The upgrade to an exec stream was refused for reasons no pod explains (policy, protocol)."""
+
+
+# The exec channel's WebSocket: RFC 6455 framing, Kubernetes' remote-command subprotocols
+# (client-go tools/remotecommand: v5 adds a close signal on channel 255; v4 carries the exit
+# code as a metav1.Status on channel 3). Each message starts with its channel byte: 1 stdout,
+# 2 stderr, 3 the Status (tests/fakecluster/ASSUMPTIONS.md, "kubectl proxy and exec over WebSocket").
+WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC11B85"
+EXEC_PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
+PROXY_START_SECONDS = 15  # for `kubectl proxy` to say it serves
+
+
+class ProxyExecChannel:
+    """One `kubectl proxy` on a Unix socket in a private folder (0700), limited to exec in the
+    run's namespace; every episode's exec is a WebSocket over it, from this process. kubectl
+    keeps the authentication; no process is started per episode."""
+
+    kind = "websocket"
+
+    def __init__(self, cluster, namespace):
+        self.cluster, self.namespace = cluster, namespace
+        self.folder = Path(tempfile.mkdtemp(prefix="rl-batch-demo-proxy-"))  # mode 0700
+        self.socket_path = str(self.folder / "api.sock")
+        self.protocols = collections.Counter()
+        self.process = None
+
+    def open(self):
+        """Start the proxy; raise ExecRefused with kubectl's own line when it does not serve."""
+        namespace = re.escape(self.namespace)
+        accept = ["^/api/v1/namespaces/%s/pods/[^/]+/exec$" % namespace,
+                  "^/apis/%s/namespaces/%s/sandboxclaims$" % (re.escape(EXTENSIONS_API), namespace)]
+        self.process = self.cluster.runner.start_background([
+            "--context", self.cluster.context, "proxy", "--unix-socket=" + self.socket_path,
+            "--accept-paths=" + ",".join(accept), "--reject-paths="])
+        deadline = time.monotonic() + PROXY_START_SECONDS
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.process.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            if ready:
+                line = self.process.stdout.readline().decode("utf-8", "replace")
+                if line.startswith("Starting to serve on"):
+                    return self
+                if not line:  # kubectl exited
+                    self.process.wait()
+                    raise ExecRefused("`kubectl proxy` exited %s: %s" % (
+                        self.process.returncode, meaningful_line(self.process.stderr.read().decode("utf-8", "replace"))
+                        or "no message"))
+        raise ExecRefused("`kubectl proxy` did not start serving within %d s" % PROXY_START_SECONDS)
+
+    def record(self):
+        return {"kind": self.kind, "detail": "one `kubectl proxy --unix-socket` for the run; each exec a WebSocket "
+                                             "stream from this process", "protocols": dict(self.protocols),
+                "fallback_reason": None}
+
+    def run(self, pod_name, command, seconds_left):
+        query = urllib.parse.urlencode([("container", CONTAINER_NAME), ("stdout", "true"), ("stderr", "true")] +
+                                       [("command", part) for part in command])
+        target = "/api/v1/namespaces/%s/pods/%s/exec?%s" % (self.namespace, urllib.parse.quote(pod_name), query)
+        key = base64.b64encode(os.urandom(16)).decode()
+        deadline = time.monotonic() + max(1.0, seconds_left)
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            connection.settimeout(max(0.1, deadline - time.monotonic()))
+            sent_at = time.time()
+            try:
+                connection.connect(self.socket_path)
+                connection.sendall(("GET %s HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                                    "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: %s\r\n"
+                                    "Sec-WebSocket-Protocol: %s\r\n\r\n" % (target, key, ", ".join(EXEC_PROTOCOLS)))
+                                   .encode())
+                stream = connection.makefile("rb")
+                code, headers, body = read_http_head(stream)
+            except (OSError, ValueError) as error:
+                return ExecResult(None, error="the exec stream could not be opened: %s" % error, sent_at=sent_at)
+            if code != 101:
+                message = body.decode("utf-8", "replace").strip()
+                try:
+                    message = json.loads(message).get("message") or message
+                except ValueError:
+                    pass
+                if code in (400, 403, 405, 426, 501):
+                    raise ExecRefused("the API server (through `kubectl proxy`) refused the exec stream: HTTP %d: %s"
+                                      % (code, last_line(message)))
+                return ExecResult(None, error="HTTP %d: %s" % (code, last_line(message)), sent_at=sent_at)
+            expected = base64.b64encode(hashlib.sha1((key + WEBSOCKET_GUID).encode()).digest()).decode()
+            if headers.get("sec-websocket-accept") != expected:
+                raise ExecRefused("the exec stream's handshake was answered wrongly (Sec-WebSocket-Accept)")
+            self.protocols[headers.get("sec-websocket-protocol", "")] += 1
+            opened_at = time.time()
+            try:
+                return read_exec_stream(connection, stream, deadline, sent_at, opened_at)
+            except socket.timeout:
+                return ExecResult(None, error="the exec did not finish within %.0f s" % seconds_left,
+                                  reason="ExecTimedOut", sent_at=sent_at, opened_at=opened_at)
+            except (OSError, ValueError) as error:
+                return ExecResult(None, error="the exec stream broke: %s" % error, sent_at=sent_at,
+                                  opened_at=opened_at)
+        finally:
+            connection.close()
+
+    def create(self, obj):
+        """POST one object of the run's namespace through the proxy: (HTTP status, decoded body)."""
+        return self.request("POST", "/apis/%s/namespaces/%s/%ss" % (obj["apiVersion"], self.namespace,
+                                                                  obj["kind"].lower()), obj)
+
+    def list_claims(self, selector):
+        """The run's claims through the proxy (as `get sandboxclaims -l SELECTOR` would list them)."""
+        status, body = self.request("GET", "/apis/%s/namespaces/%s/sandboxclaims?%s" % (
+            EXTENSIONS_API, self.namespace, urllib.parse.urlencode({"labelSelector": selector})))
+        if status != 200:
+            raise DemoError("listing the claims through `kubectl proxy` failed: HTTP %s: %s"
+                            % (status, body.get("message")))
+        return body.get("items") or []
+
+    def request(self, method, path, obj=None):
+        connection = UnixHTTPConnection(self.socket_path, KUBECTL_PROCESS_TIMEOUT_SECONDS)
+        try:
+            connection.request(method, path, json.dumps(obj) if obj is not None else None,
+                               {"Content-Type": "application/json", "Accept": "application/json"})
+            answer = connection.getresponse()
+            body = answer.read()
+        finally:
+            connection.close()
+        try:
+            return answer.status, json.loads(body)
+        except ValueError:
+            return answer.status, {"message": body.decode("utf-8", "replace").strip()}
+
+    def close(self):
+        if self.process is not None:
+            self.cluster.runner.stop_process(self.process)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP/1.1 over a Unix socket (the proxy's); the Host is localhost, as its filter wants."""
+
+    def __init__(self, path, timeout):
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.socket_path)
+
+
+def read_http_head(stream):
+    """(status code, {lower-case header: value}, body when not upgraded) of an HTTP/1.1 answer."""
+    status = stream.readline().decode("latin-1")
+    if not status.startswith("HTTP/1."):
+        raise ValueError("not an HTTP answer: %r" % status[:80])
+    code = int(status.split()[1])
+    headers = {}
+    while True:
+        line = stream.readline().decode("latin-1")
+        if line in ("\r\n", "\n", ""):
+            break
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    body = b""
+    if code != 101:
+        length = headers.get("content-length")
+        body = stream.read(int(length)) if length and length.isdigit() else stream.read()
+    return code, headers, body
+
+
+def websocket_frame(opcode, payload):
+    """One client frame: FIN set, masked as RFC 6455 5.3 requires of a client."""
+    mask = os.urandom(4)
+    length = len(payload)
+    header = bytes([0x80 | opcode])
+    if length < 126:
+        header += bytes([0x80 | length])
+    elif length < 65536:
+        header += bytes([0x80 | 126]) + length.to_bytes(2, "big")
+    else:
+        header += bytes([0x80 | 127]) + length.to_bytes(8, "big")
+    return header + mask + bytes(byte ^ mask[i % 4] for i, byte in enumerate(payload))
+
+
+def read_exec_stream(connection, stream, deadline, sent_at, opened_at):
+    """Read messages until the server closes: stdout, stderr, and the Status with the exit code."""
+    out, err, status, message = bytearray(), bytearray(), None, bytearray()
+    while True:
+        connection.settimeout(max(0.05, deadline - time.monotonic()))
+        head = stream.read(2)
+        if len(head) < 2:
+            break  # the connection ended without a close frame
+        fin, opcode, length = head[0] & 0x80, head[0] & 0x0F, head[1] & 0x7F
+        if length == 126:
+            length = int.from_bytes(stream.read(2), "big")
+        elif length == 127:
+            length = int.from_bytes(stream.read(8), "big")
+        mask = stream.read(4) if head[1] & 0x80 else None
+        payload = stream.read(length)
+        if mask:
+            payload = bytes(byte ^ mask[i % 4] for i, byte in enumerate(payload))
+        if opcode == 0x8:  # close: answer it, then the stream is over
+            try:
+                connection.sendall(websocket_frame(0x8, payload[:2]))
+            except OSError:
+                pass
+            break
+        if opcode == 0x9:  # ping
+            connection.sendall(websocket_frame(0xA, payload))
+            continue
+        if opcode == 0xA:
+            continue
+        message += payload  # a data frame, or a continuation of one
+        if not fin:
+            continue
+        if message:
+            channel, data = message[0], bytes(message[1:])
+            if channel == 1:
+                out += data
+            elif channel == 2:
+                err += data
+            elif channel == 3 and data:
+                status = json.loads(data.decode("utf-8", "replace"))
+        message = bytearray()
+    return exec_outcome(status, bytes(out), bytes(err), sent_at, opened_at)
+
+
+def exec_outcome(status, stdout, stderr, sent_at, opened_at):
+    """The exit code from the v4/v5 Status (client-go errorDecoderV4): Success is 0; a Failure with
+    reason NonZeroExitCode carries the code in its ExitCode cause; any other Failure is an error."""
+    if status is None:
+        return ExecResult(None, stdout, stderr, error="the exec stream ended without a status", sent_at=sent_at,
+                          opened_at=opened_at)
+    if status.get("status") == "Success":
+        return ExecResult(0, stdout, stderr, sent_at=sent_at, opened_at=opened_at)
+    if status.get("reason") == "NonZeroExitCode":
+        for cause in (status.get("details") or {}).get("causes") or []:
+            if cause.get("type") == "ExitCode" and str(cause.get("message", "")).isdigit():
+                return ExecResult(int(cause["message"]), stdout, stderr, sent_at=sent_at, opened_at=opened_at)
+    return ExecResult(None, stdout, stderr, error=status.get("message") or "exec failed (%s)" % status.get("reason"),
+                      sent_at=sent_at, opened_at=opened_at)
+
+
+def open_exec_channel(cluster, namespace, console):
+    """The run's exec channel: the proxy's WebSocket, or, when it cannot be opened, one `kubectl
+    exec` per episode (said in one line)."""
+    channel = ProxyExecChannel(cluster, namespace)
     try:
-        # No request timeout: an episode may run longer than one API request may take.
-        return 0, cluster.kubectl(*argv, request_timeout="0", timeout=max(1.0, seconds_left)), "", None
-    except KubectlError as error:
-        stdout = error.stdout or ""
-        exited = re.search(r"command terminated with exit code (\d+)", error.stderr)
-        if exited:
-            stderr = error.stderr[:exited.start()].rstrip("\n")
-            return int(exited.group(1)), stdout, stderr, None
-        return None, stdout, "", meaningful_line(error.stderr) or str(error)
+        return channel.open()
+    except ExecRefused as refused:
+        channel.close()
+        console.warn("%s; falling back to one `kubectl exec` process per episode" % refused)
+        return KubectlExecChannel(cluster, namespace, str(refused))
 
 
 def warm_episode_record(claim, index, sandbox, pod, result, times):
@@ -3821,7 +4256,9 @@ def warm_episode_record(claim, index, sandbox, pod, result, times):
         status.update(reason=result.get("reason", "ExecFailed"), message=error)
     return {"apiVersion": "rl-batch-demo/warm-pool", "kind": WARM_KIND,
             "metadata": {"name": claim["metadata"]["name"], "creationTimestamp": claim["metadata"]["creationTimestamp"],
-                         "uid": claim["metadata"].get("uid"), "annotations": {INDEX_KEY: str(index)}},
+                         "uid": claim["metadata"].get("uid"), "annotations": {INDEX_KEY: str(index), **{
+                             key: value for key, value in (claim["metadata"].get("annotations") or {}).items()
+                             if key in CLAIM_TIME_ANNOTATIONS}}},
             "spec": {"nodeName": (pod or {}).get("spec", {}).get("nodeName"),
                      "sandbox": (sandbox or {}).get("metadata", {}).get("name"),
                      "pod": (pod or {}).get("metadata", {}).get("name"),
@@ -3842,6 +4279,7 @@ class WarmPoolRun:
         self.names, self.position, self.observed = [], {}, {}  # claim names, the episode's index, times seen
         self.latest, self.sandboxes, self.results = {}, {}, {}  # claim and Sandbox states; finished episodes
         self.deadline = None
+        self.channel, self.channel_lock = None, threading.Lock()  # how episodes are exec'd
 
     def fire(self, claims, claim_watch, sandbox_watch):
         """Create every claim and run every episode; returns once all are done or the deadline passed."""
@@ -3855,12 +4293,13 @@ class WarmPoolRun:
         try:
             # The claims are created in the background, so that the first claims' episodes start
             # while the last are still being created (as 1,000 independent clients would).
-            creating = executor.submit(create_claims, self.cluster, claims, self.run.run_id, self.observed)
+            creating = executor.submit(create_claims, self.cluster, claims, self.run.run_id, self.observed,
+                                       self.channel)
             polled = time.monotonic()
             while True:
                 states = claim_watch.drain(timeout=WATCH_WAIT_SECONDS)
                 if time.monotonic() - polled >= FALLBACK_POLL_SECONDS:
-                    listed = self.cluster.read_items("-n", self.namespace, "get", "sandboxclaims", "-l", self.selector)
+                    listed = self.list_claims()
                     states += [(time.time(), claim) for claim in listed]
                     polled = time.monotonic()
                 if creating.done():
@@ -3895,7 +4334,10 @@ class WarmPoolRun:
                 future.result()  # an exception in a worker is the tool's own failure: surface it
             self.run_info["client_job_complete_seconds"] = time.monotonic() - started
         except KeyboardInterrupt:
-            self.cluster.runner.stop_running(executor)  # the running execs: their episodes are cut short, not results
+            # The running execs: their episodes are cut short, not results. Closing the channel
+            # ends every stream at once; stop_running stops the `kubectl exec` processes.
+            self.channel.close()
+            self.cluster.runner.stop_running(executor)
             self.console.tell("Interrupted: saving the claims and the episodes so far in %s" % self.output)
             self.save_state()
             raise
@@ -3903,21 +4345,46 @@ class WarmPoolRun:
             self.console.end_progress()
             executor.shutdown(wait=True, cancel_futures=True)
 
+    def list_claims(self):
+        """The run's claims now: through the proxy when the channel has one, else `kubectl get`."""
+        channel = self.channel
+        if getattr(channel, "list_claims", None) is not None:
+            try:
+                return channel.list_claims(self.selector)
+            except (OSError, http.client.HTTPException, DemoError) as error:
+                self.console.note("listing the claims through the proxy failed (%s); asking kubectl" % error)
+        return self.cluster.read_items("-n", self.namespace, "get", "sandboxclaims", "-l", self.selector)
+
     def run_episode(self, name):
         """One episode, exec'd into its claim's sandbox; its output kept as its log."""
         index = self.position[name]
         bound = (self.latest[name].get("status") or {}).get("sandbox", {}).get("name")
         sandbox = self.sandboxes.get(bound) or self.cluster.get_json("-n", self.namespace, "sandboxes", bound)
         pod_name = (sandbox or {}).get("metadata", {}).get("annotations", {}).get(POD_NAME_ANNOTATION) or bound
-        self.observed[name]["exec_started"] = time.time()
-        code, stdout, stderr, error = exec_episode(self.cluster, self.namespace, pod_name, name, index, self.spec,
-                                                   self.deadline - time.monotonic())
+        command = episode_command(name, index, self.spec)
+        channel = self.channel
+        try:
+            result = channel.run(pod_name, command, self.deadline - time.monotonic())
+        except ExecRefused as refused:
+            result = self.fall_back(channel, refused).run(pod_name, command, self.deadline - time.monotonic())
         self.observed[name]["exec_finished"] = time.time()
-        (self.output / (name + ".log")).write_text(stdout)
-        if stderr:
-            (self.output / (name + ".stderr")).write_text(stderr + "\n")
-        reason = "ExecTimedOut" if error and "did not finish within" in error else "ExecFailed"
-        self.results[name] = {"code": code, "error": error, "reason": reason, "sandbox": sandbox, "pod_name": pod_name}
+        self.observed[name]["exec_started"] = result.sent_at
+        if result.opened_at is not None:
+            self.observed[name]["stream_open"] = result.opened_at
+        (self.output / (name + ".log")).write_bytes(result.stdout)
+        if result.stderr:
+            (self.output / (name + ".stderr")).write_bytes(result.stderr.rstrip(b"\n") + b"\n")
+        self.results[name] = {"code": result.code, "error": result.error, "reason": result.reason,
+                              "sandbox": sandbox, "pod_name": pod_name}
+
+    def fall_back(self, refused_channel, refused):
+        """The exec stream was refused for every pod alike: one line, then `kubectl exec` per episode."""
+        with self.channel_lock:
+            if self.channel is refused_channel:
+                self.console.warn("%s; falling back to one `kubectl exec` process per episode" % refused)
+                self.channel = KubectlExecChannel(self.cluster, self.namespace, str(refused))
+                refused_channel.close()
+            return self.channel
 
     def save_state(self):
         """claims.json, sandboxes.json, pods.json (the API's, plus what only the watch saw),
@@ -3955,6 +4422,8 @@ class WarmPoolRun:
                                                    pods_by_name.get(result["pod_name"]), result, self.observed[name]))
         pool_record = read_saved(output / "warm-pool.json") or {}
         pool_record["launch_types"] = launch
+        if self.channel is not None:
+            pool_record["exec_channel"] = self.channel.record()
         write_json(output / "warm-pool.json", pool_record)
         write_json(output / "episodes.json", records)
         created = min((claim["metadata"]["creationTimestamp"] for claim in claims), default=utc_now())
@@ -4007,9 +4476,10 @@ class WarmPoolBackend(Backend):
                             help="warm-pool: sandboxes started before the batch (default COUNT; 0: every claim starts "
                                  "cold through the claim API)")
         parser.add_argument("--exec-concurrency", type=int, metavar="N",
-                            help="warm-pool: `kubectl exec` processes at once (default min(COUNT, %d)); episodes "
+                            help="warm-pool: episodes exec'd at once (default min(COUNT, %d) over the run's one "
+                                 "WebSocket channel, at most %d `kubectl exec` processes if it falls back); episodes "
                                  "beyond it wait on this machine, which shows as claim Ready -> exec started"
-                                 % DEFAULT_EXEC_CONCURRENCY)
+                                 % (DEFAULT_EXEC_CONCURRENCY, FALLBACK_EXEC_PROCESSES))
 
     @classmethod
     def check_options(cls, args, fail):
@@ -4054,6 +4524,14 @@ class WarmPoolBackend(Backend):
         # A warm pool holds its pods idle, and refills as it is claimed: about pool + count pods.
         return self.spec.pool_size + self.spec.count
 
+    def never_fits(self, fit, runtime_class, nodes):
+        # The pool is waited for until every replica is Ready: one that does not fit never fills.
+        if fit >= self.spec.pool_size:
+            return None
+        _, arithmetic = preflight(self.spec.pool_size, runtime_class, nodes)
+        return ("the warm pool of %d sandboxes can never fill: %s; lower --pool-size, add capacity, or use a "
+                "smaller RuntimeClass overhead" % (self.spec.pool_size, arithmetic))
+
     def capacity_warning(self, fit, at_once, arithmetic):
         return ("preflight: only %d of %d pods of the pool and its refill fit at once, so the pool cannot refill "
                 "while the batch runs, and claims beyond it start cold or wait: %s" % (fit, at_once, arithmetic))
@@ -4096,10 +4574,13 @@ class WarmPoolBackend(Backend):
                 seconds=spec.timeout + CLIENT_GRACE_SECONDS + CLAIM_SAFETY_NET_SECONDS)).strftime("%Y-%m-%dT%H:%M:%SZ")
             claims = claim_manifests(namespace, run.run_id, spec.count, shutdown)
             write_json(output / "claims-submitted.json", claims)
+            batch.channel = open_exec_channel(cluster, namespace, self.console)
             batch.fire(claims, claim_watch, sandbox_watch)
         finally:
             claim_watch.stop()
             sandbox_watch.stop()
+            if batch.channel is not None:
+                batch.channel.close()  # the proxy and its socket go on every way out
         batch.save_state()
         where = "diagnostics saved in %s (claims.json, sandboxes.json, pods.json, episodes.json, events.txt, logs)" \
             % output

@@ -319,3 +319,17 @@ def test_a_create_that_timed_out_after_commit_is_adopted_not_repeated(make_clust
     creates = [index for index, call in enumerate(calls) if "create" in call]
     assert len(creates) == 3  # namespace, configmap, Job: never a second create of the Job
     assert calls[creates[-1] + 1][3:6] == ["get", "-n", receipt["namespace"]]  # it looked, found it, adopted it
+
+
+# ---------------------------------------------------------------- client rate limits of a default installation
+
+@pytest.mark.parametrize("rates, spread", [({"jobController": [2, 3]}, (2, 10)), ("unlimited", (0, 1))])
+def test_the_job_controller_creates_pods_no_faster_than_its_client_rate_limit(make_cluster, run_tool, tmp_path,
+                                                                              rates, spread):
+    # 9 pods with a burst of 3 at 2 a second: the last is created 3 s after the first
+    cluster = make_cluster({"clientRates": rates})
+    done = run_tool("run", "--no-runtime-class", "--count", "9", "--output", "out", cluster=cluster)
+    assert done.code == 0, done
+    created = sorted(pod["metadata"]["creationTimestamp"] for pod in read(tmp_path / "out" / "pods.json"))
+    seconds = int(created[-1][17:19]) - int(created[0][17:19]) + 60 * (int(created[-1][14:16]) - int(created[0][14:16]))
+    assert spread[0] <= seconds <= spread[1], created

@@ -239,7 +239,7 @@ def test_report_table_drops_rows_no_column_has_and_marks_missing_ones_n_a(tool):
     warm = results("warm-pool", launch_types={"warm": 2}, phases={"claim_binding": phase(0.04, 0.1)})
     rows = {row["measure"]: row for row in tool.report_table([("job", results()), ("warm", warm)])["rows"]}
     assert rows["launch types warm / cold"]["values"] == [None, "2 / 0"]
-    assert rows["claim created -> bound P50 / P95"]["values"] == [None, "0 s / 0.1 s"]
+    assert rows["claim created -> bound P50 / P95"]["values"] == [None, "40.0 ms / 100.0 ms"]  # both client clock
     assert "Kueue admission cycles" not in rows  # no column was queued
 
 

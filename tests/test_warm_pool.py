@@ -2,6 +2,7 @@
 cluster as a user runs it, and its records and summaries in-process."""
 
 import json
+import os
 
 import pytest
 
@@ -39,7 +40,7 @@ def test_a_warm_pool_batch_of_ten_passes_with_every_episode_warm(sandbox_cluster
     for name in ("claim_binding", "bound_to_claim_ready", "claim_ready_to_exec", "exec_to_first_statement",
                  "module_import", "ready_to_reward", "claim_to_ready"):
         assert results["phases"][name]["count"] == 10, name
-    assert results["phases"]["claim_binding"]["clocks"] == ["api-server", "client"]
+    assert results["phases"]["claim_binding"]["clocks"] == ["client"]  # the create call's annotation -> the watch
     # the pool refilled while the batch ran, and the stress test's definition is reported beside ours
     assert results["refill_pods"]["created_during_batch"] == 10
     assert results["pool"]["ready_at_fire"] == 10
@@ -55,7 +56,7 @@ def test_episodes_get_their_id_on_the_exec_command_line_never_as_claim_env(sandb
     claims = read(tmp_path / "warm" / "claims.json")
     assert all("env" not in claim["spec"] for claim in claims)
     assert all(claim["spec"]["lifecycle"]["shutdownPolicy"] == "Delete" for claim in claims)
-    execs = [call for call in sandbox_cluster.calls() if "exec" in call]
+    execs = sandbox_cluster.execs()
     assert len(execs) == 2
     assert all(call[call.index("--") + 1:call.index("--") + 3][0] == "env" for call in execs)
     assert sorted(arg for call in execs for arg in call if arg.startswith("EPISODE_ID=")) == [
@@ -216,7 +217,7 @@ def test_ctrl_c_during_a_warm_pool_batch_saves_the_claims_and_cleanup_finishes(s
                                 "--episode", EPISODE, "--tasks", "tasks.jsonl", "--output", "out"], cwd=str(tmp_path),
                                env=sandbox_cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
-    while len([call for call in sandbox_cluster.calls() if "exec" in call]) < 2:
+    while len(sandbox_cluster.execs()) < 2:
         assert time.monotonic() < deadline and process.poll() is None, "the episodes were never exec'd"
         time.sleep(0.1)
     started = time.monotonic()
@@ -277,13 +278,6 @@ def test_a_warm_episode_whose_exec_failed_carries_the_reason_and_message(tool):
     assert record["spec"] == {"nodeName": None, "sandbox": None, "pod": None, "launch_type": None}
 
 
-def test_nearest_rank_is_the_stress_tests_percentile_not_the_interpolated_one(tool):
-    values = [10, 20, 30, 40]
-    assert [tool.nearest_rank(values, p) for p in (25, 50, 51, 99, 100)] == [10, 20, 30, 40, 40]
-    assert tool.nearest_rank([7], 1) == 7
-    assert tool.percentile(values, 0.5) == 25  # the tutorial's interpolation differs
-
-
 def write_warm_folder(folder, claims, pods, record):
     folder.mkdir()
     (folder / "claims.json").write_text(json.dumps(claims))
@@ -320,3 +314,170 @@ def test_a_claim_never_ready_leaves_both_all_ready_times_null(tool, tmp_path):
                                      {"episode-0": {"create_called": T0}})
     assert summary["batch_to_all_claims_ready_seconds"] is None
     assert summary["agent_sandbox_stress_test"]["time_to_all_ready_seconds"] is None
+
+
+# ---------------------------------------------------------------- the exec channel: one proxy, WebSocket streams
+
+def proxy_processes(cluster):
+    """Live `kubectl proxy` processes of this cluster's runs (by their socket path)."""
+    sockets = [arg.split("=", 1)[1] for call in cluster.calls() for arg in call if arg.startswith("--unix-socket=")]
+    alive = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = open("/proc/%s/cmdline" % pid, "rb").read().decode("utf-8", "replace").split("\0")
+        except OSError:
+            continue
+        if "proxy" in cmdline and any("--unix-socket=" + path in cmdline for path in sockets):
+            alive.append(pid)
+    return sockets, alive
+
+
+def test_the_exec_channel_carries_a_batch_over_one_proxy(sandbox_cluster, run_tool, tmp_path):
+    write_tasks(tmp_path / "tasks.jsonl", [
+        {"mode": "ok", "reward": 1, "chatter": 4000, "trailing": "the last words, without a newline"},
+        {"mode": "crash"},
+        {"mode": "ok", "reward": 0.5, "stderr": "a warning the episode wrote to stderr"}])
+    done = warm_run(run_tool, sandbox_cluster, "custom", "--episode", EPISODE, "--tasks", "tasks.jsonl")
+    assert done.code == 5, done  # one infrastructure failure: the crash
+    results = read(tmp_path / "custom" / "results.json")
+    assert sorted(row["reward"] for row in results["pods"]) == [0.5, 1]
+    [failure] = results["infrastructure_failures"]
+    assert failure["index"] == 1 and failure["reason"].startswith("crashed: exit code 3")
+    # every episode went over one `kubectl proxy`, none through a `kubectl exec` process
+    assert [call for call in sandbox_cluster.calls() if "proxy" in call] != []
+    assert len([call for call in sandbox_cluster.calls() if "proxy" in call]) == 1
+    assert not [call for call in sandbox_cluster.calls() if "exec" in call]
+    channel = read(tmp_path / "custom" / "warm-pool.json")["exec_channel"]
+    assert channel["kind"] == "websocket" and channel["protocols"] == {"v5.channel.k8s.io": 3}
+    # more than a frame holds (several 100,000-byte messages), and a last line without a newline
+    log = (tmp_path / "custom" / "episode-0.log").read_bytes()
+    assert len(log) > 240000 and log.endswith(b"the last words, without a newline")
+    assert (tmp_path / "custom" / "episode-2.stderr").read_text() == "a warning the episode wrote to stderr\n"
+    assert "RuntimeError: the sandbox lost its tools" in (tmp_path / "custom" / "episode-1.stderr").read_text()
+    for name in ("exec_to_stream_open", "stream_open_to_first_statement", "client_claim_startup"):
+        assert results["phases"][name]["count"] == 2, name
+    assert results["phases"]["exec_to_stream_open"]["clocks"] == ["client"]
+    # the proxy is gone, and so is its private folder with the socket
+    sockets, alive = proxy_processes(sandbox_cluster)
+    assert sockets and not alive and not any(os.path.exists(os.path.dirname(path)) for path in sockets)
+
+
+def test_an_exec_into_a_pod_that_has_gone_is_an_exec_failure_not_a_refusal(sandbox_cluster, tool, monkeypatch):
+    import subprocess
+    for key, value in sandbox_cluster.env().items():
+        if os.environ.get(key) != value:
+            monkeypatch.setenv(key, value)  # the fake kubectl, as the tool would find it
+    runner = tool.Kubectl(tool.Console(quiet=True))
+    cluster = tool.Cluster(runner, "kind-rl")
+    channel = tool.ProxyExecChannel(cluster, "gone").open()
+    try:
+        result = channel.run("no-such-pod", ["true"], 10)
+        assert result.code is None and 'pods "no-such-pod" not found' in result.error
+        assert result.sent_at is not None and result.opened_at is None  # no stream was opened
+    finally:
+        channel.close()
+        runner.stop_background()
+    assert not os.path.exists(channel.socket_path)
+    assert subprocess.run(["pgrep", "-f", channel.socket_path], capture_output=True).returncode == 1
+
+
+@pytest.mark.parametrize("behaviour, line", [
+    ({"fails": "error: unknown flag: --unix-socket\nSee 'kubectl proxy --help' for usage."},
+     "warning: `kubectl proxy` exited 1: error: unknown flag: --unix-socket; falling back to one `kubectl exec` "
+     "process per episode"),
+    ({"refuseUpgrade": True},
+     "warning: the API server (through `kubectl proxy`) refused the exec stream: HTTP 400: requested protocol(s) "
+     "are not supported"),
+])
+def test_a_channel_that_cannot_be_opened_falls_back_to_kubectl_exec_with_one_line(make_cluster, run_tool, tmp_path,
+                                                                                  behaviour, line):
+    cluster = make_cluster(dict(AGENT_SANDBOX, kubectlProxy=behaviour))
+    done = warm_run(run_tool, cluster, "warm", "--count", "3")
+    assert done.code == 0, done
+    assert line in done.stderr and done.stderr.count("falling back") == 1
+    channel = read(tmp_path / "warm" / "warm-pool.json")["exec_channel"]
+    assert channel["kind"] == "kubectl-exec" and channel["fallback_reason"]
+    assert len([call for call in cluster.calls() if "exec" in call]) == 3
+    assert read(tmp_path / "warm" / "results.json")["phases"]["exec_to_stream_open"]["missing"] == 3
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_an_interrupted_warm_batch_leaves_no_proxy_process_or_socket(sandbox_cluster, tmp_path, signal_name):
+    import signal
+    import subprocess
+    import sys
+    import time
+    from conftest import SCRIPT
+    write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok", "sleep": 60}] * 2)
+    process = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--backend", "warm-pool", "--no-runtime-class",
+                                "--episode", EPISODE, "--tasks", "tasks.jsonl", "--output", "out"], cwd=str(tmp_path),
+                               env=sandbox_cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while len(sandbox_cluster.execs()) < 2:
+        assert time.monotonic() < deadline and process.poll() is None, "the episodes were never exec'd"
+        time.sleep(0.1)
+    started = time.monotonic()
+    process.send_signal(getattr(signal, signal_name))
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == {"SIGINT": 130, "SIGTERM": 143}[signal_name], stderr
+    assert time.monotonic() - started < 15  # the streams were closed, not waited for
+    sockets, alive = proxy_processes(sandbox_cluster)
+    assert sockets and not alive, alive
+    assert not any(os.path.exists(os.path.dirname(path)) for path in sockets)
+
+
+def test_a_pool_that_can_never_fill_is_refused_before_anything_is_created(make_cluster, run_tool, tmp_path):
+    # two nodes of 1 CPU fit 2 x 9 episode pods of 100m: a pool of 20 can never fill
+    cluster = make_cluster(dict(AGENT_SANDBOX, nodes=[{"name": "small-%d" % i, "cpu": "1", "memory": "16Gi"}
+                                                      for i in range(2)]))
+    done = warm_run(run_tool, cluster, "warm", "--count", "4", "--pool-size", "20")
+    assert done.code == 1, done
+    assert "Error: preflight: the warm pool of 20 sandboxes can never fill: " in done.stderr
+    assert "fit 20 such pods" not in done.stderr and "lower --pool-size" in done.stderr
+    assert not (tmp_path / "warm").exists()
+    assert not [call for call in cluster.calls() if "create" in call]
+
+
+def test_claim_times_come_from_the_upstream_annotations(sandbox_cluster, run_tool, tmp_path):
+    done = warm_run(run_tool, sandbox_cluster, "warm", "--count", "2")
+    assert done.code == 0, done
+    claims = {claim["metadata"]["name"]: claim for claim in read(tmp_path / "warm" / "claims.json")}
+    for row in read(tmp_path / "warm" / "results.json")["pods"]:
+        annotations = claims[row["claim"]]["metadata"]["annotations"]
+        requested = annotations["agents.x-k8s.io/client-first-requested-at"]
+        assert row["times"]["claim_created"] == pytest.approx(tool_time(requested), abs=1e-6)
+        assert row["times"]["claim_first_ready"] == pytest.approx(
+            tool_time(annotations["agents.x-k8s.io/claim-first-ready-at"]), abs=1e-6)
+        assert "time_fallbacks" not in row
+        assert 0 <= row["phases"]["claim_binding"] < 1  # not whole seconds
+
+
+def tool_time(stamp):
+    import datetime
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    return datetime.datetime.fromisoformat(whole + "+00:00").timestamp() + float("0." + (fraction or "0"))
+
+
+def test_a_claim_without_the_client_annotation_falls_back_to_its_creation_time_by_name(tool):
+    record = {"metadata": {"name": "episode-0", "creationTimestamp": "2026-11-29T10:00:01Z", "annotations": {
+        "agents.x-k8s.io/claim-first-ready-at": "unknown"}}, "spec": {}}
+    times, missing, fallbacks = tool.warm_episode_times(record, {"at": T0 + 3}, {"at": T0 + 4}, {})
+    assert times["claim_created"] == T0 + 1
+    assert fallbacks["claim_created"].startswith("metadata.creationTimestamp (api-server clock, whole seconds)")
+    assert times["claim_first_ready"] is None and "'unknown'" in missing["claim_first_ready"]
+
+
+def test_nanosecond_annotations_keep_their_fraction(tool):
+    assert tool.parse_rfc3339_nano("2026-11-29T10:00:01.123456789Z") == pytest.approx(T0 + 1.123456789, abs=1e-6)
+    assert tool.parse_rfc3339_nano("2026-11-29T10:00:01Z") == T0 + 1
+    assert tool.parse_rfc3339_nano("unknown") is None and tool.parse_rfc3339_nano(None) is None
+
+
+@pytest.mark.parametrize("arg, on", [
+    ("--extensions", True), ("-extensions", True), ("--extensions=true", True), ("--extensions=True", True),
+    ("--extensions=1", True), ("--extensions=t", True), ("--extensions=TRUE", True), ("-extensions=T", True),
+    ("--extensions=false", False), ("--extensions=0", False), ("--extensions=yes", False),
+    ("--extensions-x", False), ("---extensions", False), ("extensions", False),
+])
+def test_the_extensions_flag_is_read_in_every_form_gos_flag_package_takes(tool, arg, on):
+    assert tool.go_bool_flag(arg, "extensions") is on

@@ -74,3 +74,10 @@ class FakeCluster:
     def calls(self):
         path = self.state / "calls.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def execs(self):
+        """Every exec, as a kubectl argument list: `kubectl exec` calls, and the execs a `kubectl
+        proxy` carried over WebSocket (["exec", POD, "-c", CONTAINER, "--", COMMAND...])."""
+        path = self.state / "proxied.jsonl"
+        proxied = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        return [call for call in self.calls() if "exec" in call] + proxied

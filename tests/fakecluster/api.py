@@ -46,7 +46,47 @@ DEFAULT_CONFIG = {
     "imagePullSeconds": 0,
     # kubernetes-sigs/kueue: None, or {"version": "v0.19.2", "clusterQueues": [...], ...}; see kueue.py.
     "kueue": None,
+    # Client-side rate limits of the controllers' API clients: "default-installation" (what a cluster
+    # installed with default flags has, see CLIENT_RATES), "unlimited" (no limits: flatters the Job
+    # baseline, kept for contrast), or {"jobController": [qps, burst] or None, ...}.
+    "clientRates": "default-installation",
 }
+
+# client-go token buckets (qps, burst) of each simulated controller's API client, by profile.
+# kube-controller-manager: --kube-api-qps 20, --kube-api-burst 30 (kubernetes/kubernetes
+# pkg/controller/apis/config/v1alpha1/defaults.go, SetDefaults_KubeControllerManagerConfiguration);
+# kube-scheduler: 50 / 100 (pkg/scheduler/apis/config/v1/defaults.go); agent-sandbox-controller:
+# --kube-api-qps -1, no client-side limit (cmd/agent-sandbox-controller/main.go, v0.5.6).
+CLIENT_RATES = {
+    "default-installation": {"jobController": (20.0, 30), "scheduler": (50.0, 100), "agentSandbox": None},
+    "unlimited": {"jobController": None, "scheduler": None, "agentSandbox": None},
+}
+
+
+class ClientRateLimiter:
+    """client-go's token bucket (flowcontrol.NewTokenBucketRateLimiter): `burst` tokens, refilled at
+    `qps` a second; each API call takes one. A controller that finds none defers the call to its
+    next pass, as a real one waits for a token: the same throughput, without blocking the loop."""
+
+    def __init__(self, qps, burst):
+        self.qps, self.burst = qps, burst
+        self.tokens, self.last = float(burst), time.monotonic()
+
+    def take(self):
+        now = time.monotonic()
+        self.tokens = min(float(self.burst), self.tokens + (now - self.last) * self.qps)
+        self.last = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+def client_rate_limiters(config):
+    """{controller: ClientRateLimiter or None (unlimited)} from the configuration."""
+    rates = config.get("clientRates", "default-installation")
+    rates = dict(CLIENT_RATES["default-installation"], **rates) if isinstance(rates, dict) else CLIENT_RATES[rates]
+    return {name: ClientRateLimiter(*rate) if rate else None for name, rate in rates.items()}
 
 
 PROFILES = {

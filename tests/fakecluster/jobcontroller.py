@@ -90,6 +90,8 @@ class JobController:
                 uid = pod["metadata"]["uid"]
                 if phase not in ("Succeeded", "Failed") or uid in book["succeeded"] | book["failed"] | book["ignored"]:
                     continue
+                if not self.client_call("jobController"):  # the finalizer's removal is an API call
+                    break
                 self.count_finished_pod(job, pod, book)
                 pod["metadata"]["finalizers"] = [f for f in pod["metadata"].get("finalizers", [])
                                                  if f != "batch.kubernetes.io/job-tracking"]
@@ -266,6 +268,8 @@ class JobController:
                             container.setdefault("env", []).append({"name": "JOB_COMPLETION_INDEX", "valueFrom": {
                                 "fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-completion-index']"}}})
                 pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+                if not self.client_call("jobController"):
+                    return  # out of tokens: the rest on a later pass
                 try:
                     pod = self.api_create("pods", job["metadata"]["namespace"], pod)
                 except ApiError as error:

@@ -6,14 +6,20 @@ Only the verbs and flags rl-batch-demo and its tests use are implemented; anythi
 fails loudly (exit 1, "fake kubectl: unsupported ...") so a gap is never silent.
 """
 
+import base64
 import datetime
+import hashlib
 import http.client
 import random
 import json
 import os
 from pathlib import Path
+import re
+import signal
 import socket
+import stat
 import sys
+import threading
 import time
 
 ALIASES = {
@@ -67,7 +73,8 @@ SINGULAR = {"namespaces": "namespace", "pods": "pod", "jobs": "job", "configmaps
             "workloads": "workload", "resourceflavors": "resourceflavor"}
 VALUE_FLAGS = {"-n", "--namespace", "--context", "--request-timeout", "-o", "--output", "-l",
                "--selector", "-f", "--filename", "-c", "--container", "--cascade", "--wait",
-               "--sort-by", "--kubeconfig", "--field-selector"}
+               "--sort-by", "--kubeconfig", "--field-selector", "--unix-socket", "-u", "--accept-paths",
+               "--reject-paths", "--accept-hosts", "--reject-methods", "--port", "-p", "--address", "--api-prefix"}
 
 
 class Failure(Exception):
@@ -546,6 +553,231 @@ def parse_timeout(value):
     return float(value)
 
 
+# ---------------------------------------------------------------- kubectl proxy (exec over WebSocket)
+# kubernetes/kubectl pkg/proxy/proxy_server.go (commit dee3483a3): the filter rejects a request
+# whose path matches --reject-paths or whose method matches --reject-methods, and accepts it
+# only when its path matches --accept-paths and its Host --accept-hosts; otherwise 403 with the
+# body "Forbidden\n" (http.Error). Each flag is a comma-separated list of regular expressions;
+# the empty string is an empty list. ListenUnix removes a stale socket and listens with umask
+# 0077; RunProxy prints "Starting to serve on <address>" on stdout. Upgrades (exec) are passed
+# through to the API server (UpgradeAwareHandler).
+PROXY_DEFAULTS = {"--accept-paths": "^.*", "--reject-paths": "^/api/.*/pods/.*/exec,^/api/.*/pods/.*/attach",
+                  "--accept-hosts": "^localhost$,^127\\.0\\.0\\.1$,^\\[::1\\]$", "--reject-methods": "^$"}
+WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC11B85"  # RFC 6455 section 1.3
+# The remote-command subprotocols an API server of 1.30+ accepts for exec (v5 behind the
+# TranslateStreamCloseWebsocketRequests gate, beta and on since 1.30), newest first.
+EXEC_PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io", "v3.channel.k8s.io", "v2.channel.k8s.io",
+                  "channel.k8s.io")
+FRAME_CHUNK = 100000  # bytes of output per WebSocket message (simulated: 16- and 64-bit lengths both occur)
+
+
+def regexps(value):
+    return [re.compile(part) for part in value.split(",")] if value else []
+
+
+def cluster_config():
+    path = state_dir() / "cluster.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def cmd_proxy(flags, out):
+    """`kubectl proxy --unix-socket PATH [filter flags]`: serves until SIGTERM or SIGINT."""
+    behaviour = (cluster_config().get("kubectlProxy") or {})
+    if behaviour.get("fails"):
+        raise Failure(behaviour["fails"])  # e.g. an old or locked-down kubectl's own error line
+    path = flags.get("--unix-socket") or flags.get("-u")
+    if not path:
+        raise Failure("fake kubectl: only `proxy --unix-socket PATH` is supported")
+    if flags.get("--port") or flags.get("-p"):
+        raise Failure("error: cannot set --unix-socket and --port at the same time")
+    filters = {key: regexps(flags[key] if key in flags else default) for key, default in PROXY_DEFAULTS.items()}
+    if flags.get("--disable-filter") == "true":
+        filters = None
+    try:
+        if stat.S_ISSOCK(os.stat(path).st_mode):
+            os.remove(path)
+    except FileNotFoundError:
+        pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o077)
+    try:
+        listener.bind(path)
+    except OSError as error:
+        raise Failure("error: listen unix %s: bind: %s" % (path, error.strerror))
+    finally:
+        os.umask(old)
+    listener.listen(4096)  # Go listens with the kernel's somaxconn
+    out.write("Starting to serve on %s\n" % path)
+    out.flush()
+
+    def stop(*_):
+        os._exit(0)  # as a Go program killed by a signal: the socket file stays behind
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    while True:
+        connection, _ = listener.accept()
+        threading.Thread(target=serve_proxied, args=(connection, filters, behaviour), daemon=True).start()
+
+
+def read_request(connection):
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = connection.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    head = head.decode("latin-1").split("\r\n")
+    method, target, _ = head[0].split(" ", 2)
+    headers = {}
+    for line in head[1:]:
+        key, _, value = line.partition(":")
+        headers[key.strip().lower()] = value.strip()
+    length = int(headers.get("content-length") or 0)
+    while len(body) < length:
+        chunk = connection.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return method, target, headers, body
+
+
+def http_answer(connection, code, reason, body, content_type="application/json"):
+    payload = body.encode() if isinstance(body, str) else body
+    connection.sendall(("HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+                        % (code, reason, content_type, len(payload))).encode() + payload)
+
+
+def websocket_message(payload):
+    """One unmasked binary frame (a server's frames are not masked, RFC 6455 5.1)."""
+    length = len(payload)
+    if length < 126:
+        header = bytes([0x82, length])
+    elif length < 65536:
+        header = bytes([0x82, 126]) + length.to_bytes(2, "big")
+    else:
+        header = bytes([0x82, 127]) + length.to_bytes(8, "big")
+    return header + payload
+
+
+def serve_proxied(connection, filters, behaviour):
+    try:
+        request = read_request(connection)
+        if request is None:
+            return
+        method, target, headers, request_body = request
+        path = target.split("?", 1)[0]
+        host = headers.get("host", "").rsplit(":", 1)[0] if not headers.get("host", "").startswith("[") \
+            else headers["host"].split("]")[0] + "]"
+        if filters is not None and (any(r.search(path) for r in filters["--reject-paths"]) or
+                                    any(r.search(method) for r in filters["--reject-methods"]) or
+                                    not (any(r.search(path) for r in filters["--accept-paths"]) and
+                                         any(r.search(host) for r in filters["--accept-hosts"]))):
+            http_answer(connection, 403, "Forbidden", "Forbidden\n", "text/plain; charset=utf-8")
+            return
+        collection = re.match(r"^/apis?/(?:[^/]+/)?[^/]+/namespaces/([^/]+)/([^/]+)$", path)
+        if method == "POST" and collection:
+            serve_create(connection, collection.group(1), collection.group(2), headers, request_body)
+            return
+        if method == "GET" and collection:
+            from urllib.parse import parse_qs, urlsplit
+            selector = (parse_qs(urlsplit(target).query).get("labelSelector") or [None])[0]
+            resource = ALIASES.get(collection.group(2)) or CRD_ALIASES.get(collection.group(2), collection.group(2))
+            try:
+                listed = call({"verb": "list", "resource": resource, "namespace": collection.group(1),
+                               "selector": selector}, 30)
+            except ApiFailure as failure:
+                http_answer(connection, failure.status.get("code", 500), failure.status.get("reason") or "Error",
+                            json.dumps(failure.status))
+                return
+            http_answer(connection, 200, "OK", json.dumps(listed))
+            return
+        exec_path = re.match(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/exec$", path)
+        if not exec_path or headers.get("upgrade", "").lower() != "websocket":
+            http_answer(connection, 404, "Not Found", json.dumps({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                                                  "status": "Failure", "message": "the fake proxy serves "
+                                                                  "only WebSocket exec", "reason": "NotFound",
+                                                                  "code": 404}))
+            return
+        serve_exec(connection, exec_path.group(1), exec_path.group(2), target, headers, behaviour)
+    except (OSError, ValueError):
+        pass
+    finally:
+        try:
+            connection.close()
+        except OSError:
+            pass
+
+
+def serve_create(connection, namespace, resource, headers, body):
+    """A create passed through the proxy: 201 with the object, or the API's Status."""
+    try:
+        created = call({"verb": "create", "resource": ALIASES.get(resource) or CRD_ALIASES.get(resource, resource),
+                        "namespace": namespace, "body": json.loads(body or b"{}")}, 30)
+    except ApiFailure as failure:
+        http_answer(connection, failure.status.get("code", 500), failure.status.get("reason") or "Error",
+                    json.dumps(failure.status))
+        return
+    except ValueError:
+        http_answer(connection, 400, "Bad Request", json.dumps({"kind": "Status", "status": "Failure",
+                                                                "reason": "BadRequest", "code": 400,
+                                                                "message": "the body is not JSON"}))
+        return
+    http_answer(connection, 201, "Created", json.dumps(created))
+
+
+def serve_exec(connection, namespace, name, target, headers, behaviour):
+    """The API server's WebSocket exec (remote command) for one request."""
+    from urllib.parse import parse_qs, urlsplit
+    query = parse_qs(urlsplit(target).query)
+    offered = [p.strip() for p in headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+    chosen = next((p for p in offered if p in EXEC_PROTOCOLS), None)
+    if behaviour.get("refuseUpgrade") or chosen is None:
+        # golang.org/x/net/websocket answers a failed handshake with 400 Bad Request.
+        http_answer(connection, 400, "Bad Request", "requested protocol(s) are not supported: %s; supports %s"
+                    % (offered, list(EXEC_PROTOCOLS) if not behaviour.get("refuseUpgrade") else []),
+                    "text/plain; charset=utf-8")
+        return
+    try:
+        pod = call({"verb": "get", "resource": "pods", "namespace": namespace, "name": name}, 30)
+    except ApiFailure as failure:
+        http_answer(connection, failure.status.get("code", 500), failure.status.get("reason", "Error"),
+                    json.dumps(failure.status))
+        return
+    if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+        # the kubelet cannot find a running container: the upgrade fails
+        status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                  "message": 'Internal error occurred: unable to upgrade connection: container not found ("%s")'
+                             % (query.get("container") or ["?"])[0], "reason": "InternalError", "code": 500}
+        http_answer(connection, 500, "Internal Server Error", json.dumps(status))
+        return
+    with open(state_dir() / "proxied.jsonl", "a") as proxied:  # for tests: each exec the proxy carried
+        proxied.write(json.dumps(["exec", name, "-c", (query.get("container") or [""])[0], "--",
+                                  *(query.get("command") or [])]) + "\n")
+    accept = base64.b64encode(hashlib.sha1((headers.get("sec-websocket-key", "") + WEBSOCKET_GUID).encode())
+                              .digest()).decode()
+    connection.sendall(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                        "Sec-WebSocket-Accept: %s\r\nSec-WebSocket-Protocol: %s\r\n\r\n" % (accept, chosen)).encode())
+    try:
+        answer = call({"verb": "exec", "namespace": namespace, "name": name,
+                       "container": (query.get("container") or [None])[0], "command": query.get("command") or [],
+                       "stdin": None}, 3600)
+        status = {"metadata": {}, "status": "Success"}
+        if answer["code"]:
+            status = {"metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
+                      "message": "command terminated with non-zero exit code: exit status %d" % answer["code"],
+                      "details": {"causes": [{"type": "ExitCode", "message": str(answer["code"])}]}}
+        streams = [(1, answer["stdout"].encode("utf-8", "surrogateescape")),
+                   (2, answer["stderr"].encode("utf-8", "surrogateescape"))]
+    except ApiFailure as failure:
+        status, streams = dict(failure.status, metadata={}), []
+    for channel, data in streams:
+        for start in range(0, len(data), FRAME_CHUNK):
+            connection.sendall(websocket_message(bytes([channel]) + data[start:start + FRAME_CHUNK]))
+    connection.sendall(websocket_message(bytes([3]) + json.dumps(status).encode()))
+    connection.sendall(bytes([0x88, 2]) + (1000).to_bytes(2, "big"))  # close, normal closure
+
+
 def main(argv):
     # A fixed delay per kubectl invocation models API latency and kubectl's own start-up (benchmarks).
     time.sleep(float(os.environ.get("FAKE_K8S_DELAY", "0") or 0))
@@ -586,6 +818,8 @@ def main(argv):
         cmd_exec(rest, flags, namespace, timeout, out)
     elif verb == "api-resources":
         cmd_api_resources(flags, timeout, out)
+    elif verb == "proxy":
+        cmd_proxy(flags, out)
     else:
         raise Failure("fake kubectl: unsupported command: %s" % " ".join(argv))
     return 0

@@ -68,6 +68,8 @@ class Scheduler:
                     self.put("pods", pod)
                     self.record_event(pod, "Warning", "FailedScheduling", message, "default-scheduler")
                 continue
+            if not self.client_call("scheduler"):
+                break  # the binding is an API call: out of tokens, the rest on a later pass
             node = min(candidates, key=lambda n: (reserved.get(n["metadata"]["name"], (0, 0, 0))[2],
                                                   n["metadata"]["name"]))
             name = node["metadata"]["name"]

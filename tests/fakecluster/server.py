@@ -23,7 +23,7 @@ import threading
 import time
 
 import agentsandbox
-from api import ApiError, DEFAULT_CONFIG, PROFILES, RESOURCES
+from api import ApiError, DEFAULT_CONFIG, PROFILES, RESOURCES, client_rate_limiters
 from apiserver import ApiServer
 from jobcontroller import JobController
 from kubelet import Kubelet, pod_mount_namespaces_available
@@ -56,6 +56,7 @@ class Cluster(ApiServer, JobController, Scheduler, Kubelet, NamespaceLifecycle):
         self.job_synced = {}  # job uid -> when the Job controller last synced it (batching)
         self.image_pulled = {}  # (node, image) -> when its pull is done (imagePullSeconds)
         self.mount_namespaces = pod_mount_namespaces_available(config.get("podMountNamespaces", "auto"))
+        self.client_limits = client_rate_limiters(config)
         self.agent_sandbox = agentsandbox.AgentSandbox(self)
         self.kueue = kueue.Kueue(self)
         self.stop = threading.Event()
@@ -72,6 +73,11 @@ class Cluster(ApiServer, JobController, Scheduler, Kubelet, NamespaceLifecycle):
             if kueue.installed(self.config):
                 self.kueue.reconcile()
             self.namespace_controller()
+
+    def client_call(self, controller):
+        """Whether `controller` may make one more API call now (its client-side rate limit)."""
+        limiter = self.client_limits.get(controller)
+        return limiter is None or limiter.take()
 
     def shutdown(self):
         with self.lock:
