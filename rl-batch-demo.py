@@ -3923,6 +3923,15 @@ def create_claims(cluster, claims, run_id, observed, channel=None):
         list(pool.map(create, chunks))
 
 
+def older_state(new, old):
+    """Whether `new` is an older state of the object than `old` (resourceVersions compared as
+    numbers when both are, as etcd's are; otherwise never older)."""
+    if old is None:
+        return False
+    new_version, old_version = (str(obj["metadata"].get("resourceVersion", "")) for obj in (new, old))
+    return new_version.isdigit() and old_version.isdigit() and int(new_version) < int(old_version)
+
+
 def claim_ready(claim):
     return next((c for c in (claim.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), {})
 
@@ -4280,6 +4289,7 @@ class WarmPoolRun:
         self.latest, self.sandboxes, self.results = {}, {}, {}  # claim and Sandbox states; finished episodes
         self.deadline = None
         self.channel, self.channel_lock = None, threading.Lock()  # how episodes are exec'd
+        self.retired_channels = []  # channels fallen back from, closed with the batch
 
     def fire(self, claims, claim_watch, sandbox_watch):
         """Create every claim and run every episode; returns once all are done or the deadline passed."""
@@ -4308,15 +4318,16 @@ class WarmPoolRun:
                     self.sandboxes[sandbox["metadata"]["name"]] = sandbox
                 for now, claim in states:
                     name = claim["metadata"]["name"]
-                    if name not in self.observed:
-                        continue
+                    if name not in self.observed or older_state(claim, self.latest.get(name)):
+                        continue  # a lagging watch must not put an older state back
                     self.latest[name] = claim
-                    if (claim.get("status") or {}).get("sandbox", {}).get("name"):
+                    bound = (claim.get("status") or {}).get("sandbox", {}).get("name")
+                    if bound:
                         self.observed[name].setdefault("bound", now)
-                    if claim_ready(claim).get("status") == "True":
+                    if claim_ready(claim).get("status") == "True" and bound:
                         self.observed[name].setdefault("ready", now)
                         if name not in pending:
-                            pending[name] = executor.submit(self.run_episode, name)
+                            pending[name] = executor.submit(self.run_episode, name, bound)
                 refused = [(name, claim_ready(claim)) for name, claim in self.latest.items() if name not in pending
                            and claim_ready(claim).get("reason") in TERMINAL_CLAIM_REASONS]
                 done = sum(1 for future in pending.values() if future.done())
@@ -4336,7 +4347,7 @@ class WarmPoolRun:
         except KeyboardInterrupt:
             # The running execs: their episodes are cut short, not results. Closing the channel
             # ends every stream at once; stop_running stops the `kubectl exec` processes.
-            self.channel.close()
+            self.close_channels()
             self.cluster.runner.stop_running(executor)
             self.console.tell("Interrupted: saving the claims and the episodes so far in %s" % self.output)
             self.save_state()
@@ -4355,10 +4366,10 @@ class WarmPoolRun:
                 self.console.note("listing the claims through the proxy failed (%s); asking kubectl" % error)
         return self.cluster.read_items("-n", self.namespace, "get", "sandboxclaims", "-l", self.selector)
 
-    def run_episode(self, name):
-        """One episode, exec'd into its claim's sandbox; its output kept as its log."""
+    def run_episode(self, name, bound):
+        """One episode, exec'd into its claim's sandbox (`bound`, as the Ready state named it); its
+        output kept as its log."""
         index = self.position[name]
-        bound = (self.latest[name].get("status") or {}).get("sandbox", {}).get("name")
         sandbox = self.sandboxes.get(bound) or self.cluster.get_json("-n", self.namespace, "sandboxes", bound)
         pod_name = (sandbox or {}).get("metadata", {}).get("annotations", {}).get(POD_NAME_ANNOTATION) or bound
         command = episode_command(name, index, self.spec)
@@ -4367,6 +4378,9 @@ class WarmPoolRun:
             result = channel.run(pod_name, command, self.deadline - time.monotonic())
         except ExecRefused as refused:
             result = self.fall_back(channel, refused).run(pod_name, command, self.deadline - time.monotonic())
+        if result.code is None and result.opened_at is None and self.channel is not channel:
+            # refused on the channel another episode found refused meanwhile: the fallback's turn
+            result = self.channel.run(pod_name, command, self.deadline - time.monotonic())
         self.observed[name]["exec_finished"] = time.time()
         self.observed[name]["exec_started"] = result.sent_at
         if result.opened_at is not None:
@@ -4383,8 +4397,13 @@ class WarmPoolRun:
             if self.channel is refused_channel:
                 self.console.warn("%s; falling back to one `kubectl exec` process per episode" % refused)
                 self.channel = KubectlExecChannel(self.cluster, self.namespace, str(refused))
-                refused_channel.close()
+                self.retired_channels.append(refused_channel)  # other streams may still be on it
             return self.channel
+
+    def close_channels(self):
+        """Stop the proxy (and its socket) of every channel this batch opened."""
+        for channel in self.retired_channels + ([self.channel] if self.channel is not None else []):
+            channel.close()
 
     def save_state(self):
         """claims.json, sandboxes.json, pods.json (the API's, plus what only the watch saw),
@@ -4579,8 +4598,7 @@ class WarmPoolBackend(Backend):
         finally:
             claim_watch.stop()
             sandbox_watch.stop()
-            if batch.channel is not None:
-                batch.channel.close()  # the proxy and its socket go on every way out
+            batch.close_channels()  # the proxy and its socket go on every way out
         batch.save_state()
         where = "diagnostics saved in %s (claims.json, sandboxes.json, pods.json, episodes.json, events.txt, logs)" \
             % output

@@ -481,3 +481,12 @@ def test_nanosecond_annotations_keep_their_fraction(tool):
 ])
 def test_the_extensions_flag_is_read_in_every_form_gos_flag_package_takes(tool, arg, on):
     assert tool.go_bool_flag(arg, "extensions") is on
+
+
+def test_a_lagging_watch_never_puts_an_older_claim_state_back(tool):
+    def state(version):
+        return {"metadata": {"name": "episode-0", "resourceVersion": version}}
+    assert tool.older_state(state("1200"), state("1300")) is True
+    assert tool.older_state(state("1300"), state("1200")) is False
+    assert tool.older_state(state("1300"), None) is False
+    assert tool.older_state(state("opaque-b"), state("opaque-c")) is False  # not comparable: taken as newer
