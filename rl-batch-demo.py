@@ -1112,6 +1112,12 @@ class EpisodeInvalid(Exception):
     """One episode failed one check; the message names the pod and the check."""
 
 
+def log_text(data):
+    """A log (bytes, kept byte for byte in the folder) as text for reading its events: what is not
+    UTF-8 is replaced, so such a line is simply not an event (it never parses as one)."""
+    return data.decode("utf-8", "replace")
+
+
 def parse_events(pod_name, log):
     events = []
     for number, line in enumerate(log.splitlines(), 1):
@@ -1549,7 +1555,7 @@ def results_from_folder(output):
     job = read_json(output / "job.json", "the saved Job")
     pods = read_json(output / backend.episodes_file, "the saved episodes", shape=list)
     # None: no log was saved (the pod was gone from the API before it could be read)
-    logs = [(output / (pod["metadata"]["name"] + ".log")).read_text()
+    logs = [log_text((output / (pod["metadata"]["name"] + ".log")).read_bytes())
             if (output / (pod["metadata"]["name"] + ".log")).exists() else None for pod in pods]
     flags = run_info["flags"]
     observed = read_saved(output / "observed.json") or {}
@@ -2603,18 +2609,18 @@ def fetch_logs(cluster, namespace, folder, pods, job_name=None, job_pods=()):
                 break
         for name, data in (split or {}).items():
             (folder / (name + ".log")).write_bytes(data)
-            saved[name], sources[name] = data.decode("utf-8", "replace"), LOGS_SOURCE_BULK
+            saved[name], sources[name] = log_text(data), LOGS_SOURCE_BULK
 
     def fetch(name):
         try:
-            log = cluster.read("-n", namespace, "logs", name, "-c", CONTAINER_NAME)
+            data = cluster.read("-n", namespace, "logs", name, "-c", CONTAINER_NAME, binary=True)
             sources[name] = LOGS_SOURCE_POD
         except KubectlError as error:
             missing.append((name, meaningful_line(error.stderr)))
             sources[name] = "not available: " + meaningful_line(error.stderr)
-            log = ""
-        (folder / (name + ".log")).write_text(log)
-        return name, log
+            data = b""
+        (folder / (name + ".log")).write_bytes(data)  # byte for byte
+        return name, log_text(data)
 
     rest = [name for name in names if name not in saved]
     if rest:
@@ -3576,6 +3582,7 @@ KEEP_ALIVE_COMMAND = ["sh", "-c", "trap 'exit 0' TERM INT; sleep infinity & wait
 DEFAULT_EXEC_CONCURRENCY = 1024  # episodes exec'd at once over the WebSocket channel (a thread and a socket each)
 FALLBACK_EXEC_PROCESSES = 64  # `kubectl exec` processes at once when the channel falls back (tens of MB each)
 CLAIM_CREATE_STREAMS = 64  # claim creates under way at once through the proxy
+SANDBOX_WATCH_PATIENCE_SECONDS = 3.0  # how long an episode waits for the Sandbox watch before asking kubectl
 CLAIM_CREATE_PROCESSES = 4  # `kubectl create -f -` processes (a List of claims each) without it
 CLAIM_SAFETY_NET_SECONDS = 600  # claims expire (shutdownPolicy Delete) this long after the client's deadline
 # Claim Ready=False reasons that waiting will not cure: the SDK's TERMINAL_CLAIM_READY_REASONS.
@@ -3980,10 +3987,10 @@ class KubectlExecChannel:
         sent_at = time.time()
         try:
             # No request timeout: an episode may run longer than one API request may take.
-            stdout = self.cluster.kubectl(*argv, request_timeout="0", timeout=max(1.0, seconds_left))
-            return ExecResult(0, stdout.encode(), sent_at=sent_at)
+            stdout = self.cluster.kubectl(*argv, request_timeout="0", timeout=max(1.0, seconds_left), binary=True)
+            return ExecResult(0, stdout, sent_at=sent_at)
         except KubectlError as error:
-            stdout = (error.stdout or "").encode()
+            stdout = error.stdout or b""
             exited = re.search(r"command terminated with exit code (\d+)", error.stderr)
             if exited:
                 return ExecResult(int(exited.group(1)), stdout, error.stderr[:exited.start()].rstrip("\n").encode(),
@@ -4370,7 +4377,7 @@ class WarmPoolRun:
         """One episode, exec'd into its claim's sandbox (`bound`, as the Ready state named it); its
         output kept as its log."""
         index = self.position[name]
-        sandbox = self.sandboxes.get(bound) or self.cluster.get_json("-n", self.namespace, "sandboxes", bound)
+        sandbox = self.wait_for_sandbox(bound) or self.cluster.get_json("-n", self.namespace, "sandboxes", bound)
         pod_name = (sandbox or {}).get("metadata", {}).get("annotations", {}).get(POD_NAME_ANNOTATION) or bound
         command = episode_command(name, index, self.spec)
         channel = self.channel
@@ -4390,6 +4397,15 @@ class WarmPoolRun:
             (self.output / (name + ".stderr")).write_bytes(result.stderr.rstrip(b"\n") + b"\n")
         self.results[name] = {"code": result.code, "error": result.error, "reason": result.reason,
                               "sandbox": sandbox, "pod_name": pod_name}
+
+    def wait_for_sandbox(self, name, patience=SANDBOX_WATCH_PATIENCE_SECONDS):
+        """The bound Sandbox as the Sandbox watch delivers it (it names the pod: the pod of an
+        adopted warm pod may differ from the Sandbox, resolvePodName); None when it is late,
+        and the Sandbox is then read with kubectl."""
+        give_up = time.monotonic() + patience
+        while name not in self.sandboxes and time.monotonic() < give_up:
+            time.sleep(0.05)
+        return self.sandboxes.get(name)
 
     def fall_back(self, refused_channel, refused):
         """The exec stream was refused for every pod alike: one line, then `kubectl exec` per episode."""
@@ -4763,7 +4779,7 @@ class LocalBatch:
         write_state(folder, job, records)
         where = "diagnostics saved in %s (job.json, pods.json, episode logs)" % folder
         if condition["type"] == "Failed":
-            logs = [(folder / (r["metadata"]["name"] + ".log")).read_text() for r in records]
+            logs = [log_text((folder / (r["metadata"]["name"] + ".log")).read_bytes()) for r in records]
             details = describe_failed_pods(records, logs)
             error_type = BatchTimeout if timed_out else BatchFailed
             raise error_type("local batch failed: %s; %s" % ("; ".join(details[:3]), where))
@@ -4799,7 +4815,7 @@ class LocalBatch:
                 finally:
                     with self.lock:
                         self.running.discard(process)
-            message = termination.read_text()[-4096:] if termination.exists() else ""
+            message = log_text(termination.read_bytes()[-4096:]) if termination.exists() else ""
             with self.lock:
                 self.records.append(local_record(name, index, created, time.time(), 137 if timed_out else code,
                                                  message, timed_out))

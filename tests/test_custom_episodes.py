@@ -223,3 +223,19 @@ def test_collect_samples_reports_an_index_no_pod_ran_for(tool):
     assert result["infrastructure_failures"] == [
         {"index": 1, "reason": "no pod ran for this episode (see events.txt)", "attempts": []}]
     assert result["rewards"]["count"] == 1 and result["episodes"] == 2
+
+
+# ---------------------------------------------------------------- output that is not UTF-8
+
+NOT_UTF8 = b"\xff\xfe a line that is not UTF-8 \xc3\x28\n"
+
+
+@pytest.mark.parametrize("count", [2, 4])  # below 4 pods each log is read alone; from 4, in one call
+def test_an_episode_printing_bytes_that_are_not_utf8_is_still_a_sample(backend, run_tool, tmp_path, count):
+    write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok", "reward": 1, "binary": True}] * count)
+    done = run_backend(run_tool, backend, "--episode", EPISODE, "--tasks", "tasks.jsonl", "--output", "out")
+    assert done.code == 0, done
+    results = read(tmp_path / "out" / "results.json")
+    assert results["successful_episodes"] == count and results["reward_sum"] == count
+    for row in results["pods"]:
+        assert NOT_UTF8 in (tmp_path / "out" / (row["pod"] + ".log")).read_bytes()  # kept byte for byte

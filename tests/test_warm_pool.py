@@ -490,3 +490,14 @@ def test_a_lagging_watch_never_puts_an_older_claim_state_back(tool):
     assert tool.older_state(state("1300"), state("1200")) is False
     assert tool.older_state(state("1300"), None) is False
     assert tool.older_state(state("opaque-b"), state("opaque-c")) is False  # not comparable: taken as newer
+
+
+@pytest.mark.parametrize("behaviour", [None, {"fails": "error: unknown flag: --unix-socket"}])
+def test_exec_output_that_is_not_utf8_is_kept_byte_for_byte(make_cluster, run_tool, tmp_path, behaviour):
+    cluster = make_cluster(dict(AGENT_SANDBOX, kubectlProxy=behaviour or {}))
+    write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok", "reward": 1, "binary": True}] * 2)
+    done = warm_run(run_tool, cluster, "warm", "--episode", EPISODE, "--tasks", "tasks.jsonl")
+    assert done.code == 0, done
+    assert read(tmp_path / "warm" / "results.json")["reward_sum"] == 2
+    for name in ("episode-0", "episode-1"):
+        assert b"\xff\xfe a line that is not UTF-8 \xc3\x28\n" in (tmp_path / "warm" / (name + ".log")).read_bytes()

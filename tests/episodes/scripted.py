@@ -8,7 +8,8 @@ no_ready   reward only
 crash_once crash if `marker` does not exist yet (creating it), else like ok: a flaky episode
 
 "chatter": n prints n lines of its own output after ready; "trailing": text is written last,
-without a newline; "stderr": text is written to stderr after ready.
+without a newline; "stderr": text is written to stderr after ready; "binary": true prints a line
+that is not UTF-8 after ready.
 "termination_message": true also writes the events to the termination-message file.
 "on_sigterm": "exit" installs a SIGTERM handler that exits 143 (without it, a `python` that is
 a container's PID 1 does not see SIGTERM at all).
@@ -44,6 +45,10 @@ if mode != "no_ready":
 time.sleep(task.get("sleep", 0))
 if task.get("stderr"):
     print(task["stderr"], file=sys.stderr, flush=True)
+if task.get("binary"):
+    sys.stdout.flush()
+    sys.stdout.buffer.write(b"\xff\xfe a line that is not UTF-8 \xc3\x28\n")
+    sys.stdout.buffer.flush()
 for line in range(task.get("chatter", 0)):
     print("step %d of the episode's own output, which is not an event" % line)
 if mode == "crash" or (mode == "crash_once" and not os.path.exists(task["marker"])):

@@ -363,7 +363,8 @@ class ApiServer:
                 raise ApiError(400, "BadRequest", 'container "%s" in pod "%s" is waiting to start: %s'
                                % (container, name, reason))
         try:
-            text = Path(record["log_path"]).read_text(errors="replace")
+            # bytes that are not UTF-8 travel as lone surrogates and leave kubectl as the bytes they were
+            text = Path(record["log_path"]).read_bytes().decode("utf-8", "surrogateescape")
         except FileNotFoundError:  # the pod was deleted meanwhile (its folder goes with it)
             raise ApiError(404, "NotFound", 'pods "%s" not found' % name)
         drop = record.get("log_drop_first_lines", 0)
@@ -412,7 +413,7 @@ class ApiServer:
             if process in record.get("execs", []):
                 record["execs"].remove(process)
         code = process.returncode if process.returncode >= 0 else 128 - process.returncode
-        return {"stdout": stdout.decode("utf-8", "replace"), "stderr": stderr.decode("utf-8", "replace"),
+        return {"stdout": stdout.decode("utf-8", "surrogateescape"), "stderr": stderr.decode("utf-8", "surrogateescape"),
                 "code": code}
 
     @staticmethod

@@ -779,6 +779,9 @@ def serve_exec(connection, namespace, name, target, headers, behaviour):
 
 
 def main(argv):
+    # kubectl writes a log or an exec's output as the bytes it got (not UTF-8 included)
+    sys.stdout.reconfigure(errors="surrogateescape")
+    sys.stderr.reconfigure(errors="surrogateescape")
     # A fixed delay per kubectl invocation models API latency and kubectl's own start-up (benchmarks).
     time.sleep(float(os.environ.get("FAKE_K8S_DELAY", "0") or 0))
     positionals, flags = parse(argv)
