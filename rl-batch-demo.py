@@ -3774,6 +3774,7 @@ def warm_pool_summary(output, report, observed):
         "launch_types": dict(sorted(collections.Counter(launch.values()).items())),
         "launch_type_source": "the claimed Sandbox's label %s" % LAUNCH_TYPE_LABEL,
         "pool": {key: record.get(key) for key in ("name", "template", "size", "fill_seconds", "ready_at_fire")},
+        "exec_channel": record.get("exec_channel"),
         "refill_pods": {"created_during_batch": len(refill), "started_before_last_reward": len(started),
                         "detail": "pool pods not in the pool when the claims were created, nor a claim's cold pod; "
                                   "started = container startedAt (kubelet clock, whole seconds) <= the last reward"},

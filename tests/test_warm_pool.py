@@ -349,6 +349,7 @@ def test_the_exec_channel_carries_a_batch_over_one_proxy(sandbox_cluster, run_to
     assert not [call for call in sandbox_cluster.calls() if "exec" in call]
     channel = read(tmp_path / "custom" / "warm-pool.json")["exec_channel"]
     assert channel["kind"] == "websocket" and channel["protocols"] == {"v5.channel.k8s.io": 3}
+    assert results["exec_channel"] == channel  # results.json says which channel ran
     # more than a frame holds (several 100,000-byte messages), and a last line without a newline
     log = (tmp_path / "custom" / "episode-0.log").read_bytes()
     assert len(log) > 240000 and log.endswith(b"the last words, without a newline")
