@@ -295,8 +295,11 @@ class KubectlError(DemoError):
 
     @property
     def refused(self):
-        """A clear refusal of the request (nothing was done), as opposed to an unknown outcome."""
-        return any(marker in self.stderr for marker in REFUSAL_MARKERS) and not self.already_exists
+        """A clear refusal of the request (nothing was done), as opposed to an unknown outcome: a
+        transport error (`error: error when creating "STDIN": Post "...": unexpected EOF`) starts
+        like a refusal, but the server may have committed the request before the answer was lost."""
+        return (any(marker in self.stderr for marker in REFUSAL_MARKERS) and not self.already_exists
+                and not self.transient)
 
 
 def last_line(text):

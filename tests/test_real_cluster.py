@@ -333,3 +333,21 @@ def test_the_job_controller_creates_pods_no_faster_than_its_client_rate_limit(ma
     created = sorted(pod["metadata"]["creationTimestamp"] for pod in read(tmp_path / "out" / "pods.json"))
     seconds = int(created[-1][17:19]) - int(created[0][17:19]) + 60 * (int(created[-1][14:16]) - int(created[0][14:16]))
     assert spread[0] <= seconds <= spread[1], created
+
+
+# ---------------------------------------------------------------- a create whose answer was lost
+
+@pytest.mark.parametrize("resource, uid_key", [("namespaces", "uid"), ("configmaps", None), ("jobs", "job_uid")])
+def test_a_create_the_server_committed_but_answered_with_a_transport_error_is_adopted(make_cluster, run_tool,
+                                                                                      tmp_path, resource, uid_key):
+    # kubectl: error: error when creating "STDIN": Post "https://...": unexpected EOF (not a refusal)
+    cluster = make_cluster({"transientFailures": [
+        {"verb": "create", "resource": resource, "times": 1, "kind": "connection-lost", "afterCommit": True}]})
+    result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    receipt = read(tmp_path / "out" / "receipt.json")
+    if uid_key == "uid":
+        assert receipt["uid"] == cluster.get_json("namespace", receipt["namespace"])["metadata"]["uid"]
+    elif uid_key == "job_uid":
+        assert receipt["job_uid"] == cluster.get_json("-n", receipt["namespace"], "job", "rollout")["metadata"]["uid"]
+    assert run_tool("cleanup", "--output", "out", cluster=cluster).code == 0

@@ -146,12 +146,18 @@ def call(request, timeout):
     return data
 
 
+TRANSPORT_REASON = "TransportError"  # the fake server's marker for a broken connection (no Status)
+
+
 class ApiFailure(Failure):
     def __init__(self, status):
         self.status = status
         # kubectl's StandardErrorMessage: a Status without a reason prints no parentheses
         # ("Error from server: etcdserver: leader changed", ASSUMPTIONS.md fact 27).
         reason = " (%s)" % status["reason"] if status.get("reason") else ""
+        if status.get("reason") == TRANSPORT_REASON:  # **unverified** wording for verbs other than create
+            super().__init__("Unable to connect to the server: %s" % status["message"])
+            return
         super().__init__("Error from server%s: %s" % (reason, status["message"]))
 
 
@@ -354,6 +360,14 @@ def cmd_create(positionals, flags, namespace, timeout, out, stdin_text):
         try:
             created = call({"verb": "create", "resource": resource, "namespace": target_ns, "body": item}, timeout)
         except ApiFailure as failure:
+            if failure.status.get("reason") == TRANSPORT_REASON:
+                # a transport error has no Status: kubectl names the request it was making
+                path = "/api%s/%s%s" % ("s/" + item["apiVersion"] if "/" in item.get("apiVersion", "v1") else "/v1",
+                                        "namespaces/%s/" % target_ns if resource not in ("namespaces",) else "",
+                                        resource)
+                errors.append('error: error when creating "STDIN": Post "https://127.0.0.1:6443%s?fieldManager='
+                              'kubectl-create&fieldValidation=Strict": %s' % (path, failure.status["message"]))
+                continue
             reason = " (%s)" % failure.status["reason"] if failure.status.get("reason") else ""
             errors.append('Error from server%s: error when creating "STDIN": %s' % (reason, failure.status["message"]))
             continue

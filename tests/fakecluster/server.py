@@ -98,6 +98,9 @@ FAULTS = {
     "etcd-leader-changed": (500, "", "etcdserver: leader changed"),
     "etcd-timeout": (500, "", "etcdserver: request timed out"),
     "etcd-too-many-requests": (429, "", "etcdserver: too many requests"),
+    # Not a Status: the connection broke before the answer (a load balancer, an API server
+    # restart); kubectl prints the transport error (kubectl.py, TRANSPORT_REASON).
+    "connection-lost": (502, "TransportError", "unexpected EOF"),
 }
 
 
