@@ -206,8 +206,9 @@ def test_nearest_rank_is_the_stress_tests_percentile(tool):
     assert tool.percentile(values, 0.5) == 25  # ours interpolates: the two rules differ on purpose
 
 
-def test_ctrl_c_during_a_warm_pool_batch_saves_the_claims_and_cleanup_finishes(sandbox_cluster, run_tool, tmp_path):
-    import signal
+def start_two_endless_warm_episodes(cluster, tmp_path):
+    """A warm-pool run (the real script, in the background) whose two episodes run for a minute,
+    returned once both are exec'd."""
     import subprocess
     import sys
     import time
@@ -215,11 +216,18 @@ def test_ctrl_c_during_a_warm_pool_batch_saves_the_claims_and_cleanup_finishes(s
     write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok", "sleep": 60}] * 2)
     process = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--backend", "warm-pool", "--no-runtime-class",
                                 "--episode", EPISODE, "--tasks", "tasks.jsonl", "--output", "out"], cwd=str(tmp_path),
-                               env=sandbox_cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
-    while len(sandbox_cluster.execs()) < 2:
+    while len(cluster.execs()) < 2:
         assert time.monotonic() < deadline and process.poll() is None, "the episodes were never exec'd"
         time.sleep(0.1)
+    return process
+
+
+def test_ctrl_c_during_a_warm_pool_batch_saves_the_claims_and_cleanup_finishes(sandbox_cluster, run_tool, tmp_path):
+    import signal
+    import time
+    process = start_two_endless_warm_episodes(sandbox_cluster, tmp_path)
     started = time.monotonic()
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
@@ -405,18 +413,8 @@ def test_a_channel_that_cannot_be_opened_falls_back_to_kubectl_exec_with_one_lin
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
 def test_an_interrupted_warm_batch_leaves_no_proxy_process_or_socket(sandbox_cluster, tmp_path, signal_name):
     import signal
-    import subprocess
-    import sys
     import time
-    from conftest import SCRIPT
-    write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok", "sleep": 60}] * 2)
-    process = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--backend", "warm-pool", "--no-runtime-class",
-                                "--episode", EPISODE, "--tasks", "tasks.jsonl", "--output", "out"], cwd=str(tmp_path),
-                               env=sandbox_cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while len(sandbox_cluster.execs()) < 2:
-        assert time.monotonic() < deadline and process.poll() is None, "the episodes were never exec'd"
-        time.sleep(0.1)
+    process = start_two_endless_warm_episodes(sandbox_cluster, tmp_path)
     started = time.monotonic()
     process.send_signal(getattr(signal, signal_name))
     _, stderr = process.communicate(timeout=60)
