@@ -1226,23 +1226,38 @@ def episode_row(pod, ready, reward, job_created, observed, source, job_finished=
     pod_created = parse_k8s_time(pod["metadata"]["creationTimestamp"])
     times, missing, fallbacks = scheme.times_of(pod, ready, reward, observed)
     phases, notes = episode_phases(times, missing, scheme)
+    skew = episode_skew(times, job_finished)
+    withhold_skewed_phases(phases, notes, scheme, skew, pod["spec"].get("nodeName"))
+    episode_skewed = any(finding["clock"] == "episode" for finding in skew)
     extra = {"time_fallbacks": fallbacks} if fallbacks else {}
     return {
         **scheme.identity(pod),
         "node": pod["spec"].get("nodeName"),
         "image_id": status.get("imageID"),
         "reward": reward["reward"],
-        # The tutorial's metrics (seconds; api-server clock, whole seconds, vs episode clock):
-        scheme.startup_metric + "_seconds": ready_at - pod_created,
-        "batch_to_ready_seconds": ready_at - job_created,
-        "batch_to_reward_seconds": reward_at - job_created,
+        # The tutorial's metrics (seconds; api-server clock, whole seconds, vs episode clock),
+        # null when this episode's clock is provably skewed (clock_skew says by how much):
+        scheme.startup_metric + "_seconds": None if episode_skewed else ready_at - pod_created,
+        "batch_to_ready_seconds": None if episode_skewed else ready_at - job_created,
+        "batch_to_reward_seconds": None if episode_skewed else reward_at - job_created,
         "phases": phases,
         "phase_notes": notes,
         "times": times,
-        "clock_skew": episode_skew(times, job_finished),
+        "clock_skew": skew,
         "events_source": source,
         **extra,
     }
+
+
+def withhold_skewed_phases(phases, notes, scheme, skew, node):
+    """A phase that compares a clock this episode shows skewed with another clock is not a
+    duration (it can even be negative): null, with the skew named in its note."""
+    for finding in skew:
+        for name, (start, end, _) in scheme.phases.items():
+            clocks = {scheme.points[start][0], scheme.points[end][0]}
+            if phases.get(name) is not None and len(clocks) > 1 and finding["clock"] in clocks:
+                phases[name] = None
+                notes[name] = "withheld: %s" % skew_phrase(dict(finding, node=node))
 
 
 def by_creation(pod):
@@ -1818,6 +1833,16 @@ def report_markdown(table):
 QUEUED_COLOUR = "#f2c14e"
 
 
+def batch_origin(results):
+    """When the batch was created (Unix seconds), from an episode's ready time and its
+    batch_to_ready; with every such row withheld (a skewed episode clock), the earliest creation."""
+    for row in results["pods"]:
+        if row.get("batch_to_ready_seconds") is not None and row["times"].get("ready") is not None:
+            return row["times"]["ready"] - row["batch_to_ready_seconds"]
+    scheme = backend_of(results).scheme
+    return min(row["times"][scheme.created_point] for row in results["pods"])
+
+
 def timeline_svg(runs):
     """One SVG stacking each run: a row per episode in creation order, a segment per phase,
     x in seconds since the run's batch was created. runs: [(label, results)]."""
@@ -1826,7 +1851,7 @@ def timeline_svg(runs):
     plot = width - left - right
     spans = []
     for _, results in runs:
-        origin = results["pods"][0]["times"]["ready"] - results["pods"][0]["batch_to_ready_seconds"]  # batch created
+        origin = batch_origin(results)
         ends = [value for row in results["pods"] for value in row["times"].values() if value]
         spans.append((origin, max(ends) - origin))
     horizon = max(span for _, span in spans) or 1.0

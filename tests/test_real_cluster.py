@@ -3,6 +3,7 @@ refusals that pass on their own, watches that end, 409s, grace periods, etcd err
 skewed node clocks, slow VM sandboxes, evictions, signals. Each test runs the real script
 through the simulated cluster configured the way a real cluster behaves."""
 
+import json
 import re
 import signal
 import time
@@ -351,3 +352,22 @@ def test_a_create_the_server_committed_but_answered_with_a_transport_error_is_ad
     elif uid_key == "job_uid":
         assert receipt["job_uid"] == cluster.get_json("-n", receipt["namespace"], "job", "rollout")["metadata"]["uid"]
     assert run_tool("cleanup", "--output", "out", cluster=cluster).code == 0
+
+
+def test_a_skewed_node_never_reports_a_negative_duration_in_rows_or_phases(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"nodes": [{"name": "kind-worker", "clockOffsetSeconds": -5}]})
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": i} for i in range(2)])
+    assert run_tool("run", "--episode", EPISODE, "--tasks", tasks, "--output", "out", cluster=cluster).code == 0
+    results = read(tmp_path / "out" / "results.json")
+    for row in results["pods"]:
+        assert row["pod_to_ready_seconds"] is None and row["batch_to_ready_seconds"] is None
+        assert all(value is None or value >= -1.0 for value in row["phases"].values()), row["phases"]
+        assert row["phase_notes"]["sandbox_start"].startswith("withheld: the kubelet clock on node kind-worker is "
+                                                              "at least")
+    for name, phase in results["phases"].items():
+        assert phase["min"] is None or phase["min"] >= -1.0, (name, phase["min"])  # within the API's resolution
+    report = run_tool("report", "out", "--json")
+    assert report.code == 0, report
+    assert not any(value and value.startswith("-") and not value.startswith("-0")
+                   for row in json.loads(report.stdout)["rows"] for value in row["values"])
+    assert (tmp_path / "out" / "timeline.svg").exists()
