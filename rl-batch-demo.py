@@ -2125,7 +2125,11 @@ class Backend:
             never = self.never_fits(fit, facts["runtime_class"], facts["nodes"])
             if never and not spec.force:
                 raise DemoError("preflight: %s; pass --force to submit anyway" % never)
-            if fit < at_once:
+            if fit == 0:  # submitted with --force
+                self.console.warn("preflight: no usable node can run even one episode pod, submitted anyway "
+                                  "(--force): the pods stay Pending until capacity appears or the deadline "
+                                  "passes: %s" % arithmetic)
+            elif fit < at_once:
                 self.console.warn(self.capacity_warning(fit, at_once, arithmetic))
             facts["preflight"] = {"pods_that_fit_at_once": fit, "parallelism": at_once, "arithmetic": arithmetic}
         return facts

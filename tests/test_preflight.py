@@ -88,3 +88,14 @@ def test_preflight_counts_requests_and_overhead_per_node(tool):
     fit, text = tool.preflight(10, kata, [node, dict(node, spec={"unschedulable": True})])
     assert fit == 2  # 2Gi / 832Mi; the cordoned node does not count
     assert "1 usable node(s) of 2 fit 2 such pods at once" in text
+
+
+def test_a_forced_run_that_no_node_can_run_is_not_said_to_queue(make_cluster, run_tool, tmp_path):
+    pinned = dict(KATA, scheduling={"nodeSelector": {"katacontainers.io/kata-runtime": "true"}})
+    cluster = make_cluster({"runtimeClasses": [pinned]})
+    result = run_tool("run", "--count", "2", "--runtime", "kata", "--force", "--timeout", "2", "--output", "out",
+                      cluster=cluster)
+    assert result.code == 3, result  # the pods never run: the deadline passes
+    assert ("warning: preflight: no usable node can run even one episode pod, submitted anyway (--force): the pods "
+            "stay Pending until capacity appears or the deadline passes: " in result.stderr)
+    assert "will queue" not in result.stderr and "only 0 of" not in result.stderr
