@@ -457,7 +457,7 @@ class Cluster:
 
     def read(self, *parts, binary=False):
         """A read-only kubectl call, retried with backoff while the failure is transient."""
-        return self.retrying(" ".join(parts[:3]), lambda: self.kubectl(*parts, binary=binary))
+        return self.retrying(" ".join(parts), lambda: self.kubectl(*parts, binary=binary))
 
     def read_items(self, *parts):
         """The items of a `get ... -o json` list."""
@@ -473,7 +473,7 @@ class Cluster:
                 if error.not_found:
                     return ""
                 raise
-        return self.retrying(" ".join(parts[:4]), attempt)
+        return self.retrying(" ".join(parts), attempt)
 
     def create_owned(self, obj, run_id):
         """Create obj; whenever the outcome is unknown, look before trying again.
@@ -4990,6 +4990,10 @@ def cleanup_one(output, console):
     except (KeyError, TypeError):
         raise DemoError("%s lacks context, namespace or run_id; refusing cleanup"
                         % (output / "receipt.json")) from None
+    if not str(namespace).startswith(NAMESPACE_PREFIX):
+        raise DemoError("%s names namespace %s, which this tool never creates (its namespaces are %s<run id>); "
+                        "refusing cleanup: check where the receipt came from" % (
+                            output / "receipt.json", namespace, NAMESPACE_PREFIX))
     live = cluster.get_json("namespace", namespace)
     if live is None:
         console.say("Namespace already absent:", namespace)

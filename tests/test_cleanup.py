@@ -199,3 +199,16 @@ def test_ownership_mismatches_name_each_key(tool):
 def test_ownership_matches_when_every_key_is_equal(tool):
     live = {"metadata": {"uid": "u1", "labels": {"agc-demo-run": "x"}}}
     assert tool.ownership_mismatches("namespace n", live, {"uid": "u1", "label agc-demo-run": "x"}) == []
+
+
+def test_a_receipt_naming_a_namespace_this_tool_never_creates_gets_no_advice_to_delete_it(cluster, run_tool,
+                                                                                         tmp_path):
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "receipt.json").write_text(json.dumps(
+        {"context": "kind-rl", "namespace": "kube-system", "run_id": "0123456789ab"}))
+    result = run_tool("cleanup", "--output", "odd", cluster=cluster)
+    assert result.code == 1, result
+    assert "names namespace kube-system, which this tool never creates (its namespaces are agc-rl-<run id>)" in \
+        result.stderr
+    assert "delete namespace kube-system" not in result.stderr
+    assert not [call for call in cluster.calls() if "delete" in call]

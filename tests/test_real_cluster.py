@@ -371,3 +371,12 @@ def test_a_skewed_node_never_reports_a_negative_duration_in_rows_or_phases(make_
     assert not any(value and value.startswith("-") and not value.startswith("-0")
                    for row in json.loads(report.stdout)["rows"] for value in row["values"])
     assert (tmp_path / "out" / "timeline.svg").exists()
+
+
+def test_a_retry_note_names_the_whole_kubectl_command(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"transientFailures": [{"verb": "get", "resource": "jobs", "times": 1}]})
+    result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    namespace = read(tmp_path / "out" / "receipt.json")["namespace"]
+    assert re.search(r"kubectl -n %s get job rollout -o json: Error from server \(InternalError\): .*; retrying in"
+                     % namespace, result.stderr), result.stderr
