@@ -2,7 +2,8 @@
 sources (not from the tool under test, so that a mistake in the tool's own copy can be caught).
 
 - parse_quantity: resource.Quantity's suffixes, kubernetes/kubernetes
-  staging/src/k8s.io/apimachinery/pkg/api/resource/suffix.go (newSuffixer, fastLookup.interpret):
+  staging/src/k8s.io/apimachinery/pkg/api/resource/suffix.go at commit 1402b859889c53c881b1d684b138cf66de59c3b2
+  (newSuffixer, fastLookup.interpret):
   binary Ki..Ei = 2^10..2^60; decimal n, u, m, "", k, M, G, T, P, E = 10^-9..10^18; a decimal
   exponent e<N> or E<N>. A quantity is a signed decimal number followed by one suffix
   (quantity.go parseQuantityString). Returned as a float in the base unit.

@@ -568,8 +568,9 @@ def parse_timeout(value):
 
 
 # ---------------------------------------------------------------- kubectl proxy (exec over WebSocket)
-# kubernetes/kubectl pkg/proxy/proxy_server.go (commit dee3483a3): the filter rejects a request
-# whose path matches --reject-paths or whose method matches --reject-methods, and accepts it
+# kubernetes/kubectl pkg/proxy/proxy_server.go (commit dee3483a3d6a64c07fdf746caf80af446dee99ac):
+# the filter rejects a request whose path matches --reject-paths or whose method matches
+# --reject-methods, and accepts it
 # only when its path matches --accept-paths and its Host --accept-hosts; otherwise 403 with the
 # body "Forbidden\n" (http.Error). Each flag is a comma-separated list of regular expressions;
 # the empty string is an empty list. ListenUnix removes a stale socket and listens with umask
