@@ -955,11 +955,6 @@ def parse_rfc3339_nano(value):
     return whole + (float(match.group(2)) if match.group(2) else 0.0)
 
 
-def rfc3339_nano(unix_seconds):
-    """Unix seconds -> RFC3339 with a fraction (UTC), as annotations carry times."""
-    return iso_micro(unix_seconds)
-
-
 def percentile(values, q):
     """Linear interpolation between order statistics (the tutorial's definition).
 
@@ -2194,14 +2189,14 @@ def start_run(spec, console):
         raise DemoError("output folder %s already exists; choose a new --output so that no "
                         "experiment record is overwritten" % output)
     runner = Kubectl(console)
-    cluster, facts, receipt = None, {}, backend.new_receipt(None, None, None)
+    cluster, facts, run_id = None, {}, None
     if backend.uses_cluster:
         cluster = Cluster(runner, spec.context or runner.current_context())
         # Read-only checks first: a run refused here leaves no folder behind, and the same
         # --output can be used again.
         facts = backend.read_facts(cluster)
         run_id = uuid.uuid4().hex[:12]
-        receipt = backend.new_receipt(cluster.context, NAMESPACE_PREFIX + run_id, run_id)
+    receipt = backend.new_receipt(cluster and cluster.context, run_id and NAMESPACE_PREFIX + run_id, run_id)
     try:
         output.mkdir(parents=True, exist_ok=False)
     except FileExistsError:
@@ -3921,7 +3916,7 @@ def create_claims(cluster, claims, run_id, observed, channel=None):
         called = time.time()
         for claim in chunk:
             observed[claim["metadata"]["name"]]["create_called"] = called
-            claim["metadata"].setdefault("annotations", {})[CLIENT_REQUESTED_ANNOTATION] = rfc3339_nano(called)
+            claim["metadata"].setdefault("annotations", {})[CLIENT_REQUESTED_ANNOTATION] = iso_micro(called)
 
     def answered(chunk):
         returned = time.time()
@@ -4096,37 +4091,34 @@ class ProxyExecChannel:
         target = "/api/v1/namespaces/%s/pods/%s/exec?%s" % (self.namespace, urllib.parse.quote(pod_name), query)
         key = base64.b64encode(os.urandom(16)).decode()
         deadline = time.monotonic() + max(1.0, seconds_left)
-        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection = UnixHTTPConnection(self.socket_path, max(1.0, seconds_left))
         try:
-            connection.settimeout(max(0.1, deadline - time.monotonic()))
             sent_at = time.time()
             try:
-                connection.connect(self.socket_path)
-                connection.sendall(("GET %s HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
-                                    "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: %s\r\n"
-                                    "Sec-WebSocket-Protocol: %s\r\n\r\n" % (target, key, ", ".join(EXEC_PROTOCOLS)))
-                                   .encode())
-                stream = connection.makefile("rb")
-                code, headers, body = read_http_head(stream)
-            except (OSError, ValueError) as error:
+                connection.request("GET", target, headers={
+                    "Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+                    "Sec-WebSocket-Key": key, "Sec-WebSocket-Protocol": ", ".join(EXEC_PROTOCOLS)})
+                answer = connection.getresponse()  # 101: its body is the WebSocket, left unread here
+            except (OSError, http.client.HTTPException) as error:
                 return ExecResult(None, error="the exec stream could not be opened: %s" % error, sent_at=sent_at)
-            if code != 101:
-                message = body.decode("utf-8", "replace").strip()
+            if answer.status != 101:
+                message = answer.read().decode("utf-8", "replace").strip()
                 try:
                     message = json.loads(message).get("message") or message
                 except ValueError:
                     pass
-                if code in (400, 403, 405, 426, 501):
+                if answer.status in (400, 403, 405, 426, 501):
                     raise ExecRefused("the API server (through `kubectl proxy`) refused the exec stream: HTTP %d: %s"
-                                      % (code, last_line(message)))
-                return ExecResult(None, error="HTTP %d: %s" % (code, last_line(message)), sent_at=sent_at)
+                                      % (answer.status, last_line(message)))
+                return ExecResult(None, error="HTTP %d: %s" % (answer.status, last_line(message)), sent_at=sent_at)
             expected = base64.b64encode(hashlib.sha1((key + WEBSOCKET_GUID).encode()).digest()).decode()
-            if headers.get("sec-websocket-accept") != expected:
+            if answer.getheader("Sec-WebSocket-Accept") != expected:
                 raise ExecRefused("the exec stream's handshake was answered wrongly (Sec-WebSocket-Accept)")
-            self.protocols[headers.get("sec-websocket-protocol", "")] += 1
+            self.protocols[answer.getheader("Sec-WebSocket-Protocol", "")] += 1
             opened_at = time.time()
             try:
-                return read_exec_stream(connection, stream, deadline, sent_at, opened_at)
+                # the frames follow the headers on the same buffered stream
+                return read_exec_stream(connection.sock, answer.fp, deadline, sent_at, opened_at)
             except socket.timeout:
                 return ExecResult(None, error="the exec did not finish within %.0f s" % seconds_left,
                                   reason="ExecTimedOut", sent_at=sent_at, opened_at=opened_at)
@@ -4181,26 +4173,6 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(self.timeout)
         self.sock.connect(self.socket_path)
-
-
-def read_http_head(stream):
-    """(status code, {lower-case header: value}, body when not upgraded) of an HTTP/1.1 answer."""
-    status = stream.readline().decode("latin-1")
-    if not status.startswith("HTTP/1."):
-        raise ValueError("not an HTTP answer: %r" % status[:80])
-    code = int(status.split()[1])
-    headers = {}
-    while True:
-        line = stream.readline().decode("latin-1")
-        if line in ("\r\n", "\n", ""):
-            break
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    body = b""
-    if code != 101:
-        length = headers.get("content-length")
-        body = stream.read(int(length)) if length and length.isdigit() else stream.read()
-    return code, headers, body
 
 
 def websocket_frame(opcode, payload):
