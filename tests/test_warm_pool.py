@@ -448,7 +448,8 @@ def test_claim_times_come_from_the_upstream_annotations(sandbox_cluster, run_too
         assert row["times"]["claim_first_ready"] == pytest.approx(
             tool_time(annotations["agents.x-k8s.io/claim-first-ready-at"]), abs=1e-6)
         assert "time_fallbacks" not in row
-        assert 0 <= row["phases"]["claim_binding"] < 1  # not whole seconds
+        # the create call's microseconds, not a whole-second creationTimestamp (however busy the cluster)
+        assert row["phases"]["claim_binding"] >= 0 and row["times"]["claim_created"] % 1 != 0
 
 
 def tool_time(stamp):
