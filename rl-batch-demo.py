@@ -342,8 +342,9 @@ class Kubectl:
         self.background = []  # long-running kubectl processes (a proxy) not yet stopped
         self.stopping = threading.Event()
 
-    def run(self, argv, stdin_text=None, binary=False, timeout=KUBECTL_PROCESS_TIMEOUT_SECONDS):
-        """Run kubectl with an argument list; return stdout (bytes if binary) or raise KubectlError."""
+    def run(self, argv, stdin_text=None, binary=False, timeout=KUBECTL_PROCESS_TIMEOUT_SECONDS, on_start=None):
+        """Run kubectl with an argument list; return stdout (bytes if binary) or raise KubectlError.
+        on_start(process) is told of the process as soon as it runs (BackgroundCall stops it)."""
         program = self.program
         if self.stopping.is_set():
             raise DemoError("interrupted")
@@ -352,6 +353,8 @@ class Kubectl:
                                        else subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        text=not binary)
             self.running.add(process)
+            if on_start is not None:
+                on_start(process)
             try:
                 stdout, stderr = process.communicate(stdin_text if not binary else None, timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -440,9 +443,9 @@ class Cluster:
         self.console = runner.console
 
     def kubectl(self, *parts, data=None, binary=False, timeout=KUBECTL_PROCESS_TIMEOUT_SECONDS,
-                request_timeout=KUBECTL_REQUEST_TIMEOUT):
+                request_timeout=KUBECTL_REQUEST_TIMEOUT, on_start=None):
         argv = ["--context", self.context, "--request-timeout=" + request_timeout, *parts]
-        return self.runner.run(argv, json.dumps(data) if data is not None else None, binary, timeout)
+        return self.runner.run(argv, json.dumps(data) if data is not None else None, binary, timeout, on_start)
 
     def retrying(self, what, attempt):
         """attempt(), tried again with backoff while its failure is transient; a note each time."""
@@ -530,6 +533,39 @@ class Cluster:
                                    "%s get %s` and run cleanup again" % (what, timeout, self.context, " ".join(parts)))
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+class BackgroundCall:
+    """One kubectl call in a thread of its own, so that a wait loop goes on taking its watches'
+    news while the call runs: a call that hangs (a stuck connection) stalls nothing, and
+    cancel() stops its process once the loop no longer needs the answer."""
+
+    def __init__(self, cluster, *parts):
+        self.process, self.value, self.error = None, None, None
+        self.thread = threading.Thread(target=self.call, args=(cluster, parts), daemon=True)
+        self.thread.start()
+
+    def call(self, cluster, parts):
+        try:
+            self.value = cluster.kubectl(*parts, on_start=self.started)
+        except DemoError as error:
+            self.error = error
+
+    def started(self, process):
+        self.process = process
+
+    def done(self):
+        return not self.thread.is_alive()
+
+    def result(self):
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+    def cancel(self):
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
 
 
 class Watch:
@@ -665,11 +701,18 @@ def write_json(path, obj):
     """Write atomically, so an interrupted write never leaves half a receipt. A list of
     objects (pods.json) is written one object a line: greppable, and quick at 10,000 pods."""
     partial = path.with_name(path.name + ".partial")
-    if isinstance(obj, list) and obj and all(isinstance(item, dict) for item in obj):
-        partial.write_text("[\n" + ",\n".join(json.dumps(item) for item in obj) + "\n]\n")
-    else:
-        partial.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(partial, path)
+    try:
+        if isinstance(obj, list) and obj and all(isinstance(item, dict) for item in obj):
+            partial.write_text("[\n" + ",\n".join(json.dumps(item) for item in obj) + "\n]\n")
+        else:
+            partial.write_text(json.dumps(obj, indent=2) + "\n")
+        os.replace(partial, path)
+    except OSError:
+        try:
+            partial.unlink()  # a full disk must not leave half a file behind
+        except OSError:
+            pass
+        raise
 
 
 def read_json(path, what, keys=(), shape=dict):
@@ -701,11 +744,14 @@ def program_name():
     return name if name.startswith("rl-batch-demo") else "rl-batch-demo"
 
 
-def cleanup_command(output):
+def invocation():
+    """The command that runs this tool again, as the user ran it."""
     program = program_name()
-    if program.endswith(".py"):
-        program = "python3 " + shlex.quote(sys.argv[0])
-    return "%s cleanup --output %s" % (program, shlex.quote(str(output)))
+    return "python3 " + shlex.quote(sys.argv[0]) if program.endswith(".py") else program
+
+
+def cleanup_command(output):
+    return "%s cleanup --output %s" % (invocation(), shlex.quote(str(output)))
 
 # ============================================================================
 # Manifests: pure functions returning the objects a run creates
@@ -1990,6 +2036,18 @@ class Run:
     def save_receipt(self):
         write_json(self.output / "receipt.json", self.receipt)
 
+    def cleanup_advice(self):
+        """The cleanup command; when receipt.json no longer holds this run's receipt (the
+        folder was removed, the disk refused the write), one that carries the receipt itself."""
+        try:
+            intact = json.loads((self.output / "receipt.json").read_text()) == self.receipt
+        except (OSError, ValueError):
+            intact = False
+        if intact:
+            return cleanup_command(self.output)
+        return "echo %s | %s cleanup --receipt - (receipt.json in %s is lost; this is its content)" % (
+            shlex.quote(json.dumps(self.receipt, separators=(",", ":"))), invocation(), self.output)
+
     def new_run_info(self, backend):
         """run.json as the run starts: the tool, the command line, the backend."""
         info = {"tool_version": __version__, "started_at": utc_now(), "backend": backend.name,
@@ -2211,11 +2269,18 @@ def start_run(spec, console):
         return backend.run(run)
     except DemoError as error:
         if backend.uses_cluster:
-            error.args = ("%s. Clean up with: %s" % (str(error).rstrip("."), cleanup_command(output)),)
+            error.args = ("%s. Clean up with: %s" % (str(error).rstrip("."), run.cleanup_advice()),)
         raise
+    except OSError as error:
+        # The output folder failed (a full disk, a read-only mount, the folder removed): one
+        # line, and a way to clean up even when the receipt itself is lost.
+        where = " (%s)" % error.filename if error.filename else ""
+        raise DemoError("cannot write to the output folder %s: %s%s. %s" % (
+            output, error.strerror or error, where,
+            "Clean up with: %s" % run.cleanup_advice() if backend.uses_cluster else "")) from None
     except KeyboardInterrupt:
         if backend.uses_cluster:
-            console.tell("Interrupted. Clean up with: %s" % cleanup_command(output))
+            console.tell("Interrupted. Clean up with: %s" % run.cleanup_advice())
         raise
     finally:
         runner.stop_background()
@@ -2416,6 +2481,26 @@ def why_not_started(pods, events=()):
     return list(reasons)
 
 
+class ObjectDeleted(DemoError):
+    """An object of the run was deleted, mid-run, by something other than this run."""
+
+
+def deleted_by_someone_else(cluster, namespace, kind, name):
+    """The line for a Job (or Sandbox, ...) that vanished mid-run: whether its namespace went
+    with it, and that this run did not delete it."""
+    try:
+        ns = cluster.get_json("namespace", namespace)
+    except KubectlError:
+        ns = {}
+    if ns is None or (ns or {}).get("metadata", {}).get("deletionTimestamp"):
+        return ("namespace %s was deleted by someone else while the batch ran (%s): this run did not delete it, "
+                "and its %s %s went with it" % (namespace, "it is gone" if ns is None else
+                                                "Terminating since %s" % ns["metadata"]["deletionTimestamp"],
+                                                kind, name))
+    return ("%s %s was deleted by someone else while the batch ran (another user, a controller, or a cleanup of "
+            "this run from another terminal): this run did not delete it" % (kind, name))
+
+
 class JobWatches:
     """One pod watch and one Job watch for a set of Jobs, shared by their JobProgress: the
     prewarm Jobs of 100 nodes cost two kubectl watches, not 200. Pods are filed under their
@@ -2466,6 +2551,9 @@ class JobProgress:
         self.pods = self.watches.pods[job_name]
         self.observed = self.watches.observed[job_name]
         self.failed_creates = []  # the Job's FailedCreate events, as last read
+        self.unreachable_since = None  # client monotonic clock: since when no call reaches the API server
+        self.unreachable_error = ""  # kubectl's line for it
+        self.poll = None  # the `get job` running in the background, if any
 
     def absorb_pods(self):
         self.watches.absorb()
@@ -2473,38 +2561,97 @@ class JobProgress:
     def read_failed_creates(self):
         """The Job's own FailedCreate events (a field selector: not every event of the namespace)."""
         selector = "involvedObject.kind=Job,involvedObject.name=%s,reason=FailedCreate" % self.job_name
-        self.failed_creates = json.loads(self.cluster.read(
+        # Not retried: the stall check asks again in a few seconds.
+        self.failed_creates = json.loads(self.cluster.kubectl(
             "-n", self.namespace, "get", "events", "--field-selector", selector, "-o", "json"))["items"]
         return self.failed_creates
+
+    def unreachable(self, error):
+        if self.unreachable_since is None:
+            self.unreachable_since, self.unreachable_error = time.monotonic(), meaningful_line(error.stderr)
+            self.cluster.console.note("the API server is not answering (%s); waiting for it, the pods run on "
+                                      "without it" % self.unreachable_error)
+
+    def reachable(self):
+        if self.unreachable_since is not None:
+            self.cluster.console.note("the API server answers again, after %.0f s"
+                                      % (time.monotonic() - self.unreachable_since))
+            self.unreachable_since = None
+
+    def poll_job(self, previous):
+        """The Job as the API server has it now, once a `get job` started in the background
+        (by this call, or an earlier one) has answered; until then, or while the server cannot
+        be reached, `previous`. An outage (a control-plane upgrade, a restarted API server) is
+        waited out, as the pods run on without it; it is noted when it starts and when it ends.
+        Raises ObjectDeleted when the Job or its namespace was deleted by someone else."""
+        if self.poll is None:
+            self.poll = BackgroundCall(self.cluster, "-n", self.namespace, "get", "job", self.job_name, "-o", "json")
+        if not self.poll.done():
+            return previous
+        poll, self.poll = self.poll, None
+        try:
+            job = json.loads(poll.result())
+        except KubectlError as error:
+            if error.not_found:
+                raise ObjectDeleted(deleted_by_someone_else(self.cluster, self.namespace, "Job", self.job_name)) \
+                    from None
+            if not error.transient:
+                raise
+            self.unreachable(error)
+            return previous
+        self.reachable()
+        if job["metadata"].get("deletionTimestamp"):
+            raise ObjectDeleted(deleted_by_someone_else(self.cluster, self.namespace, "Job", self.job_name))
+        return job
 
     def wait(self, started, wait_seconds, admission):
         """Until Complete, FailureTarget/Failed, a reason the pods can never start (the
         admission gate's among them), or the client deadline (the gate's while it queues).
+        An unreachable API server is waited for up to that deadline.
         Returns (job, 'Complete'|'Failed'|None, blocking reason or None)."""
         console = self.cluster.console
         admission.begin(started)
-        live = json.loads(self.cluster.read("-n", self.namespace, "get", "job", self.job_name, "-o", "json"))
+        live = self.poll_job({})
         progress, progress_at, polled_at = None, time.monotonic(), time.monotonic()
         while True:
             deadline = admission.deadline(wait_seconds)
             queue_state = admission.state_line()
+            # While the server is unreachable, asked every second: the watches only restart.
+            poll_every = FALLBACK_POLL_SECONDS if self.unreachable_since is None else 1.0
             if self.watches.absorb(timeout=WATCH_WAIT_SECONDS) and self.job_name in self.watches.jobs:
                 live = self.watches.jobs[self.job_name]
-            elif time.monotonic() - polled_at >= FALLBACK_POLL_SECONDS:
-                live = json.loads(self.cluster.read("-n", self.namespace, "get", "job", self.job_name, "-o", "json"))
-                polled_at = time.monotonic()
+                self.reachable()  # the watch delivered: the server answers
+                if live["metadata"].get("deletionTimestamp"):
+                    live = self.poll_job(live)
+            elif self.poll is not None or time.monotonic() - polled_at >= poll_every:
+                live = self.poll_job(live)
+                if self.poll is None:
+                    polled_at = time.monotonic()
             outcome = job_outcome(live)
             status = live.get("status", {})
             counts = tuple(status.get(key, 0) for key in ("active", "ready", "succeeded", "failed"))
-            console.progress("%s: %sactive %d, ready %d, succeeded %d, failed %d, %.0f s"
-                             % ((self.job_name, "%s; " % queue_state[:100] if queue_state else "") + counts +
-                                (time.monotonic() - started,)))
-            blocked = None if outcome else admission.blocked(started)
+            unreachable = "API server unreachable for %.0f s; " % (time.monotonic() - self.unreachable_since) \
+                if self.unreachable_since is not None else ""
+            console.progress("%s: %s%sactive %d, ready %d, succeeded %d, failed %d, %.0f s"
+                             % ((self.job_name, unreachable, "%s; " % queue_state[:100] if queue_state else "") +
+                                counts + (time.monotonic() - started,)))
+            blocked = None if outcome or unreachable else admission.blocked(started)
             if counts != progress:
                 progress, progress_at = counts, time.monotonic()
-            elif not outcome and time.monotonic() - progress_at >= STALL_CHECK_SECONDS:
-                blocked = blocking_reason(self.read_failed_creates(), list(self.pods.values()))
+            elif not outcome and not unreachable and time.monotonic() - progress_at >= STALL_CHECK_SECONDS:
+                try:
+                    blocked = blocking_reason(self.read_failed_creates(), list(self.pods.values()))
+                except KubectlError as error:
+                    if not error.transient:
+                        raise
+                    self.unreachable(error)
                 progress_at = time.monotonic()
+            if time.monotonic() > deadline and unreachable:
+                console.end_progress()
+                raise BatchTimeout("the API server did not answer for the last %.0f s of the client's %d s "
+                                   "wait (%s), so whether Job %s finished is unknown"
+                                   % (time.monotonic() - self.unreachable_since, wait_seconds,
+                                      self.unreachable_error, self.job_name))
             if outcome or blocked or time.monotonic() > deadline:
                 console.end_progress()
                 admission.finish()
@@ -2531,6 +2678,9 @@ class JobProgress:
             self.watches.absorb(timeout=WATCH_WAIT_SECONDS)
 
     def stop(self):
+        if self.poll is not None:
+            self.poll.cancel()
+            self.poll = None
         if self.own_watches:
             self.watches.stop()
 
@@ -2753,6 +2903,9 @@ class JobRound:
             self.admission.save(folder, run_info)
             self.save_what_is_known()
             raise
+        except DemoError as error:
+            self.stop()
+            raise self.save_what_was_seen(error) from None
         finally:
             self.stop()
         write_json(folder / "observed.json", progress.observed)
@@ -2831,21 +2984,56 @@ class JobRound:
         return self.gone
 
     def logs_of(self, subset):
-        """Save the logs of `subset` that the API still has."""
+        """Save the logs of `subset` that the API still has; logs.json says which it no longer had."""
         gone = set(self.gone or ())
+        lost = [pod["metadata"]["name"] for pod in subset if pod["metadata"]["name"] in gone]
+        if lost:
+            record_log_sources(self.folder, {name: LOGS_GONE for name in lost})
         listed = [pod["metadata"]["name"] for pod in self.pods if pod["metadata"]["name"] not in gone]
         return fetch_logs(self.cluster, self.namespace, self.folder,
                           [pod for pod in subset if pod["metadata"]["name"] not in gone], self.name, listed)
 
     def archive(self):
         """Every episode's log not saved yet, and the events (two kubectl processes at once)."""
-        gone = self.learn_gone()
+        self.learn_gone()
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as side:
             events = side.submit(save_events, self.cluster, self.namespace, self.folder)
             self.logs_of([pod for pod in self.pods if not (self.folder / (pod["metadata"]["name"] + ".log")).exists()])
-            if gone:
-                record_log_sources(self.folder, {name: LOGS_GONE for name in gone})
             events.result()
+
+    def save_what_was_seen(self, error):
+        """The wait ended in an error (the Job or its namespace deleted by someone else, an API
+        server unreachable to the deadline, a refused read): save what the watches saw (the Job,
+        every pod, sandbox-ready times), then, unless the server is unreachable, the events and
+        the logs it still has. Returns the error to raise, naming what was kept."""
+        folder, progress = self.folder, self.progress
+        write_json(folder / "observed.json", progress.observed)
+        self.admission.save(folder, self.run_info)
+        pods = sorted(progress.pods.values(), key=by_creation)
+        job = progress.watches.jobs.get(self.name)
+        if job is not None:
+            write_json(folder / "job.json", job)
+        write_json(folder / "pods.json", pods)
+        self.run_info["pods_seen_only_by_watch"] = sorted(progress.pods)
+        write_json(folder / "run.json", self.run_info)
+        kept = ["job.json"] if job is not None else []
+        kept += ["pods.json (%d pod(s) as the watch last saw them)" % len(pods), "observed.json"]
+        if progress.unreachable_since is None:
+            try:
+                save_events(self.cluster, self.namespace, folder)
+                kept.append("events.txt")
+                listed = {line.split("/", 1)[-1] for line in self.cluster.read(
+                    "-n", self.namespace, "get", "pods", "-l", "job-name=" + self.name, "-o", "name").split()}
+                self.gone = sorted(set(progress.pods) - listed)
+                self.pods = pods
+                self.logs_of(pods)
+                if listed:
+                    kept.append("the logs of the %d pod(s) the API still had" % len(listed))
+            except DemoError as late:
+                kept.append("not the events or logs (%s)" % late)
+        error_type = type(error) if type(error) in (DemoError, BatchTimeout, BatchFailed, ObjectDeleted) \
+            else DemoError
+        return error_type("%s; what the run saw is saved in %s: %s" % (error, folder, ", ".join(kept)))
 
     def save_what_is_known(self):
         """After Ctrl-C or SIGTERM: keep the Job, its pods, events and logs, as far as they can be had."""
@@ -2856,6 +3044,8 @@ class JobRound:
             _, pods, gone = save_state(self.cluster, self.namespace, self.name, folder, watched=watched)
             save_events(self.cluster, self.namespace, folder)
             listed = [pod for pod in pods if pod["metadata"]["name"] not in gone]
+            if gone:
+                record_log_sources(folder, {name: LOGS_GONE for name in gone})
             fetch_logs(self.cluster, self.namespace, folder, listed, self.name,
                        [pod["metadata"]["name"] for pod in listed])
         except DemoError as error:
@@ -4937,6 +5127,8 @@ def ownership_mismatches(kind, live, expected):
 
 def cmd_cleanup(args, console):
     """Clean up each folder in turn; one folder's refusal does not stop the others."""
+    if args.receipt:
+        return cleanup_receipt(read_receipt_file(args.receipt), args.receipt, None, console)
     if len(args.output) == 1:
         return cleanup_one(Path(args.output[0]), console)
     first_failure = EXIT_OK
@@ -4949,23 +5141,42 @@ def cmd_cleanup(args, console):
     return first_failure
 
 
+def read_receipt_file(name):
+    """`cleanup --receipt FILE`: a receipt saved apart from its folder, or printed by a run whose
+    folder failed (`-` reads it from stdin)."""
+    if name != "-":
+        return read_json(Path(name), "a receipt")
+    try:
+        receipt = json.loads(sys.stdin.read())
+    except ValueError as error:
+        raise DemoError("--receipt -: stdin is not a receipt's JSON (%s)" % error) from None
+    if not isinstance(receipt, dict):
+        raise DemoError("--receipt -: stdin holds JSON, but not a receipt's object")
+    return receipt
+
+
 def cleanup_one(output, console):
     """Delete one run's objects and namespace, after proving each is the one the receipt names."""
-    receipt = read_json(output / "receipt.json", "the receipt")
+    return cleanup_receipt(read_json(output / "receipt.json", "the receipt"), output / "receipt.json", output,
+                           console)
+
+
+def cleanup_receipt(receipt, source, output, console):
+    """Cleanup from a receipt read from `source`; `output` is its run's folder (its job.json may
+    name a Job the receipt lacks), None for a receipt given on its own."""
     backend = backend_named(receipt.get("backend"))
     if not backend.uses_cluster:
-        console.say("Nothing to clean up: %s is a local run (no cluster objects)" % output)
+        console.say("Nothing to clean up: %s is a local run (no cluster objects)" % (output or source))
         return EXIT_OK
     try:
         cluster = Cluster(Kubectl(console), receipt["context"])
         namespace, run_id = receipt["namespace"], receipt["run_id"]
     except (KeyError, TypeError):
-        raise DemoError("%s lacks context, namespace or run_id; refusing cleanup"
-                        % (output / "receipt.json")) from None
+        raise DemoError("%s lacks context, namespace or run_id; refusing cleanup" % source) from None
     if not str(namespace).startswith(NAMESPACE_PREFIX):
         raise DemoError("%s names namespace %s, which this tool never creates (its namespaces are %s<run id>); "
                         "refusing cleanup: check where the receipt came from" % (
-                            output / "receipt.json", namespace, NAMESPACE_PREFIX))
+                            source, namespace, NAMESPACE_PREFIX))
     live = cluster.get_json("namespace", namespace)
     if live is None:
         console.say("Namespace already absent:", namespace)
@@ -5003,7 +5214,7 @@ def delete_recorded_jobs(cluster, namespace, receipt, output, job_json):
     recorded = dict(receipt.get("jobs") or {})
     if receipt.get("job_uid"):
         recorded.setdefault(JOB_NAME, receipt["job_uid"])
-    if job_json and JOB_NAME not in recorded and (output / "job.json").exists():
+    if job_json and JOB_NAME not in recorded and output is not None and (output / "job.json").exists():
         recorded[JOB_NAME] = read_json(output / "job.json", "the saved Job").get("metadata", {}).get("uid")
     live_jobs = cluster.read_items("-n", namespace, "get", "jobs")
     problems = []
@@ -5225,9 +5436,13 @@ def build_parser():
 
     cleanup = commands.add_parser("cleanup", help="delete what one run created, after checking "
                                                   "ownership against its receipt.json")
-    cleanup.add_argument("--output", required=True, metavar="DIR", nargs="+",
-                         help="the run's output folder (its receipt.json names the context); "
-                              "several folders are cleaned up in turn")
+    which = cleanup.add_mutually_exclusive_group(required=True)
+    which.add_argument("--output", metavar="DIR", nargs="+",
+                       help="the run's output folder (its receipt.json names the context); "
+                            "several folders are cleaned up in turn")
+    which.add_argument("--receipt", metavar="FILE",
+                       help="a receipt on its own (`-`: from stdin), e.g. the one a run prints when its "
+                            "output folder failed")
 
     report = commands.add_parser("report", help="compare saved runs side by side (no cluster needed)",
                                  description="Print the tutorial's comparison table for saved output "

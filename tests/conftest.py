@@ -134,3 +134,33 @@ def make_image(tmp_path, name, body):
 def cluster_with_image(make_cluster, tmp_path, name, body, **config):
     images = {"python:3.12-alpine": {"python": PYTHON}, name: {"python": make_image(tmp_path, name, body)}}
     return make_cluster({"images": images, **config})
+
+
+def start_tool(cluster, tmp_path, *args):
+    """The real script started in the background (for a test that changes the world mid-run)."""
+    return subprocess.Popen([sys.executable, str(SCRIPT), *args], cwd=str(tmp_path), env=cluster.env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+
+
+def wait_for(what, predicate, timeout=60.0):
+    """predicate()'s first true value, asked every 0.1 s; fails the test after `timeout` seconds."""
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "gave up waiting for " + what
+        time.sleep(0.1)
+
+
+def first_then_slow(tmp_path):
+    """An image body: the first episode to start runs at once, every other one hangs a minute
+    (the episode's own `python` calls, for its tests, run as usual)."""
+    return 'case "$*" in *episode.py*) mkdir "%s" 2>/dev/null || exec sleep 60;; esac\nexec $PY "$@"' % (
+        tmp_path / "first-episode-ran")
+
+
+def succeeded_pods(cluster, namespace):
+    pods = cluster.get_json("-n", namespace, "pods")["items"]
+    return [pod for pod in pods if pod["status"].get("phase") == "Succeeded"]

@@ -300,8 +300,7 @@ def test_the_tutorials_own_episode_runs_unchanged(make_cluster, run_tool, tmp_pa
 
 
 def test_transient_kubectl_failures_are_retried(make_cluster, run_tool, tmp_path):
-    cluster = make_cluster({"transientFailures": [{"verb": "get", "resource": "jobs", "times": 2},
-                                                  {"verb": "list", "resource": "pods", "times": 1}]})
+    cluster = make_cluster({"transientFailures": [{"verb": "list", "resource": "events", "times": 2}]})
     result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
     assert result.code == 0, result
     assert "Error from server (InternalError)" in result.stderr and "retrying in" in result.stderr
@@ -374,9 +373,9 @@ def test_a_skewed_node_never_reports_a_negative_duration_in_rows_or_phases(make_
 
 
 def test_a_retry_note_names_the_whole_kubectl_command(make_cluster, run_tool, tmp_path):
-    cluster = make_cluster({"transientFailures": [{"verb": "get", "resource": "jobs", "times": 1}]})
+    cluster = make_cluster({"transientFailures": [{"verb": "list", "resource": "events", "times": 1}]})
     result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
     assert result.code == 0, result
     namespace = read(tmp_path / "out" / "receipt.json")["namespace"]
-    assert re.search(r"kubectl -n %s get job rollout -o json: Error from server \(InternalError\): .*; retrying in"
-                     % namespace, result.stderr), result.stderr
+    assert re.search(r"kubectl -n %s get events --sort-by=.metadata.creationTimestamp: Error from server "
+                     r"\(InternalError\): .*; retrying in" % namespace, result.stderr), result.stderr

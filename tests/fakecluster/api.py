@@ -50,6 +50,12 @@ DEFAULT_CONFIG = {
     # installed with default flags has, see CLIENT_RATES), "unlimited" (no limits: flatters the Job
     # baseline, kept for contrast), or {"jobController": [qps, burst] or None, ...}.
     "clientRates": "default-installation",
+    # The API server unreachable for a while (a control-plane upgrade, a restarted single API
+    # server): {"afterJobCreatedSeconds": 1.0, "seconds": 20}, counted from the first Job's
+    # creation. Every request is refused at the TCP level (kubectl: "The connection to the server
+    # HOST was refused"), open watches break, and the controllers, which reach etcd only through
+    # the API server, stand still until it is back.
+    "apiOutage": None,
 }
 
 # client-go token buckets (qps, burst) of each simulated controller's API client, by profile.

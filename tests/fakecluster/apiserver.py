@@ -151,6 +151,8 @@ class ApiServer:
         requested_name = name or obj.get("metadata", {}).get("generateName", "")
         obj["metadata"] = self.new_metadata(obj.get("metadata", {}), namespace)
         if resource == "jobs":
+            if self.first_job_at is None:
+                self.first_job_at = time.time()
             if kueue.installed(self.config):
                 self.kueue.webhook(obj)
             self.default_job(obj)

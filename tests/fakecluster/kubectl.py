@@ -142,6 +142,9 @@ def call(request, timeout):
     finally:
         connection.close()
     if response.status != 200:
+        if data.get("reason") == "ConnectionRefused":  # the simulated API server is down (apiOutage)
+            raise Failure("The connection to the server %s was refused - did you specify the right host or "
+                          "port?" % host)
         raise ApiFailure(data)
     return data
 

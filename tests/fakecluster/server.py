@@ -60,10 +60,13 @@ class Cluster(ApiServer, JobController, Scheduler, Kubelet, NamespaceLifecycle):
         self.agent_sandbox = agentsandbox.AgentSandbox(self)
         self.kueue = kueue.Kueue(self)
         self.stop = threading.Event()
+        self.first_job_at = None  # when the first Job was created (apiOutage counts from it)
         with self.lock:
             self.seed_objects()
 
     def reconcile(self):
+        if self.in_outage():
+            return  # the controllers cannot reach the API server either
         with self.lock:
             self.job_controller()
             self.scheduler()
@@ -73,6 +76,14 @@ class Cluster(ApiServer, JobController, Scheduler, Kubelet, NamespaceLifecycle):
             if kueue.installed(self.config):
                 self.kueue.reconcile()
             self.namespace_controller()
+
+    def in_outage(self):
+        """Whether the API server is unreachable now (apiOutage in cluster.json)."""
+        outage = self.config.get("apiOutage")
+        if not outage or self.first_job_at is None:
+            return False
+        begins = self.first_job_at + outage.get("afterJobCreatedSeconds", 0)
+        return begins <= time.time() < begins + outage["seconds"]
 
     def client_call(self, controller):
         """Whether `controller` may make one more API call now (its client-side rate limit)."""
@@ -109,7 +120,8 @@ def inject_fault(cluster, request):
     {"verb": "get", "resource": "jobs", "times": 2, "kind": "etcd-leader-changed",
      "afterCommit": false, "afterJobComplete": false}. afterCommit: a write is carried out and
     then answered with the error (the client cannot tell). afterJobComplete: armed only once a
-    Job has its Complete or Failed condition. Returns (kind, after_commit) or None."""
+    Job has its Complete or Failed condition. Kind "hang" with "seconds": the answer comes that
+    late. Returns (kind, after_commit, seconds) or None."""
     for fault in cluster.faults:
         if fault.get("times", 0) <= 0 or fault.get("verb") not in (None, request["verb"]) or \
                 fault.get("resource") not in (None, request.get("resource")):
@@ -121,8 +133,8 @@ def inject_fault(cluster, request):
         fault["times"] -= 1
         kind = fault.get("kind", "internal")
         if kind == "timeout-after-commit":  # the original spelling
-            return "timeout", True
-        return kind, bool(fault.get("afterCommit"))
+            return "timeout", True, 0
+        return kind, bool(fault.get("afterCommit")), fault.get("seconds", 0)
     return None
 
 
@@ -134,10 +146,22 @@ def fault_error(kind, request):
     return ApiError(code, reason, message)
 
 
+# The API server's listener is down: not a Status. The fake kubectl prints what kubectl prints
+# when its TCP connection is refused (kubectl.py, call()).
+CONNECTION_REFUSED = "ConnectionRefused"
+
+
 def dispatch(cluster, request):
     verb = request["verb"]
+    if verb != "config" and cluster.in_outage():
+        raise ApiError(503, CONNECTION_REFUSED, "connection refused")
     with cluster.lock:
         fault = inject_fault(cluster, request) if verb != "config" else None
+    if fault and fault[0] == "hang":
+        # A call that hangs (a stuck connection): answered only after `seconds`, unless the
+        # client's request timeout ends it first.
+        time.sleep(fault[2])
+        fault = None
     if fault and not fault[1]:
         raise fault_error(fault[0], request)
     if verb == "watch":

@@ -3,7 +3,7 @@ API server ends them (watchEnds in cluster.json)."""
 
 import time
 
-from api import RESOURCES
+from api import ApiError, RESOURCES
 
 
 def watch(cluster, request):
@@ -36,7 +36,9 @@ def watch(cluster, request):
     with cluster.lock:
         items = matching()
         while not items and time.time() < deadline and not cluster.stop.is_set():
-            cluster.changed.wait(timeout=max(0.0, deadline - time.time()))
+            cluster.changed.wait(timeout=max(0.0, min(0.5, deadline - time.time())))
+            if cluster.in_outage():  # the API server went away: its open watches break
+                raise ApiError(503, "ConnectionRefused", "connection refused")
             items = matching()
         answer = {"items": items, "resourceVersion": str(cluster.resource_version)}
         if end_at is not None and time.time() >= end_at:
