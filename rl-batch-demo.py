@@ -317,9 +317,16 @@ def meaningful_line(text):
     """The line of kubectl's stderr that says what went wrong: the last of its own error
     lines, else the last line that is not a log or warning line."""
     lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith(KUBECTL_ERROR_STARTS)]
+    errors = [index for index, line in enumerate(lines) if line.startswith(KUBECTL_ERROR_STARTS)]
     if errors:
-        return errors[-1]
+        # Several errors of one kind come as a heading and "* " lines (kubectl's MultilineError,
+        # `Error in configuration: ` with a bullet per configuration error): one line of them all.
+        heading, bullets = lines[errors[-1]], []
+        for line in lines[errors[-1] + 1:]:
+            if not line.startswith("* "):
+                break
+            bullets.append(line[2:])
+        return "%s %s" % (heading.rstrip(), "; ".join(bullets)) if bullets else heading
     plain = [line for line in lines if not (line[:1] in "IWEF" and line[1:5].isdigit()) and
              not line.startswith("Warning:")]
     return (plain or lines or [""])[-1]
@@ -1320,7 +1327,7 @@ def attempt_failure(pod, log):
     evicted = eviction_message(pod)
     if evicted:
         return "evicted: %s" % evicted
-    if status.get("reason") in ("ExecFailed", "ExecTimedOut"):
+    if status.get("reason") in EXEC_FAILURE_REASONS:
         return "%s: %s" % (status["reason"], status.get("message"))
     container = (status.get("containerStatuses") or [{}])[0]
     state = container.get("state") or {}
@@ -1541,15 +1548,27 @@ def eviction_message(pod):
     return None
 
 
+# A warm-pool episode record's status.reason when its exec did not give an exit code of its own.
+EXEC_FAILURE_REASONS = ("ExecFailed", "ExecTimedOut", "SandboxDeleted")
+
+
 def describe_failed_pods(pods, logs):
-    """One phrase per failed pod: name, eviction or exit code, and the last line of its log."""
+    """One phrase per failed pod: name, eviction or exit code, and the last line of its log.
+    An evicted pod is named whatever phase it was last seen in: the Job controller counts a
+    pod deleted while it runs as failed at once, so a batch can fail while the evicted pod is
+    still Running in its grace period (tests/fakecluster/ASSUMPTIONS.md, "Job controller")."""
     phrases = []
     for pod, log in zip(pods, logs):
-        if pod.get("status", {}).get("phase") != "Failed":
-            continue
         evicted = eviction_message(pod)
         if evicted:
-            phrases.append("pod %s was evicted (%s)" % (pod["metadata"]["name"], evicted))
+            phase = pod.get("status", {}).get("phase")
+            phrases.append("pod %s was evicted (%s)%s" % (pod["metadata"]["name"], evicted, "" if phase == "Failed"
+                                                          else "; it was still %s, in its grace period" % phase))
+            continue
+        if pod.get("status", {}).get("phase") != "Failed":
+            continue
+        if pod["status"].get("reason") in EXEC_FAILURE_REASONS:  # a warm-pool episode whose exec failed
+            phrases.append("episode %s: %s" % (pod["metadata"]["name"], pod["status"].get("message")))
             continue
         statuses = pod["status"].get("containerStatuses") or [{}]
         terminated = statuses[0].get("state", {}).get("terminated")
@@ -3215,6 +3234,7 @@ JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"  # on the Job's Workload
 WORKLOADS = "workloads.kueue.x-k8s.io"
 DEFAULT_QUEUE_TIMEOUT_SECONDS = 3600  # how long the client waits for an admission (the deadline does not run meanwhile)
 LOCAL_QUEUE_WAIT_SECONDS = 10  # for a LocalQueue that a namespace policy puts in every new namespace
+KUEUE_API_CHECK_SECONDS = 10.0  # while queued, how often to make sure Kueue is still installed
 WORKLOAD_WAIT_SECONDS = 30  # for Kueue to make the Job's Workload
 # A Workload that waiting will not admit: a queue that is missing or stopped, a batch over the
 # ClusterQueue's maximum capacity (QuotaReserved=False reasons and messages, Kueue v0.19).
@@ -3476,6 +3496,7 @@ class JobAdmission:
         self.cycles, self.job_uid = None, None
         self.last_state = None
         self.started = self.cycle_began = None
+        self.api_checked = time.monotonic()  # when Kueue's API was last seen served
 
     def follow(self, created, create_called):
         """The Job exists: Kueue must have suspended it; its Workload is followed from now."""
@@ -3523,6 +3544,17 @@ class JobAdmission:
         never = self.cycles.never_admissible()
         if never:
             return "the Job's Workload can never be admitted: %s" % never
+        if not self.cycles.admitted and time.monotonic() - self.api_checked >= KUEUE_API_CHECK_SECONDS:
+            # The watch restarts silently when Kueue's API goes away: ask now and then while queued.
+            self.api_checked = time.monotonic()
+            try:
+                self.cluster.kubectl("-n", self.namespace, "get", WORKLOADS, "-l", "%s=%s" % (
+                    JOB_UID_LABEL, self.job_uid), "-o", "name")
+            except KubectlError as error:
+                if error.no_such_kind:
+                    return ("the API server no longer serves Kueue's Workloads (%s): Kueue was uninstalled while Job "
+                            "%s waited in its queue, and nothing will admit it now (it stays suspended); reinstall "
+                            "Kueue, or run without --queue" % (meaningful_line(error.stderr), self.job_name))
         if self.cycles.workload is None and time.monotonic() - started > WORKLOAD_WAIT_SECONDS:
             return ("Kueue made no Workload for Job %s within %d s; is its job integration and controller "
                     "running?" % (self.job_name, WORKLOAD_WAIT_SECONDS))
@@ -4088,12 +4120,39 @@ def wait_for_pool(cluster, namespace, size, wait_seconds):
                     raise DemoError("the warm pool cannot fill: the agent-sandbox controller says: %s"
                                     % stuck[-1].get("message"))
                 if elapsed > wait_seconds:
+                    # What holds the pods back (a waiting reason such as ImagePullBackOff, a
+                    # scheduler message) says more than the Sandbox's "Pod is Not Ready".
+                    pods = cluster.read_items("-n", namespace, "get", "pods", "-l", POOL_MEMBER_LABEL)
+                    held = why_not_started(pods)
                     raise BatchTimeout("the warm pool did not fill within %d s: %d of %d Sandboxes ready%s" % (
                         wait_seconds, status.get("readyReplicas", 0), size,
+                        "; pods not running: %s" % "; ".join(held[:3]) if held else
                         "; e.g. %s" % messages[0] if messages else ""))
     finally:
         console.end_progress()
         watch.stop()
+
+
+WARM_DIAGNOSTICS = "diagnostics saved in %s (claims.json, sandboxes.json, pods.json, episodes.json, events.txt, logs)"
+
+
+def save_pool_state(cluster, namespace, output):
+    """A pool that did not fill: its pods, Sandboxes, the pool and the events, saved for the
+    failure line (which names what was kept)."""
+    kept = []
+    for name, parts in (("pods.json", ("pods",)), ("sandboxes.json", ("sandboxes",)),
+                        ("warm-pool-object.json", ("sandboxwarmpools",))):
+        try:
+            write_json(output / name, sorted(cluster.read_items("-n", namespace, "get", *parts), key=by_creation))
+            kept.append(name)
+        except DemoError:
+            pass
+    try:
+        save_events(cluster, namespace, output)
+        kept.append("events.txt")
+    except DemoError:
+        pass
+    return "diagnostics saved in %s (%s)" % (output, ", ".join(kept) or "none could be read")
 
 
 def create_claims(cluster, claims, run_id, observed, channel=None):
@@ -4585,6 +4644,11 @@ class WarmPoolRun:
             result = self.channel.run(pod_name, command, self.deadline - time.monotonic())
         self.observed[name]["exec_finished"] = time.time()
         self.observed[name]["exec_started"] = result.sent_at
+        if result.code != 0:
+            deleted = self.deleted_under(bound, pod_name)
+            if deleted:
+                result = ExecResult(None, result.stdout, result.stderr, error=deleted, reason="SandboxDeleted",
+                                    sent_at=result.sent_at, opened_at=result.opened_at)
         if result.opened_at is not None:
             self.observed[name]["stream_open"] = result.opened_at
         (self.output / (name + ".log")).write_bytes(result.stdout)
@@ -4592,6 +4656,19 @@ class WarmPoolRun:
             (self.output / (name + ".stderr")).write_bytes(result.stderr.rstrip(b"\n") + b"\n")
         self.results[name] = {"code": result.code, "error": result.error, "reason": result.reason,
                               "sandbox": sandbox, "pod_name": pod_name}
+
+    def deleted_under(self, sandbox_name, pod_name):
+        """Why an episode's exec ended: its Sandbox or its pod was deleted while it ran (this run
+        deletes nothing before its batch ends, so someone else did). None when both are there."""
+        try:
+            for kind, resource, name in (("Sandbox", "sandboxes", sandbox_name), ("pod", "pods", pod_name)):
+                live = self.cluster.get_json("-n", self.namespace, resource, name)
+                if live is None or live["metadata"].get("deletionTimestamp"):
+                    return ("its %s %s was deleted while the episode ran, by someone else (this run deletes "
+                            "nothing before its batch ends)" % (kind, name))
+        except DemoError:
+            return None
+        return None
 
     def wait_for_sandbox(self, name, patience=SANDBOX_WATCH_PATIENCE_SECONDS):
         """The bound Sandbox as the Sandbox watch delivers it (it names the pod: the pod of an
@@ -4665,17 +4742,32 @@ class WarmPoolRun:
         except DemoError as error:
             self.console.warn("could not save the events: %s" % error)
 
+    def claim_state(self, claim):
+        """Where an unfinished claim stands, for a failure line: its Ready condition when it has
+        one, else whether it is bound, and what its Sandbox says."""
+        ready = claim_ready(claim)
+        if ready.get("reason"):
+            return "%s: %s" % (ready["reason"], ready.get("message"))
+        bound = (claim.get("status") or {}).get("sandbox", {}).get("name")
+        if not bound:
+            return "not bound to a Sandbox (the claim has no status yet: is the agent-sandbox controller keeping up?)"
+        sandbox_ready = next((c for c in ((self.sandboxes.get(bound) or {}).get("status") or {}).get("conditions")
+                              or [] if c.get("type") == "Ready"), {})
+        return "bound to Sandbox %s, not Ready%s" % (bound, " (%s)" % sandbox_ready["message"]
+                                                     if sandbox_ready.get("message") else "")
+
     def unfinished_error(self, where):
         """A BatchTimeout naming the claims without a finished episode, or None."""
         unfinished = [name for name in self.names if name not in self.results]
         if not unfinished:
             return None
-        conditions = collections.Counter("%s: %s" % (claim_ready(self.latest[name]).get("reason"),
-                                                     claim_ready(self.latest[name]).get("message"))
-                                         for name in unfinished if name in self.latest)
-        return BatchTimeout("%d of %d claims had no finished episode within %d s%s; %s" % (
+        conditions = collections.Counter(self.claim_state(self.latest[name]) for name in unfinished
+                                         if name in self.latest)
+        held = why_not_started(read_saved(self.output / "pods.json") or [])  # as save_state() kept them
+        return BatchTimeout("%d of %d claims had no finished episode within %d s%s%s; %s" % (
             len(unfinished), len(self.names), self.spec.timeout,
-            " (%s)" % "; ".join(list(conditions)[:3]) if conditions else " (never seen by the watch)", where))
+            " (%s)" % "; ".join(list(conditions)[:3]) if conditions else " (never seen by the watch)",
+            "; pods not running: %s" % "; ".join(held[:3]) if held else "", where))
 
 
 class WarmPoolBackend(Backend):
@@ -4789,7 +4881,10 @@ class WarmPoolBackend(Backend):
             run.receipt["pool_uid"] = cluster.create_owned(pool, run.run_id)["metadata"]["uid"]
             run.save_receipt()
             fill_started = time.monotonic()
-            live_pool = wait_for_pool(cluster, namespace, spec.pool_size, spec.timeout)
+            try:
+                live_pool = wait_for_pool(cluster, namespace, spec.pool_size, spec.timeout)
+            except DemoError as error:
+                raise type(error)("%s; %s" % (error, save_pool_state(cluster, namespace, output))) from None
             pool_record = {"name": POOL_NAME, "template": TEMPLATE_NAME, "size": spec.pool_size,
                            "fill_seconds": time.monotonic() - fill_started,
                            "fill_definition": "client monotonic clock: pool created -> readyReplicas = replicas "
@@ -4806,13 +4901,20 @@ class WarmPoolBackend(Backend):
             write_json(output / "claims-submitted.json", claims)
             batch.channel = open_exec_channel(cluster, namespace, self.console)
             batch.fire(claims, claim_watch, sandbox_watch)
+        except DemoError as error:
+            claim_watch.stop()
+            sandbox_watch.stop()
+            batch.close_channels()
+            if not batch.names:
+                raise  # no claim was fired: what the pool held is saved already
+            batch.save_state()
+            raise type(error)("%s; %s" % (error, WARM_DIAGNOSTICS % output)) from None
         finally:
             claim_watch.stop()
             sandbox_watch.stop()
             batch.close_channels()  # the proxy and its socket go on every way out
         batch.save_state()
-        where = "diagnostics saved in %s (claims.json, sandboxes.json, pods.json, episodes.json, events.txt, logs)" \
-            % output
+        where = WARM_DIAGNOSTICS % output
         unfinished = batch.unfinished_error(where)
         if unfinished:
             raise unfinished
@@ -5128,13 +5230,13 @@ def ownership_mismatches(kind, live, expected):
 def cmd_cleanup(args, console):
     """Clean up each folder in turn; one folder's refusal does not stop the others."""
     if args.receipt:
-        return cleanup_receipt(read_receipt_file(args.receipt), args.receipt, None, console)
+        return cleanup_receipt(read_receipt_file(args.receipt), args.receipt, None, console, args.delete_foreign)
     if len(args.output) == 1:
-        return cleanup_one(Path(args.output[0]), console)
+        return cleanup_one(Path(args.output[0]), console, args.delete_foreign)
     first_failure = EXIT_OK
     for folder in args.output:
         try:
-            cleanup_one(Path(folder), console)
+            cleanup_one(Path(folder), console, args.delete_foreign)
         except DemoError as error:
             console.tell("Error: %s: %s" % (folder, error))
             first_failure = first_failure or error.exit_code
@@ -5155,15 +5257,83 @@ def read_receipt_file(name):
     return receipt
 
 
-def cleanup_one(output, console):
+def cleanup_one(output, console, delete_foreign=False):
     """Delete one run's objects and namespace, after proving each is the one the receipt names."""
     return cleanup_receipt(read_json(output / "receipt.json", "the receipt"), output / "receipt.json", output,
-                           console)
+                           console, delete_foreign)
 
 
-def cleanup_receipt(receipt, source, output, console):
+# Objects that hold no one's work: records about other objects, metrics of pods, and what
+# Kubernetes itself puts into every namespace (the ServiceAccount controller's `default`, the
+# root CA publisher's ConfigMap).
+RECORD_KINDS = ("Event", "PodMetrics")
+EVERY_NAMESPACE_HAS = (("ServiceAccount", "default"), ("ConfigMap", "kube-root-ca.crt"))
+# The run's namespace has a random name, so nobody else can know it before it exists: what
+# appears within this many seconds of its creation is the cluster's own reaction to a new
+# namespace (a policy controller's ResourceQuota, LimitRange or RoleBindings), not a colleague's work.
+NAMESPACE_SETUP_SECONDS = 5
+
+
+def foreign_objects(cluster, namespace, run_id, live_namespace):
+    """[(kind, name, resource for kubectl delete)] of the objects in the run's namespace that the
+    run did not create: not labelled with its run id, not owned (through ownerReferences, at any
+    depth) by an object that is, not a record or what every namespace has, and created after the
+    namespace's setup. Every namespaced kind that can be listed is read in one call; kinds that
+    cannot be listed (RBAC) are named in a note and not checked."""
+    kinds = cluster.read("api-resources", "--verbs=list", "--namespaced=true", "-o", "name").split()
+    try:
+        raw = cluster.read("-n", namespace, "get", ",".join(kinds), "-o", "json")
+    except KubectlError as error:
+        if not (error.stdout or "").strip():
+            raise
+        # kubectl prints what it could list, then one error per kind it could not (exit 1).
+        raw = error.stdout
+        unlisted = [line for line in error.stderr.splitlines() if line.strip()]
+        cluster.console.note("could not check %d kind(s) for objects this run did not create: %s"
+                             % (len(unlisted), unlisted[0]))
+    return not_created_by_run(json.loads(raw)["items"], run_id,
+                              parse_k8s_time(live_namespace["metadata"]["creationTimestamp"]))
+
+
+def not_created_by_run(items, run_id, namespace_created):
+    """The foreign objects among `items` (see foreign_objects), sorted, each (kind, name, resource)."""
+    owned = {item["metadata"].get("uid") for item in items
+             if (item["metadata"].get("labels") or {}).get(RUN_LABEL) == run_id}
+    while True:
+        more = {item["metadata"].get("uid") for item in items if item["metadata"].get("uid") not in owned and any(
+            ref.get("uid") in owned for ref in item["metadata"].get("ownerReferences") or [])}
+        if not more:
+            break
+        owned |= more
+    foreign = []
+    for item in items:
+        meta, kind = item["metadata"], item.get("kind", "")
+        if meta.get("uid") in owned or kind in RECORD_KINDS or (kind, meta["name"]) in EVERY_NAMESPACE_HAS:
+            continue
+        created = meta.get("creationTimestamp")
+        if created and parse_k8s_time(created) <= namespace_created + NAMESPACE_SETUP_SECONDS:
+            continue
+        group = item.get("apiVersion", "v1").rpartition("/")[0]
+        foreign.append((kind, meta["name"], kind.lower() + ("." + group if group else "")))
+    return sorted(set(foreign))
+
+
+def foreign_refusal(context, namespace, foreign):
+    """The line that stops a cleanup: each foreign object, and the two ways forward."""
+    named = ", ".join("%s %s" % (kind, name) for kind, name, _ in foreign[:5])
+    if len(foreign) > 5:
+        named += " and %d more" % (len(foreign) - 5)
+    kind, name, resource = foreign[0]
+    return ("namespace %s holds %d object(s) this run did not create: %s; deleting the namespace would delete "
+            "them too, so cleanup refuses. Move or delete them yourself (e.g. `kubectl --context %s -n %s delete "
+            "%s %s`), or run cleanup again with --delete-foreign to delete them with the run"
+            % (namespace, len(foreign), named, context, namespace, resource, name))
+
+
+def cleanup_receipt(receipt, source, output, console, delete_foreign=False):
     """Cleanup from a receipt read from `source`; `output` is its run's folder (its job.json may
-    name a Job the receipt lacks), None for a receipt given on its own."""
+    name a Job the receipt lacks), None for a receipt given on its own. Objects in the namespace
+    that the run did not create stop it, unless delete_foreign."""
     backend = backend_named(receipt.get("backend"))
     if not backend.uses_cluster:
         console.say("Nothing to clean up: %s is a local run (no cluster objects)" % (output or source))
@@ -5195,6 +5365,12 @@ def cleanup_receipt(receipt, source, output, console):
         # deletion of this very namespace is under way, so waiting for it is the whole job.
         console.note("Namespace %s is already being deleted; waiting for it to go..." % namespace)
         return wait_for_namespace(cluster, namespace)
+    foreign = foreign_objects(cluster, namespace, run_id, live)
+    if foreign and not delete_foreign:
+        raise DemoError(foreign_refusal(cluster.context, namespace, foreign))
+    for kind, name, resource in foreign:
+        console.note("Deleting %s %s, which this run did not create (--delete-foreign)..." % (kind, name))
+        cluster.delete("-n", namespace, "delete", resource, name)
     backend.delete_objects(cluster, namespace, run_id, receipt, output)
     try:
         cluster.delete("delete", "namespace", namespace, "--wait=false")
@@ -5443,6 +5619,9 @@ def build_parser():
     which.add_argument("--receipt", metavar="FILE",
                        help="a receipt on its own (`-`: from stdin), e.g. the one a run prints when its "
                             "output folder failed")
+    cleanup.add_argument("--delete-foreign", action="store_true",
+                         help="also delete objects in the run's namespace that the run did not create "
+                              "(without it, cleanup names them and refuses)")
 
     report = commands.add_parser("report", help="compare saved runs side by side (no cluster needed)",
                                  description="Print the tutorial's comparison table for saved output "

@@ -1,11 +1,13 @@
 """`cleanup` and `list`: ownership proven before anything is deleted, several folders,
 concurrent and interrupted cleanups."""
 
+import calendar
 import json
 import subprocess
 import sys
+import time
 
-from conftest import SCRIPT, read
+from conftest import SCRIPT, read, wait_for
 
 
 def test_cleanup_deletes_the_namespace_and_keeps_the_output(cluster, run_tool, tmp_path):
@@ -212,3 +214,62 @@ def test_a_receipt_naming_a_namespace_this_tool_never_creates_gets_no_advice_to_
         result.stderr
     assert "delete namespace kube-system" not in result.stderr
     assert not [call for call in cluster.calls() if "delete" in call]
+
+
+# ---------------------------------------------------------------- objects someone else put in the run's namespace
+
+def run_with_foreign_objects(cluster, run_tool, tmp_path):
+    """A finished run whose namespace then gets a colleague's ConfigMap and Job (after the
+    namespace's setup window, as anyone who learnt its name would)."""
+    assert run_tool("run", "--count", "1", "--output", "out", cluster=cluster).code == 0
+    namespace = read(tmp_path / "out" / "receipt.json")["namespace"]
+    born = cluster.get_json("namespace", namespace)["metadata"]["creationTimestamp"]
+    born = calendar.timegm(time.strptime(born, "%Y-%m-%dT%H:%M:%SZ"))
+    wait_for("the namespace's setup window to pass", lambda: time.time() > born + 7, timeout=30)
+    notes = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "notes", "namespace": namespace},
+             "data": {"todo": "keep me"}}
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "colleague", "namespace": namespace},
+           "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
+               {"name": "c", "image": "python:3.12-alpine", "command": ["python", "-c", "pass"]}]}}}}
+    for obj in (notes, job):
+        cluster.kubectl("create", "-f", "-", stdin=json.dumps(obj))
+    return namespace
+
+
+def test_cleanup_names_objects_it_did_not_create_and_refuses(cluster, run_tool, tmp_path):
+    namespace = run_with_foreign_objects(cluster, run_tool, tmp_path)
+    result = run_tool("cleanup", "--output", "out", cluster=cluster)
+    assert result.code == 1, result
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("Error: namespace %s holds 2 object(s) this run did not create: ConfigMap notes, Job "
+                           "colleague; deleting the namespace would delete them too, so cleanup refuses" % namespace)
+    assert "`kubectl --context kind-rl -n %s delete configmap notes`" % namespace in line
+    assert line.endswith("or run cleanup again with --delete-foreign to delete them with the run")
+    assert not [call for call in cluster.calls() if "delete" in call]
+
+
+def test_cleanup_with_delete_foreign_deletes_them_with_the_run(cluster, run_tool, tmp_path):
+    namespace = run_with_foreign_objects(cluster, run_tool, tmp_path)
+    result = run_tool("cleanup", "--output", "out", "--delete-foreign", cluster=cluster)
+    assert result.code == 0, result
+    assert "Deleting Job colleague, which this run did not create (--delete-foreign)" in result.stderr
+    assert cluster.kubectl("get", "namespace", namespace, "--ignore-not-found", "-o", "name").stdout == ""
+
+
+def test_what_the_run_made_its_children_and_the_namespaces_setup_are_not_foreign(tool):
+    created = tool.parse_k8s_time("2026-12-01T10:00:00Z")
+
+    def obj(kind, name, at, uid, labels=None, owner=None, api="v1"):
+        meta = {"name": name, "uid": uid, "creationTimestamp": at, "labels": labels or {}}
+        if owner:
+            meta["ownerReferences"] = [{"uid": owner}]
+        return {"apiVersion": api, "kind": kind, "metadata": meta}
+
+    items = [obj("Job", "rollout", "2026-12-01T10:00:01Z", "j", {"agc-demo-run": "r1"}, api="batch/v1"),
+             obj("Pod", "rollout-x", "2026-12-01T10:00:09Z", "p", owner="j"),
+             obj("Workload", "job-rollout", "2026-12-01T10:00:09Z", "w", owner="j", api="kueue.x-k8s.io/v1beta2"),
+             obj("Event", "rollout-x.1", "2026-12-01T10:00:09Z", "e"),
+             obj("ServiceAccount", "default", "2026-12-01T10:00:30Z", "s"),
+             obj("RoleBinding", "policy-edit", "2026-12-01T10:00:04Z", "b", api="rbac.authorization.k8s.io/v1"),
+             obj("ConfigMap", "notes", "2026-12-01T10:00:06Z", "c")]
+    assert tool.not_created_by_run(items, "r1", created) == [("ConfigMap", "notes", "configmap")]

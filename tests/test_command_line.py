@@ -147,6 +147,14 @@ def test_an_unknown_context_shows_kubectls_meaningful_line(cluster, run_tool):
     assert "context was not found for specified context: nosuch" in result.stderr
 
 
+def test_the_meaningful_line_keeps_the_bullets_of_several_configuration_errors(tool):
+    # kubectl's MultilineError (pkg/cmd/util/helpers.go): a heading, then one "* " line per error
+    stderr = ("Error in configuration: \n* context was not found for specified context: nosuch\n"
+              "* cluster has no server defined\n")
+    assert tool.meaningful_line(stderr) == ("Error in configuration: context was not found for specified context: "
+                                            "nosuch; cluster has no server defined")
+
+
 def test_the_meaningful_line_skips_client_go_logs(tool):
     stderr = ('E1130 06:46:07.123456   12345 memcache.go:265] "Unhandled Error" err="couldn\'t get current server '
               'API group list"\nThe connection to the server localhost:8080 was refused - did you specify the right '

@@ -14,6 +14,12 @@ import pytest
 from conftest import SCRIPT, cluster_with_image, first_then_slow, read, start_tool, succeeded_pods, wait_for
 
 
+def slow_start_cluster(make_cluster, tmp_path, **config):
+    """Episodes that start 3 s late, so that a fault lands while the batch runs."""
+    return cluster_with_image(make_cluster, tmp_path, "slow-start:1",
+                              'case "$*" in *episode.py*) sleep 3;; esac\nexec $PY "$@"', **config)
+
+
 def run_until_one_pod_succeeded(make_cluster, tmp_path):
     """A two-episode run whose second episode hangs; returns (cluster, process, namespace) once
     the first episode's pod has succeeded."""
@@ -54,9 +60,7 @@ def test_a_namespace_deleted_by_someone_else_is_named(make_cluster, tmp_path):
 def test_an_api_server_away_for_20_s_is_waited_out_and_the_batch_collected(make_cluster, run_tool, tmp_path):
     # A control-plane upgrade: nothing answers for 20 s from 1 s after the Job's creation,
     # longer than the 15 s a single call is retried.
-    cluster = cluster_with_image(make_cluster, tmp_path, "slow-start:1",
-                                 'case "$*" in *episode.py*) sleep 3;; esac\nexec $PY "$@"',
-                                 apiOutage={"afterJobCreatedSeconds": 1.0, "seconds": 20})
+    cluster = slow_start_cluster(make_cluster, tmp_path, apiOutage={"afterJobCreatedSeconds": 1.0, "seconds": 20})
     result = run_tool("run", "--count", "2", "--image", "slow-start:1", "--output", "out", cluster=cluster)
     assert result.code == 0, result
     assert "the API server is not answering (The connection to the server" in result.stderr
@@ -65,8 +69,9 @@ def test_an_api_server_away_for_20_s_is_waited_out_and_the_batch_collected(make_
 
 
 def test_an_api_server_away_past_the_deadline_ends_the_wait_with_what_was_seen(make_cluster, run_tool, tmp_path):
-    cluster = make_cluster({"apiOutage": {"afterJobCreatedSeconds": 1.0, "seconds": 600}})
-    result = run_tool("run", "--count", "2", "--timeout", "2", "--output", "out", cluster=cluster)
+    cluster = slow_start_cluster(make_cluster, tmp_path, apiOutage={"afterJobCreatedSeconds": 1.0, "seconds": 600})
+    result = run_tool("run", "--count", "2", "--image", "slow-start:1", "--timeout", "2", "--output", "out",
+                      cluster=cluster)
     assert result.code == 3, result
     assert "Error: the API server did not answer for the last" in result.stderr
     assert "what the run saw is saved in out: job.json, pods.json" in result.stderr
@@ -84,12 +89,6 @@ def test_a_poll_that_hangs_does_not_hold_up_a_batch_the_watch_saw_complete(make_
 
 
 # ---------------------------------------------------------------- the output folder fails mid-run
-
-def slow_start_cluster(make_cluster, tmp_path, **config):
-    """Episodes that start 3 s late, so that a fault lands while the batch runs."""
-    return cluster_with_image(make_cluster, tmp_path, "slow-start:1",
-                              'case "$*" in *episode.py*) sleep 3;; esac\nexec $PY "$@"', **config)
-
 
 def error_line(stderr):
     return [line for line in stderr.splitlines() if line.startswith("Error: ")][-1]

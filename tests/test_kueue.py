@@ -59,14 +59,19 @@ def start_blocker(cluster):
         time.sleep(0.1)
 
 
-@pytest.fixture
-def busy_cluster(make_cluster, tmp_path):
+def busy_config(tmp_path, **extra):
+    """Kueue with a LocalQueue for start_blocker's Job, whose image runs until the test releases it."""
     image = tmp_path / "image-slow"
     image.write_text("#!/bin/sh\nwhile [ ! -e %s ]; do sleep 0.05; done\n" % (tmp_path / "release-blocker"))
     image.chmod(0o755)
-    config = kueue(localQueues=[{"namespace": "default", "name": "team", "clusterQueue": "team"}])
+    config = kueue(localQueues=[{"namespace": "default", "name": "team", "clusterQueue": "team"}], **extra)
     config["images"] = {"python:3.12-alpine": {"python": sys.executable}, "slow:1": {"python": str(image)}}
-    return make_cluster(config)
+    return config
+
+
+@pytest.fixture
+def busy_cluster(make_cluster, tmp_path):
+    return make_cluster(busy_config(tmp_path))
 
 
 def start_queued_run(cluster, tmp_path):
@@ -440,3 +445,20 @@ def test_a_stopped_or_inactive_cluster_queue_is_refused_with_its_reason(tool):
     assert tool.queue_refusal(inactive, demand) == ("ClusterQueue team is not active (FlavorNotFound: Can't admit new "
                                                     "workloads: references missing ResourceFlavor(s))")
     assert tool.queue_refusal(cluster_queue(), demand) is None
+
+
+def test_kueue_uninstalled_while_the_batch_is_queued_is_named_instead_of_waiting_out_the_queue_timeout(
+        make_cluster, run_tool, tmp_path):
+    # Kueue's CRDs, webhooks and controller go 2 s after the run's Job (the cluster's second) is created.
+    cluster = make_cluster(busy_config(tmp_path, uninstall={"afterJobs": 2, "seconds": 2.0}))
+    start_blocker(cluster)
+    process = start_queued_run(cluster, tmp_path)
+    _, stderr = process.communicate(timeout=120)
+    (tmp_path / "release-blocker").touch()
+    assert process.returncode == 1, stderr
+    line = stderr.strip().splitlines()[-1]
+    assert line.startswith("Error: the API server no longer serves Kueue's Workloads (error: the server doesn't have "
+                           "a resource type \"workloads.kueue.x-k8s.io\"): Kueue was uninstalled while Job rollout waited in its "
+                           "queue, and nothing will admit it now"), stderr
+    assert (tmp_path / "out" / "job.json").exists() and (tmp_path / "out" / "queue.json").exists()
+    assert run_tool("cleanup", "--output", "out", cluster=cluster).code == 0

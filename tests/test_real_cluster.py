@@ -171,16 +171,20 @@ def test_a_kubelet_eviction_of_the_builtin_episode_is_named_as_such(make_cluster
     assert "was evicted (The node was low on resource: memory" in result.stderr
 
 
-def test_an_api_eviction_of_a_builtin_episode_names_the_evicted_pod(make_cluster, run_tool, tmp_path):
-    # A drain evicts the first pod; the Job controller replaces a terminating pod at once
-    # (podReplacementPolicy TerminatingOrFailed) while its `python` (PID 1, no SIGTERM
-    # handler) finishes anyway: three pods for two episodes, which the strict check refuses.
+def test_a_drain_that_fails_a_builtin_batch_names_the_eviction_of_a_pod_still_in_its_grace_period(
+        make_cluster, run_tool, tmp_path):
+    # A drain evicts the first pod; with backoffLimit 0 and no failure policy the Job
+    # controller counts the deleted pod as failed at once and the Job fails, while the pod,
+    # whose `python` (PID 1) ignores SIGTERM, is still Running in its grace period.
     cluster = make_cluster({"nodes": [{"name": "kind-worker", "apiEvictFirstPodAfterSeconds": 0.05}]})
     result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
     assert result.code == 4, result
-    assert "found 3: pod rollout-" in result.stderr
-    assert "was evicted (Eviction API: evicting) and replaced" in result.stderr
-    assert len(read(tmp_path / "out" / "run.json")["pods_seen_only_by_watch"]) == 1
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("Error: Job rollout failed (BackoffLimitExceeded: Job has reached the specified "
+                           "backoff limit)"), result.stderr
+    assert re.search(r"pod rollout-\w+ was evicted \(Eviction API: evicting\); it was still Running, in its grace "
+                     r"period", line), line
+    assert (tmp_path / "out" / "pods.json").exists() and (tmp_path / "out" / "events.txt").exists()
 
 
 def test_an_api_eviction_inside_the_grace_period_keeps_the_custom_reward(make_cluster, run_tool, tmp_path):

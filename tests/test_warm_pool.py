@@ -3,10 +3,11 @@ cluster as a user runs it, and its records and summaries in-process."""
 
 import json
 import os
+import time
 
 import pytest
 
-from conftest import EPISODE, T0, read, write_tasks
+from conftest import EPISODE, T0, read, start_tool, wait_for, write_tasks
 
 
 AGENT_SANDBOX = {"agentSandbox": {"version": "v0.5.6", "extensions": True}}
@@ -501,3 +502,57 @@ def test_exec_output_that_is_not_utf8_is_kept_byte_for_byte(make_cluster, run_to
     assert read(tmp_path / "warm" / "results.json")["reward_sum"] == 2
     for name in ("episode-0", "episode-1"):
         assert b"\xff\xfe a line that is not UTF-8 \xc3\x28\n" in (tmp_path / "warm" / (name + ".log")).read_bytes()
+
+
+# ---------------------------------------------------------------- failure lines that name the cause
+
+def test_a_pool_that_cannot_fill_names_its_pods_waiting_reason_and_saves_them(sandbox_cluster, run_tool, tmp_path):
+    done = warm_run(run_tool, sandbox_cluster, "warm", "--count", "2", "--image", "nosuch:1", "--timeout", "5")
+    assert done.code == 3, done
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("Error: the warm pool did not fill within 5 s: 0 of 2 Sandboxes ready; pods not running: "
+                           "ImagePullBackOff: Back-off pulling image \"nosuch:1\""), line
+    assert "diagnostics saved in warm (pods.json, sandboxes.json, warm-pool-object.json, events.txt)" in line
+    assert len(read(tmp_path / "warm" / "pods.json")) == 2 and len(read(tmp_path / "warm" / "sandboxes.json")) == 2
+    assert "ImagePullBackOff" in (tmp_path / "warm" / "events.txt").read_text()
+
+
+def test_cold_claims_whose_pods_cannot_start_name_the_waiting_reason(sandbox_cluster, run_tool, tmp_path):
+    done = warm_run(run_tool, sandbox_cluster, "cold", "--count", "2", "--pool-size", "0", "--image", "nosuch:1",
+                    "--timeout", "5")
+    assert done.code == 3, done
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("Error: 2 of 2 claims had no finished episode within 5 s ("), line
+    assert "; pods not running: ImagePullBackOff: Back-off pulling image \"nosuch:1\"" in line
+
+
+def test_a_claim_the_controller_never_touched_says_so_not_none(tool):
+    batch = object.__new__(tool.WarmPoolRun)
+    batch.sandboxes = {"episodes-x": {"status": {"conditions": [
+        {"type": "Ready", "status": "False", "message": "Pod exists with phase: Pending"}]}}}
+    assert batch.claim_state({"metadata": {"name": "episode-0"}}).startswith("not bound to a Sandbox")
+    assert batch.claim_state({"metadata": {"name": "episode-1"}, "status": {"sandbox": {"name": "episodes-x"}}}) == \
+        "bound to Sandbox episodes-x, not Ready (Pod exists with phase: Pending)"
+
+
+def test_a_sandbox_deleted_mid_episode_is_named_not_reported_as_a_crash(sandbox_cluster, tmp_path):
+    write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok", "reward": 0.5}, {"mode": "ok", "sleep": 30}])
+    process = start_tool(sandbox_cluster, tmp_path, "run", "--backend", "warm-pool", "--no-runtime-class",
+                         "--output", "warm", "--episode", EPISODE, "--tasks", "tasks.jsonl")
+
+    def second_claims_sandbox():
+        if not (tmp_path / "warm" / "claims-submitted.json").exists():
+            return None
+        claim = sandbox_cluster.kubectl("-n", read(tmp_path / "warm" / "receipt.json")["namespace"], "get",
+                                        "sandboxclaim", "episode-1", "-o", "json", check=False)
+        return claim.returncode == 0 and (json.loads(claim.stdout).get("status") or {}).get("sandbox", {}).get("name")
+
+    sandbox = wait_for("the second claim's Sandbox", second_claims_sandbox)
+    time.sleep(2)  # its episode is running
+    namespace = read(tmp_path / "warm" / "receipt.json")["namespace"]
+    sandbox_cluster.kubectl("-n", namespace, "delete", "sandbox", sandbox, "--wait=false")
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 5, stderr
+    [failure] = read(tmp_path / "warm" / "results.json")["infrastructure_failures"]
+    assert failure["reason"] == ("SandboxDeleted: its Sandbox %s was deleted while the episode ran, by someone else "
+                                 "(this run deletes nothing before its batch ends)" % sandbox), failure

@@ -153,6 +153,7 @@ class ApiServer:
         if resource == "jobs":
             if self.first_job_at is None:
                 self.first_job_at = time.time()
+            self.jobs_created.append(time.time())
             if kueue.installed(self.config):
                 self.kueue.webhook(obj)
             self.default_job(obj)

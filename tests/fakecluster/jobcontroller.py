@@ -9,6 +9,26 @@ import time
 from api import ApiError, compress_indexes, now_rfc3339
 
 
+TRACKING = "batch.kubernetes.io/job-tracking"
+
+
+def only_replace_failed_pods(job):
+    """onlyReplaceFailedPods (pkg/controller/job/job_controller.go, ASSUMPTIONS.md "Job controller")."""
+    spec = job["spec"]
+    return spec.get("podReplacementPolicy") == "Failed" or spec.get("podFailurePolicy") is not None
+
+
+def is_pod_failed(job, pod):
+    """isPodFailed: Failed, or, unless only failed pods are replaced, deleted and not Succeeded
+    (a pod evicted or deleted while it runs counts as failed at once, in its grace period)."""
+    phase = pod["status"].get("phase")
+    if phase == "Failed":
+        return True
+    if only_replace_failed_pods(job):
+        return False
+    return bool(pod["metadata"].get("deletionTimestamp")) and phase != "Succeeded"
+
+
 class JobController:
     def mark(self, record):
         """Precise wall-clock moments (benchmarks read them; the API's own times are whole seconds)."""
@@ -86,15 +106,16 @@ class JobController:
                 book["started"] = time.time()
                 changed = True
             for pod in pods:
-                phase = pod["status"].get("phase")
                 uid = pod["metadata"]["uid"]
-                if phase not in ("Succeeded", "Failed") or uid in book["succeeded"] | book["failed"] | book["ignored"]:
+                if TRACKING not in pod["metadata"].get("finalizers", []) or \
+                        uid in book["succeeded"] | book["failed"] | book["ignored"]:
+                    continue  # counted in an earlier sync, or untracked at suspension
+                if pod["status"].get("phase") != "Succeeded" and not is_pod_failed(job, pod):
                     continue
                 if not self.client_call("jobController"):  # the finalizer's removal is an API call
                     break
                 self.count_finished_pod(job, pod, book)
-                pod["metadata"]["finalizers"] = [f for f in pod["metadata"].get("finalizers", [])
-                                                 if f != "batch.kubernetes.io/job-tracking"]
+                pod["metadata"]["finalizers"] = [f for f in pod["metadata"].get("finalizers", []) if f != TRACKING]
                 self.put("pods", pod)
                 changed = True
             active = [p for p in pods if p["status"].get("phase") in ("Pending", "Running")
@@ -183,14 +204,21 @@ class JobController:
                 changed = True
             for pod in pods:
                 if pod["status"].get("phase") in ("Pending", "Running") and not pod["metadata"].get("deletionTimestamp"):
+                    # deleteJobPods: the tracking finalizer goes first, then the pod is deleted;
+                    # a pod without the finalizer is never counted, failed or succeeded.
+                    pod["metadata"]["finalizers"] = [f for f in pod["metadata"].get("finalizers", [])
+                                                     if f != TRACKING]
                     self.begin_pod_termination(pod)
                     self.put("pods", pod)
                     self.record_event(job, "Normal", "SuccessfulDelete", "Deleted pod: " + pod["metadata"]["name"])
                     changed = True
-            for pod in pods:  # pods that end meanwhile are still counted
+            for pod in pods:  # pods that had ended before the suspension are still counted
                 if pod["status"].get("phase") in ("Succeeded", "Failed") and pod["metadata"]["uid"] not in \
-                        book["succeeded"] | book["failed"] | book["ignored"]:
+                        book["succeeded"] | book["failed"] | book["ignored"] and \
+                        TRACKING in pod["metadata"].get("finalizers", []):
                     self.count_finished_pod(job, pod, book)
+                    pod["metadata"]["finalizers"] = [f for f in pod["metadata"]["finalizers"] if f != TRACKING]
+                    self.put("pods", pod)
                     changed = True
             terminating = [p for p in self.owned_pods(job) if p["metadata"].get("deletionTimestamp")
                            and p["status"].get("phase") in ("Pending", "Running")]
@@ -199,8 +227,7 @@ class JobController:
             if changed or new_status != status:
                 job["status"] = new_status
                 self.put("jobs", job)
-            # The backoff limit is judged while suspended too: the pods deleted at suspension
-            # count as failed (isPodFailed: deleted and not Succeeded).
+            # The backoff limit is judged while suspended too, on the pods counted before.
             return len(book["failed"]) <= job["spec"]["backoffLimit"]
         if current is not None and current["status"] == "True":
             stamp = now_rfc3339()
@@ -253,7 +280,7 @@ class JobController:
                 meta = {"generateName": name + "-",
                         "labels": dict(template["metadata"].get("labels", {})),
                         "annotations": dict(template["metadata"].get("annotations", {})),
-                        "finalizers": ["batch.kubernetes.io/job-tracking"],
+                        "finalizers": [TRACKING],
                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name,
                                              "uid": job["metadata"]["uid"], "controller": True,
                                              "blockOwnerDeletion": True}]}

@@ -71,6 +71,7 @@ SINGULAR = {"namespaces": "namespace", "pods": "pod", "jobs": "job", "configmaps
             "sandboxtemplates": "sandboxtemplate", "sandboxclaims": "sandboxclaim",
             "sandboxwarmpools": "sandboxwarmpool", "localqueues": "localqueue", "clusterqueues": "clusterqueue",
             "workloads": "workload", "resourceflavors": "resourceflavor"}
+CLUSTER_SCOPED = ("namespaces", "nodes", "runtimeclasses", "clusterqueues", "resourceflavors", "cohorts")
 VALUE_FLAGS = {"-n", "--namespace", "--context", "--request-timeout", "-o", "--output", "-l",
                "--selector", "-f", "--filename", "-c", "--container", "--cascade", "--wait",
                "--sort-by", "--kubeconfig", "--field-selector", "--unix-socket", "-u", "--accept-paths",
@@ -264,9 +265,35 @@ def sort_key(path):
 def resource_name(token):
     if token in CRD_ALIASES and CRD_ALIASES[token] in call({"verb": "discovery"}, 30)["resources"]:
         return CRD_ALIASES[token]
-    if token not in ALIASES:
-        raise Failure('error: the server doesn\'t have a resource type "%s"' % token)
-    return ALIASES[token]
+    if token in ALIASES:
+        return ALIASES[token]
+    # RESOURCE[.GROUP] with the resource plural or singular, as kubectl's RESTMapper accepts it
+    name, _, group = token.lower().partition(".")
+    for resource in call({"verb": "discovery"}, 30)["resources"]:
+        if name in (resource, SINGULAR.get(resource)) and GROUP.get(resource, "") == ("." + group if group else ""):
+            return resource
+    raise Failure('error: the server doesn\'t have a resource type "%s"' % token)
+
+
+def cmd_get_many(kinds, flags, namespace, timeout, out):
+    """`get KIND1,KIND2,... -o json`: one List of every kind's items. As kubectl's printGeneric
+    (pkg/cmd/get/get.go, ContinueOnError), a kind that cannot be listed does not stop the others:
+    their items are printed, then every error, and the exit code is 1."""
+    if flags.get("-o") != "json":
+        raise Failure("fake kubectl: `get KIND,KIND` is supported with -o json only")
+    items, errors = [], []
+    for kind in kinds:
+        try:
+            resource = resource_name(kind)
+            items += call({"verb": "list", "resource": resource, "namespace": namespace,
+                           "selector": flags.get("-l")}, timeout)["items"]
+        except Failure as failure:
+            errors.append(str(failure))
+    out.write(dump({"apiVersion": "v1", "items": [ordered(o) for o in items], "kind": "List",
+                    "metadata": {"resourceVersion": ""}}))
+    out.flush()
+    if errors:
+        raise Failure("\n".join(errors))
 
 
 def watch_stream(resource, name, flags, namespace, out, since, timeout):
@@ -288,6 +315,8 @@ def watch_stream(resource, name, flags, namespace, out, since, timeout):
 
 
 def cmd_get(positionals, flags, namespace, timeout, out):
+    if "," in positionals[0]:
+        return cmd_get_many(positionals[0].split(","), flags, namespace, timeout, out)
     resource = resource_name(positionals[0])
     name = positionals[1] if len(positionals) > 1 else None
     output = flags.get("-o")
@@ -330,8 +359,7 @@ def cmd_get(positionals, flags, namespace, timeout, out):
             out.write("%s%s/%s\n" % (SINGULAR[resource], GROUP.get(resource, ""), obj["metadata"]["name"]))
     elif output in (None, "wide"):
         if not objs:
-            where = (" in %s namespace" % namespace) if namespace and resource not in (
-                "namespaces", "nodes", "runtimeclasses", "clusterqueues", "resourceflavors") else ""
+            where = (" in %s namespace" % namespace) if namespace and resource not in CLUSTER_SCOPED else ""
             sys.stderr.write("No resources found%s.\n" % where)
             return
         out.write(table([HEADERS[resource]] + [row_for(resource, o) for o in objs]))
@@ -399,7 +427,7 @@ def cmd_delete(positionals, flags, namespace, timeout, out):
                 continue
             raise
         # kubectl >= 1.34 names the namespace of a namespaced object (kubernetes/kubernetes#126619)
-        where = "" if resource in ("namespaces", "nodes", "runtimeclasses", "clusterqueues", "resourceflavors") else " from %s namespace" % namespace
+        where = "" if resource in CLUSTER_SCOPED else " from %s namespace" % namespace
         out.write('%s%s "%s" deleted%s\n' % (SINGULAR[resource], GROUP.get(resource, ""), name, where))
         if flags.get("--wait", "true") == "true":
             while True:
@@ -512,12 +540,16 @@ def cmd_exec(positionals, flags, namespace, timeout, out):
 
 
 def cmd_api_resources(flags, timeout, out):
-    """`kubectl api-resources [--api-group=G] -o name`: resource.group per line."""
+    """`kubectl api-resources [--api-group=G] [--namespaced=true|false] [--verbs=list] -o name`:
+    resource.group per line (every resource of the fake can be listed)."""
     if flags.get("-o") != "name":
         raise Failure("fake kubectl: only `api-resources -o name` is supported")
     wanted = flags.get("--api-group")
+    namespaced = flags.get("--namespaced")
     for resource in call({"verb": "discovery"}, timeout)["resources"]:
         group = GROUP.get(resource, "").lstrip(".")
+        if namespaced is not None and (resource not in CLUSTER_SCOPED) != (namespaced == "true"):
+            continue
         if wanted is None or group == wanted:
             out.write(resource + ("." + group if group else "") + "\n")
 

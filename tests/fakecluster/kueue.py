@@ -15,6 +15,8 @@ Installed only when cluster.json has "kueue": {"version": "v0.19.2", "clusterQue
                   this long after its admission, as if a higher-priority one had arrived;
                   {"whilePodsPending": N}: instead once its Job has N pods, none of them started
                   (a test about pods that never ran says so rather than racing the sandbox start)
+  uninstall       {"afterJobs": N, "seconds": S}: Kueue is removed (CRDs, webhooks, controller)
+                  S seconds after the cluster's Nth Job was created
   waitForPodsReady  {"timeoutSeconds": 1800, "backoffBaseSeconds": 60, "backoffMaxSeconds": 3600,
                   "backoffLimitCount": null}: on by default since v0.19.0 with these values
 """
@@ -40,7 +42,7 @@ FLAVOR = "default-flavor"
 
 
 def installed(config):
-    return bool(config.get("kueue"))
+    return bool(config.get("kueue")) and not config["kueue"].get("uninstalled")
 
 
 def stamp(at=None):
@@ -140,6 +142,8 @@ class Kueue:
     # ------------------------------------------------------------ controllers
 
     def reconcile(self):
+        if self.uninstall():
+            return
         self.namespace_policy()
         self.queue_status()
         self.job_reconciler()
@@ -148,6 +152,22 @@ class Kueue:
         self.wait_for_pods_ready()
         self.preemption_fault()
         self.garbage_collector()
+
+    def uninstall(self):
+        """uninstall {"afterJobs": N, "seconds": S}: an administrator removes Kueue (`kubectl
+        delete -f manifests.yaml`) S seconds after the cluster's Nth Job was created: its CRDs go,
+        and with them every Workload, LocalQueue, ClusterQueue and ResourceFlavor; its webhooks and
+        controller go too, so a Job it suspended stays suspended. True once uninstalled."""
+        when = self.config.get("uninstall")
+        c = self.cluster
+        if not when or len(c.jobs_created) < when["afterJobs"] or \
+                time.time() < c.jobs_created[when["afterJobs"] - 1] + when["seconds"]:
+            return False
+        for resource in RESOURCES:
+            for obj in list(c.items(resource)):
+                c.remove(resource, obj)
+        self.config["uninstalled"] = True
+        return True
 
     def namespace_policy(self):
         policy = self.config.get("newNamespaceLocalQueue")

@@ -61,6 +61,7 @@ class Cluster(ApiServer, JobController, Scheduler, Kubelet, NamespaceLifecycle):
         self.kueue = kueue.Kueue(self)
         self.stop = threading.Event()
         self.first_job_at = None  # when the first Job was created (apiOutage counts from it)
+        self.jobs_created = []  # when each Job was created, in order (Kueue's uninstall fault counts them)
         with self.lock:
             self.seed_objects()
 
