@@ -1562,8 +1562,10 @@ def describe_failed_pods(pods, logs):
         evicted = eviction_message(pod)
         if evicted:
             phase = pod.get("status", {}).get("phase")
-            phrases.append("pod %s was evicted (%s)%s" % (pod["metadata"]["name"], evicted, "" if phase == "Failed"
-                                                          else "; it was still %s, in its grace period" % phase))
+            after = {"Failed": "", "Succeeded": "; it finished anyway inside its grace period, but the Job had counted "
+                                                "it as failed when it was deleted"}.get(
+                phase, "; it was still %s, in its grace period" % phase)
+            phrases.append("pod %s was evicted (%s)%s" % (pod["metadata"]["name"], evicted, after))
             continue
         if pod.get("status", {}).get("phase") != "Failed":
             continue
@@ -1640,7 +1642,7 @@ def results_from_folder(output):
     expected = run_info.get("expected_episodes", flags["count"])
     gate = KueueGate.saved(output)
     if gate is not None:
-        pods, logs = gate.results_pods(pods, logs, expected, run_info.get("custom_episode"))
+        pods, logs = gate.results_pods(pods, logs, expected, run_info.get("custom_episode"), observed)
     validate = collect_samples if run_info.get("custom_episode") else collect
     report = validate(pods, logs, job, expected, observed, backend.scheme)
     report.update(context=run_info["context"], namespace=run_info["namespace"], image=flags["image"],
@@ -1891,6 +1893,7 @@ def report_markdown(table):
 
 
 QUEUED_COLOUR = "#f2c14e"
+DRAINING_COLOUR = "#b07aa1"  # an evicted cycle's pods terminating before Kueue requeues it
 
 
 def batch_origin(results):
@@ -2529,7 +2532,8 @@ class JobWatches:
     def __init__(self, cluster, namespace, pod_selector, *job_parts):
         """Start before the Jobs are created, so that no pod state is missed."""
         self.cluster, self.namespace, self.job_parts = cluster, namespace, job_parts
-        self.pod_watch = Watch(cluster, "Pod", "-n", namespace, "pods", "-l", pod_selector)
+        # Timed: when each pod was first seen (client clock) tells admission cycles apart within a second.
+        self.pod_watch = Watch(cluster, "Pod", "-n", namespace, "pods", "-l", pod_selector, timed=True)
         self.job_watch = None  # started once a Job exists (`get job NAME --watch` needs it)
         self.pods = collections.defaultdict(dict)  # job name -> pod name -> latest state
         self.observed = collections.defaultdict(dict)  # job name -> pod name -> {"sandbox_ready": unix s}
@@ -2542,11 +2546,12 @@ class JobWatches:
         jobs = self.job_watch.drain(timeout=timeout)
         for job in jobs:
             self.jobs[job["metadata"]["name"]] = job
-        for pod in self.pod_watch.drain():
+        for arrival, pod in self.pod_watch.drain():
             labels = pod["metadata"].get("labels") or {}
             job_name, name = labels.get("job-name") or labels.get("batch.kubernetes.io/job-name"), \
                 pod["metadata"]["name"]
             self.pods[job_name][name] = pod
+            self.observed[job_name].setdefault(name, {}).setdefault("first_seen", arrival)
             when, _ = condition_time(pod, "PodReadyToStartContainers")
             if when is not None and "sandbox_ready" not in self.observed[job_name].get(name, {}):
                 self.observed[job_name].setdefault(name, {})["sandbox_ready"] = when
@@ -3236,9 +3241,13 @@ DEFAULT_QUEUE_TIMEOUT_SECONDS = 3600  # how long the client waits for an admissi
 LOCAL_QUEUE_WAIT_SECONDS = 10  # for a LocalQueue that a namespace policy puts in every new namespace
 KUEUE_API_CHECK_SECONDS = 10.0  # while queued, how often to make sure Kueue is still installed
 WORKLOAD_WAIT_SECONDS = 30  # for Kueue to make the Job's Workload
-# A Workload that waiting will not admit: a queue that is missing or stopped, a batch over the
-# ClusterQueue's maximum capacity (QuotaReserved=False reasons and messages, Kueue v0.19).
-NEVER_ADMISSIBLE_REASONS = ("Inadmissible", "Misconfigured", "ExceedsMaxQuota", "Suspended", "Deactivated")
+# A Workload that waiting will not admit: a batch over what its ClusterQueue can ever give
+# (QuotaReserved=False reasons and messages, Kueue v0.19), and deactivation (checked apart).
+# A queue that is stopped (`Suspended`, or `Inadmissible` "... is stopped" without Kueue's
+# UnadmittedWorkloadsObservability gate) or `Misconfigured` admits the Workload once resumed
+# or fixed: the wait goes on, bounded by --queue-timeout.
+NEVER_ADMISSIBLE_REASONS = ("ExceedsMaxQuota",)
+HELD_REASONS = ("Suspended", "Misconfigured", "Inadmissible")
 
 
 def local_queue_manifest(namespace, run_id, name, cluster_queue):
@@ -3258,37 +3267,113 @@ def queue_demand(parallelism, count, runtime_class):
             for name in sorted(set(EPISODE_REQUESTS) | set(overhead))}
 
 
-def never_fits(cluster_queue, demand):
-    """Why the batch can never be admitted by this ClusterQueue, or None: a resource it does
-    not cover, or a demand over its nominal quota (summed over flavors). A queue in a cohort
-    may borrow, so only its uncovered resources are judged."""
-    groups = cluster_queue.get("spec", {}).get("resourceGroups") or []
-    nominal = {}
-    for group in groups:
+def cohort_of(queue):
+    """A ClusterQueue's cohort: `spec.cohortName` (v1beta2, Kueue v0.15+), `spec.cohort` before."""
+    spec = queue.get("spec", {})
+    return spec.get("cohortName") or spec.get("cohort")
+
+
+def quota_entries(obj):
+    """((flavor, resource), its ResourceQuota) of a ClusterQueue's or Cohort's resourceGroups."""
+    for group in obj.get("spec", {}).get("resourceGroups") or []:
         for flavor in group.get("flavors") or []:
-            for resource in flavor.get("resources") or []:
-                nominal[resource["name"]] = nominal.get(resource["name"], 0.0) + parse_quantity(resource["nominalQuota"])
-    for name, amount in demand.items():
-        if name not in nominal:
-            return "ClusterQueue %s covers no %s" % (cluster_queue["metadata"]["name"], name)
-        if amount > nominal[name] + 1e-9 and not cluster_queue.get("spec", {}).get("cohort"):
-            shown = "%.0fm" % (amount * 1000) if name == "cpu" else mebibytes(amount)
-            limit = "%.0fm" % (nominal[name] * 1000) if name == "cpu" else mebibytes(nominal[name])
-            return ("the batch needs %s %s at once, over ClusterQueue %s's nominal quota of %s"
-                    % (shown, name, cluster_queue["metadata"]["name"], limit))
+            for quota in flavor.get("resources") or []:
+                yield (flavor["name"], quota["name"]), quota
+
+
+def cohort_lending(cluster_queue, queues, cohorts):
+    """{(flavor, resource): the most the ClusterQueue's cohort could ever lend it}: every other
+    ClusterQueue of the cohort's tree lends its nominal quota less what its lendingLimit keeps
+    back, and the tree's Cohort objects lend their own quota (apis/kueue/v1beta2
+    clusterqueue_types.go and cohort_types.go). An upper bound: it never refuses what could fit."""
+    parents = {c["metadata"]["name"]: c.get("spec", {}).get("parentName") for c in cohorts}
+
+    def root(name):
+        seen = set()
+        while parents.get(name) and name not in seen:
+            seen.add(name)
+            name = parents[name]
+        return name
+
+    tree = root(cohort_of(cluster_queue))
+    lending = collections.Counter()
+    for member in queues:
+        if member["metadata"]["name"] == cluster_queue["metadata"]["name"] or not cohort_of(member) or \
+                root(cohort_of(member)) != tree:
+            continue
+        for key, quota in quota_entries(member):
+            lending[key] += parse_quantity(quota["lendingLimit"]) if "lendingLimit" in quota \
+                else parse_quantity(quota["nominalQuota"])
+    for cohort in cohorts:
+        if root(cohort["metadata"]["name"]) == tree:
+            for key, quota in quota_entries(cohort):
+                lending[key] += parse_quantity(quota["nominalQuota"])
+    return lending
+
+
+def never_fits(cluster_queue, demand, lending=None):
+    """Why the batch can never be admitted by this ClusterQueue, or None. As Kueue's flavor
+    assigner (pkg/scheduler/flavorassigner, findFlavorForPodSets), each resource group gives the
+    pod set one flavor for all the group's resources, never a split over flavors: the batch fits
+    a group when one of its flavors can hold it, with its nominal quota plus, in a cohort, what
+    the cohort could lend (`lending`, within borrowingLimit)."""
+    name = cluster_queue["metadata"]["name"]
+    groups = cluster_queue.get("spec", {}).get("resourceGroups") or []
+    covered = {resource for group in groups for resource in group.get("coveredResources") or []}
+    for resource in sorted(demand):
+        if demand[resource] > 0 and resource not in covered:
+            return "ClusterQueue %s covers no %s" % (name, resource)
+    quotas = dict(quota_entries(cluster_queue))
+
+    def shown(resource, amount):
+        return "%.0fm" % (amount * 1000) if resource == "cpu" else mebibytes(amount)
+
+    for group in groups:
+        wanted = [r for r in group.get("coveredResources") or [] if demand.get(r, 0) > 0]
+        if not wanted:
+            continue
+        shortfalls = []
+        for flavor in group.get("flavors") or []:
+            short = []
+            for resource in wanted:
+                quota = quotas.get((flavor["name"], resource))
+                most = parse_quantity(quota["nominalQuota"]) if quota else 0.0
+                if lending is not None and quota:
+                    borrow = parse_quantity(quota["borrowingLimit"]) if "borrowingLimit" in quota else float("inf")
+                    most += min(borrow, lending.get((flavor["name"], resource), 0.0))
+                if demand[resource] > most + 1e-9:
+                    short.append("%s %s > %s" % (resource, shown(resource, demand[resource]), shown(resource, most)))
+            if not short:
+                break
+            shortfalls.append("flavor %s: %s" % (flavor["name"], ", ".join(short)))
+        else:
+            return ("the batch needs %s at once from one flavor (Kueue never splits a pod set's resources over "
+                    "flavors), more than ClusterQueue %s can ever give%s: %s" % (
+                        ", ".join("%s %s" % (shown(r, demand[r]), r) for r in wanted), name,
+                        " with all its cohort %s could lend" % cohort_of(cluster_queue) if lending is not None
+                        else "", "; ".join(shortfalls)))
     return None
 
 
-def queue_refusal(cluster_queue, demand):
-    """Why a readable ClusterQueue can never admit the batch (stopped, inactive, too small), or None."""
-    name = cluster_queue["metadata"]["name"]
-    if cluster_queue.get("spec", {}).get("stopPolicy", "None") not in ("None", None):
-        return "ClusterQueue %s is stopped (stopPolicy %s)" % (name, cluster_queue["spec"]["stopPolicy"])
-    active = next((c for c in (cluster_queue.get("status") or {}).get("conditions") or []
-                   if c.get("type") == "Active"), None)
+def queue_hold(queue, kind):
+    """Why a readable LocalQueue or ClusterQueue admits nothing now (stopped by its
+    administrator, or inactive), or None. Waiting may end it: it is a note, not a refusal."""
+    name = queue["metadata"]["name"]
+    policy = queue.get("spec", {}).get("stopPolicy") or "None"
+    if policy != "None":
+        return "%s %s is held (stopPolicy %s%s)" % (kind, name, policy, set_by(queue, "stopPolicy"))
+    active = next((c for c in (queue.get("status") or {}).get("conditions") or [] if c.get("type") == "Active"), None)
     if active is not None and active.get("status") != "True":
-        return "ClusterQueue %s is not active (%s: %s)" % (name, active.get("reason"), active.get("message"))
-    return never_fits(cluster_queue, demand)
+        return "%s %s is not active (%s: %s)" % (kind, name, active.get("reason"), active.get("message"))
+    return None
+
+
+def set_by(obj, field):
+    """`, set by MANAGER` from the object's managedFields, when one of them owns spec.FIELD."""
+    for entry in obj.get("metadata", {}).get("managedFields") or []:
+        if '"f:%s"' % field in json.dumps(entry.get("fieldsV1") or {}):
+            return ", set by %s" % entry.get("manager")
+    return ""
 
 
 class KueueGate:
@@ -3297,7 +3382,11 @@ class KueueGate:
     (--cluster-queue), labels the Job, and hands each Job's wait a JobAdmission."""
 
     REPORT_ROWS = {"setup": [("queued: Job created -> admitted (first cycle)", "batch", "queue.queued_seconds"),
-                             ("Kueue admission cycles", "number", "queue.admission_cycles")]}
+                             ("Kueue admission cycles", "number", "queue.admission_cycles"),
+                             ("draining after evictions: evicted -> requeued (all cycles)", "batch",
+                              "queue.total_draining_seconds"),
+                             ("queued, all cycles: created or requeued -> admitted", "batch",
+                              "queue.total_queued_seconds")]}
 
     def __init__(self, spec, console):
         self.spec, self.console = spec, console
@@ -3333,14 +3422,11 @@ class KueueGate:
         return [local_queue_manifest(namespace, run_id, self.spec.queue, self.spec.cluster_queue)]
 
     def decorate(self, job):
-        # Kueue's webhook stores the Job suspended; it runs once its Workload is admitted.
+        # Kueue's webhook stores the Job suspended; it runs once its Workload is admitted. The
+        # backoffLimit stays as unqueued: a preemption suspends the Job, and the Job controller
+        # removes its tracking finalizer from the pods before it deletes them, so they count
+        # neither as failed nor as succeeded (tests/fakecluster/ASSUMPTIONS.md, "Job controller").
         job["metadata"]["labels"][QUEUE_LABEL] = self.spec.queue
-        if not self.spec.episode:
-            # A preemption suspends the Job, and the Job controller counts the pods it deletes
-            # then as failed (there is no condition to tell them apart: kubernetes-sigs/jobset
-            # #1117), so backoffLimit 0 would fail the batch at its first preemption. Room for
-            # three preempted waves; validation still refuses any failed pod of the last cycle.
-            job["spec"]["backoffLimit"] = 3 * min(self.spec.parallelism, self.spec.count)
 
     def check(self, cluster, runtime_class):
         """Read-only, before anything is created: Kueue's API is served and, with --cluster-queue,
@@ -3368,12 +3454,41 @@ class KueueGate:
             raise DemoError("ClusterQueue %s does not exist on context %s; list them with `kubectl --context %s get "
                             "clusterqueues` and pass one with --cluster-queue" % (spec.cluster_queue, cluster.context,
                                                                                   cluster.context))
-        refusal = queue_refusal(cluster_queue, demand)
-        if refusal:
-            raise DemoError("--queue: %s, so the batch could never be admitted; choose another --cluster-queue or a "
-                            "smaller --parallelism" % refusal)
-        facts["cluster_queue_state"] = "active, fits"
+        facts["cluster_queue_state"] = self.judge(cluster, cluster_queue, demand, "--queue")
         return facts
+
+    def judge(self, cluster, cluster_queue, demand, flag):
+        """Refuse a ClusterQueue that can never fit the batch (with its cohort's lending, when the
+        cohort can be read); note one that is held or inactive now. Returns its state in words."""
+        lending, skipped = None, None
+        if cohort_of(cluster_queue):
+            try:
+                queues = cluster.read_items("get", "clusterqueues.kueue.x-k8s.io")
+                try:
+                    cohorts = cluster.read_items("get", "cohorts.kueue.x-k8s.io")
+                except KubectlError as error:
+                    if not (error.no_such_kind or error.forbidden):
+                        raise
+                    cohorts = []  # no Cohort objects: the cohort is just the name its members share
+                lending = cohort_lending(cluster_queue, queues, cohorts)
+            except KubectlError as error:
+                if not error.forbidden:
+                    raise
+                skipped = ("ClusterQueue %s borrows from cohort %s, whose other ClusterQueues cannot be read "
+                           "(forbidden): whether the batch can ever fit was not checked"
+                           % (cluster_queue["metadata"]["name"], cohort_of(cluster_queue)))
+                self.console.note(skipped)
+        refusal = None if skipped else never_fits(cluster_queue, demand, lending)
+        if refusal:
+            raise DemoError("%s: %s, so the batch could never be admitted; choose another --cluster-queue or a "
+                            "smaller --parallelism" % (flag, refusal))
+        held = queue_hold(cluster_queue, "ClusterQueue")
+        if held:
+            self.console.note("%s: the batch will wait until it is resumed (up to --queue-timeout %d s)"
+                              % (held, self.spec.queue_timeout))
+            return held
+        return "active, fit not checked" if skipped else "active, fits%s" % (
+            " with its cohort's lending" if lending is not None else "")
 
     def prepare(self, cluster, namespace, facts):
         """The LocalQueue in the run's namespace, before the Job: the run's own (--cluster-queue,
@@ -3385,8 +3500,9 @@ class KueueGate:
             local_queue = cluster.get_json("-n", namespace, "localqueues.kueue.x-k8s.io", spec.queue)
             active = next((c for c in ((local_queue or {}).get("status") or {}).get("conditions") or []
                            if c.get("type") == "Active"), {})
-            if active.get("status") == "True":
-                break
+            if active.get("status") == "True" or (local_queue is not None and queue_hold(local_queue, "LocalQueue")
+                                                  and active.get("reason") in ("Stopped", "ClusterQueueIsInactive")):
+                break  # held by its administrator: the batch waits for the resume (a note below)
             if time.monotonic() > deadline:
                 if local_queue is None:
                     raise DemoError("LocalQueue %s does not exist in the run's namespace %s: the tool runs in a new "
@@ -3399,6 +3515,10 @@ class KueueGate:
         cluster_queue = local_queue["spec"].get("clusterQueue")
         record = dict(facts, local_queue=spec.queue, cluster_queue=cluster_queue,
                       local_queue_created_by_tool=bool(spec.cluster_queue))
+        held = queue_hold(local_queue, "LocalQueue")
+        if held and active.get("reason") == "Stopped":
+            self.console.note("%s: the batch will wait until it is resumed (up to --queue-timeout %d s)"
+                              % (held, spec.queue_timeout))
         if not spec.cluster_queue:
             try:
                 live = cluster.get_json("clusterqueues.kueue.x-k8s.io", cluster_queue)
@@ -3407,10 +3527,7 @@ class KueueGate:
                     raise
                 live = None
             if live is not None:
-                refusal = queue_refusal(live, facts["demand"])
-                if refusal:
-                    raise DemoError("--queue %s: %s, so the batch could never be admitted" % (spec.queue, refusal))
-                record["cluster_queue_state"] = "active, fits"
+                record["cluster_queue_state"] = self.judge(cluster, live, facts["demand"], "--queue %s" % spec.queue)
         return record
 
     def admission(self, cluster, namespace, job_name):
@@ -3437,9 +3554,15 @@ class KueueGate:
     def summary_lines(report):
         if not report.get("queue"):
             return []
-        queued = report["queue"]["queued_seconds"]
-        return ["Queued %s before Kueue admitted the Job (%d admission cycle(s)); the batch times above include "
-                "it." % ("n/a" if queued is None else "%.2f s" % queued, report["queue"]["admission_cycles"])]
+        queue = report["queue"]
+        queued = queue["queued_seconds"]
+        lines = ["Queued %s before Kueue admitted the Job (%d admission cycle(s)); the batch times above include "
+                 "it." % ("n/a" if queued is None else "%.2f s" % queued, queue["admission_cycles"])]
+        if queue["admission_cycles"] > 1:
+            lines.append("After evictions: draining %s (evicted -> requeued), then queued %s in all (requeued -> "
+                         "admitted)." % (format_seconds(queue.get("total_draining_seconds")),
+                                         format_seconds(queue.get("total_queued_seconds"))))
+        return lines
 
     @staticmethod
     def timeline_spans(results, origin, scale, left, y):
@@ -3450,6 +3573,13 @@ class KueueGate:
             return None
         parts = []
         for cycle in cycles:
+            if cycle.get("draining_seconds") is not None:
+                x0 = left + max(0.0, cycle["draining_since_unix"] - origin) * scale
+                x1 = left + max(0.0, cycle["queued_since_unix"] - origin) * scale
+                parts.append('<rect class="draining" x="%.2f" y="%d" width="%.2f" height="8" fill="%s"><title>'
+                             'draining (before cycle %d): %s</title></rect>' % (
+                                 x0, y, max(0.0, x1 - x0), DRAINING_COLOUR, cycle["cycle"],
+                                 format_seconds(cycle["draining_seconds"])))
             if cycle["queued_seconds"] is None:
                 continue  # a wait the watch did not see
             x0 = left + max(0.0, cycle["queued_since_unix"] - origin) * scale
@@ -3461,9 +3591,13 @@ class KueueGate:
 
     @staticmethod
     def timeline_legend(results_list):
+        legend = {}
         if any((results.get("queue") or {}).get("cycles") for results in results_list):
-            return {"queued: Job created (or evicted) -> admitted by Kueue": QUEUED_COLOUR}
-        return {}
+            legend["queued: Job created (or requeued) -> admitted by Kueue"] = QUEUED_COLOUR
+        if any(cycle.get("draining_seconds") is not None for results in results_list
+               for cycle in (results.get("queue") or {}).get("cycles") or []):
+            legend["draining: evicted -> requeued by Kueue (pods terminating, back-off)"] = DRAINING_COLOUR
+        return legend
 
     # --- cleanup --------------------------------------------------------------------------
 
@@ -3601,23 +3735,38 @@ class SavedAdmission:
         self.record = record
         self.earlier = []  # pods of a preempted admission cycle
 
-    def results_pods(self, pods, logs, expected, custom_episode):
-        """The pods (and logs) of the last admission cycle: pods of a preempted cycle are never
-        results: they were created before the last admission (API server clock, whole seconds)."""
+    def results_pods(self, pods, logs, expected, custom_episode, observed=None):
+        """The pods (and logs) that are results: those of the last admission cycle, and those of
+        an earlier cycle that succeeded before its eviction (the Job counted them and does not run
+        their episodes again). A pod the eviction's suspension deleted is never a result: the Job
+        controller dropped its tracking finalizer first, so however it ended it was not counted.
+
+        A pod is of an earlier cycle when it was created before the last admission: by its
+        creationTimestamp (API clock, whole seconds), and, for a pod created in the very second
+        of that admission, by whether the client's pod watch had delivered it before the Workload
+        watch delivered the admission (client clock): a pod of the new cycle is created only
+        after Kueue admits and unsuspends the Job, so it cannot be seen before the admission."""
+        cycles = self.record["cycles"]
         boundary = last_admission_time(self.record)
-        if len(self.record["cycles"]) <= 1 or boundary is None:
+        if len(cycles) <= 1 or boundary is None:
             return pods, logs
-        later = [parse_k8s_time(pod["metadata"]["creationTimestamp"]) >= boundary for pod in pods]
-        self.earlier = [pod for pod, kept in zip(pods, later) if not kept]
-        pods, logs = [pod for pod, kept in zip(pods, later) if kept], [log for log, kept in zip(logs, later) if kept]
-        finished = [pod for pod in self.earlier if pod.get("status", {}).get("phase") == "Succeeded"]
-        if len(pods) < expected and finished and not custom_episode:
-            raise EpisodeInvalid(
-                "expected %d pods after the last admission, found %d: %d pod(s) of a preempted admission cycle "
-                "finished anyway inside their grace period, the Job counted them as succeeded and did not run those "
-                "episodes again, and they are not results (e.g. %s); an episode that exits 0 after SIGTERM is "
-                "counted as done" % (expected, len(pods), len(finished), finished[0]["metadata"]["name"]))
-        return pods, logs
+        admitted_seen = cycles[-1]["admitted_at"] if cycles[-1].get("admitted_source") == \
+            "watch arrival (client clock)" else None
+
+        def earlier(pod):
+            created = parse_k8s_time(pod["metadata"]["creationTimestamp"])
+            if created < boundary:
+                return True
+            first_seen = ((observed or {}).get(pod["metadata"]["name"]) or {}).get("first_seen")
+            return created == boundary and admitted_seen is not None and first_seen is not None \
+                and first_seen < admitted_seen
+
+        def counted(pod):
+            return pod.get("status", {}).get("phase") == "Succeeded" and not pod["metadata"].get("deletionTimestamp")
+
+        kept = [not earlier(pod) or counted(pod) for pod in pods]
+        self.earlier = [pod for pod, keep in zip(pods, kept) if not keep]
+        return [pod for pod, keep in zip(pods, kept) if keep], [log for log, keep in zip(logs, kept) if keep]
 
     def describe_results(self, report):
         report["queue"] = queue_summary(self.record)
@@ -3678,10 +3827,21 @@ class AdmissionCycles:
             else:
                 source = "watch arrival (client clock)"
             late = source != "watch arrival (client clock)"
+            previous = self.cycles[-1] if self.cycles else None
+            if previous is None:
+                queued_since, queued_source = (self.job_created_server, "Job creationTimestamp (API clock)") if late \
+                    else (self.job_created, "Job create call (client clock)")
+            elif previous.get("requeued_at") is not None:
+                queued_since, queued_source = previous["requeued_at"], "Requeued=True as the watch delivered it " \
+                                                                       "(client clock)"
+            else:
+                queued_since, queued_source = previous["evicted_at"], (
+                    "the eviction's arrival: the watch did not deliver Requeued=True apart, so draining is counted "
+                    "as queued")
             self.cycles.append({
                 "admitted_at": server if late else arrival, "admitted_at_server": server, "admitted_source": source,
-                "queued_since": self.cycles[-1]["evicted_at"] if self.cycles else
-                self.job_created_server if late else self.job_created})
+                "queued_since": queued_since, "queued_source": queued_source,
+                "draining_since": previous["evicted_at"] if previous is not None else None})
         elif evicted.get("status") == "True" and (self.admitted or unseen):
             observed = next((r for r in unseen if r == evicted.get("reason")), None)
             if observed is not None:
@@ -3691,6 +3851,12 @@ class AdmissionCycles:
                 self.cycles.append(self.unseen_cycle())
             self.cycles[-1].update(evicted_at=arrival, evicted_reason=evicted.get("reason"),
                                    evicted_message=evicted.get("message"))
+        elif self.cycles and not self.admitted and self.cycles[-1].get("evicted_at") is not None and \
+                "requeued_at" not in self.cycles[-1] and workload_condition(workload, "Requeued").get("status") == "True":
+            # Kueue requeues the Workload once the evicted Job's pods are gone (and any PodsReady
+            # back-off is over): from here on it waits for quota, as Kueue's own queued time does.
+            self.cycles[-1]["requeued_at"] = arrival
+            return
         else:
             return
         self.evictions_accounted = counts
@@ -3725,6 +3891,14 @@ class AdmissionCycles:
         if evicted.get("status") == "True" and workload_condition(self.workload, "QuotaReserved").get("status") == "True":
             return "evicted (%s), its pods terminating: %s" % (evicted.get("reason"), evicted.get("message"))
         reserved = workload_condition(self.workload, "QuotaReserved")
+        if evicted.get("status") == "True" and workload_condition(self.workload, "Requeued").get("status") != "True":
+            requeued = workload_condition(self.workload, "Requeued")
+            return "evicted (%s), not requeued yet%s" % (evicted.get("reason"), ": %s: %s" % (
+                requeued.get("reason"), requeued.get("message")) if requeued else "")
+        if reserved.get("status") == "False" and reserved.get("reason") in HELD_REASONS and \
+                not self.never_admissible():
+            return "held: %s: %s; waiting for the queue to be resumed or fixed" % (
+                reserved.get("reason"), reserved.get("message"))
         return "queued: %s" % ("%s: %s" % (reserved.get("reason"), reserved.get("message")) if reserved else "pending")
 
     def never_admissible(self):
@@ -3770,8 +3944,12 @@ def queue_summary(record):
     cycles = []
     for number, cycle in enumerate(record["cycles"], 1):
         known = cycle["admitted_at"] is not None
+        draining = cycle.get("draining_since")
         cycles.append({"cycle": number, "queued_seconds": cycle["admitted_at"] - cycle["queued_since"]
                        if known and cycle["queued_since"] is not None else None,
+                       "draining_seconds": cycle["queued_since"] - draining
+                       if draining is not None and cycle.get("queued_source", "").startswith("Requeued") else None,
+                       "draining_since_unix": draining, "queued_source": cycle.get("queued_source"),
                        "queued_since_unix": cycle["queued_since"], "admitted_at_unix": cycle["admitted_at"],
                        "admitted_source": cycle["admitted_source"],
                        "admitted_at_server": iso_micro(cycle["admitted_at_server"]) if known else None,
@@ -3781,14 +3959,23 @@ def queue_summary(record):
                        "evicted_source": cycle.get("evicted_source", "watch arrival (client clock)")
                        if cycle.get("evicted_reason") else None})
     waits = [c["queued_seconds"] for c in cycles if c["queued_seconds"] is not None]
+    drains = [c["draining_seconds"] for c in cycles if c["draining_seconds"] is not None]
     return {"local_queue": record["local_queue"], "cluster_queue": record["cluster_queue"],
             "workload": record["workload"], "admission_cycles": len(cycles),
             "queued_seconds": cycles[0]["queued_seconds"] if cycles else None,
             "total_queued_seconds": sum(waits) if cycles else None,
+            "total_draining_seconds": sum(drains) if len(cycles) > 1 else None,
             "unseen_queue_waits": sum(1 for c in cycles if c["queued_seconds"] is None),
             "queued_definition": "Job create call -> the Workload's Admitted=True as the watch delivered it (client "
-                                 "clock); a cycle after an eviction is queued from the eviction's arrival; a wait "
-                                 "the watch did not see (it was down) is null and left out of the total",
+                                 "clock, seconds); a cycle after an eviction is queued from Kueue's Requeued=True "
+                                 "(Kueue's own queued time starts there), or from the eviction's arrival when the "
+                                 "watch did not deliver Requeued=True apart; a wait the watch did not see (it was "
+                                 "down) is null and left out of the total. Its precision is the watch's delivery "
+                                 "(tens of ms), except for waits marked as from API times (whole seconds)",
+            "draining_definition": "a cycle after an eviction: the eviction's arrival -> Requeued=True's arrival (client "
+                                   "clock, seconds): the preempted pods terminating (up to their grace period) and any "
+                                   "PodsReady back-off, time in which the Workload does not yet wait for quota; null "
+                                   "where the watch did not deliver Requeued=True apart",
             "cycles": cycles,
             "batch_figures_include_queueing": True,
             "batch_figures_note": "batch_to_all_ready_seconds and batch_to_all_rewards_seconds run from the Job's "

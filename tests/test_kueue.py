@@ -143,7 +143,8 @@ def test_a_batch_that_never_fits_is_refused_by_the_preflight(make_cluster, run_t
     cluster = make_cluster(kueue(clusterQueues=[{"name": "tiny", "nominalQuota": {"cpu": "200m", "memory": "4Gi"}}]))
     done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "tiny")
     assert done.code == 1
-    assert "the batch needs 400m cpu at once, over ClusterQueue tiny's nominal quota of 200m" in done.stderr
+    assert ("more than ClusterQueue tiny can ever give: flavor default-flavor: cpu 400m > 200m, so the batch could "
+            "never be admitted") in done.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -177,6 +178,11 @@ def test_a_preempted_and_readmitted_batch_reports_two_cycles_and_correct_results
     assert (results["successful_episodes"], results["reward_sum"]) == (4, 4)
     pods = read(tmp_path / "out" / "pods.json")
     assert len(pods) == 8 and {row["pod"] for row in results["pods"]} <= {p["metadata"]["name"] for p in pods}
+    # the second cycle's wait is split: draining (evicted -> requeued), then queued (requeued -> admitted)
+    second = queue["cycles"][1]
+    assert second["draining_seconds"] is not None and second["draining_seconds"] >= 0
+    assert second["queued_source"].startswith("Requeued=True") and second["queued_seconds"] >= 0
+    assert queue["total_draining_seconds"] == second["draining_seconds"]
 
 
 def test_kueue_that_does_not_manage_jobs_is_named_as_such(make_cluster, run_tool, tmp_path):
@@ -218,7 +224,7 @@ def test_report_shows_the_queue_wait_and_the_timeline_draws_it(make_cluster, run
     assert rows["queued: Job created -> admitted (first cycle)"]["values"][1].endswith("ms")
     assert rows["Kueue admission cycles"]["values"] == [None, "1"]
     svg = (tmp_path / "both.svg").read_text()
-    assert svg.count('class="queued"') == 1 and "queued: Job created (or evicted) -&gt; admitted by Kueue" in svg
+    assert svg.count('class="queued"') == 1 and "queued: Job created (or requeued) -&gt; admitted by Kueue" in svg
 
 
 def test_dry_run_shows_the_queue_label_and_the_local_queue(run_tool):
@@ -229,7 +235,7 @@ def test_dry_run_shows_the_queue_label_and_the_local_queue(run_tool):
     assert queue["spec"] == {"clusterQueue": "gpu"} and queue["metadata"]["name"] == "team"
     job = items[-1]
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team"
-    assert job["spec"]["backoffLimit"] == 12  # room for preempted waves (3 x min(parallelism, count))
+    assert job["spec"]["backoffLimit"] == 0  # as unqueued: preempted pods are never counted as failed
 
 
 @pytest.mark.parametrize("args, message", [
@@ -338,7 +344,8 @@ def test_a_pods_ready_timeout_evicts_and_requeues_with_back_off_then_the_batch_c
     first, second = queue["cycles"]
     assert first["evicted_reason"] == "PodsReadyTimeout"
     assert first["evicted_message"].startswith("Exceeded the PodsReady timeout agc-rl-")
-    assert second["queued_seconds"] > 0.5  # the requeue back-off (requeueAt is whole seconds)
+    # the requeue back-off is draining (evicted -> Requeued=True, requeueAt in whole seconds), not queueing
+    assert second["draining_seconds"] > 0.5 and second["queued_seconds"] < second["draining_seconds"]
     assert read(tmp_path / "out" / "workload.json")["status"]["requeueState"]["count"] == 1
 
 
@@ -414,8 +421,9 @@ def test_a_preemption_while_the_workload_watch_is_down_is_still_counted(make_clu
 
 # ---------------------------------------------------------------- in-process: the preflight's arithmetic
 
-def cluster_queue(nominal_cpu="1", nominal_memory="1Gi", **spec):
-    return {"metadata": {"name": "team"}, "spec": dict({"resourceGroups": [{"flavors": [{"name": "default", "resources": [
+def cluster_queue(nominal_cpu="1", nominal_memory="1Gi", name="team", **spec):
+    return {"metadata": {"name": name}, "spec": dict({"resourceGroups": [{"coveredResources": ["cpu", "memory"],
+                                                                         "flavors": [{"name": "default", "resources": [
         {"name": "cpu", "nominalQuota": nominal_cpu}, {"name": "memory", "nominalQuota": nominal_memory}]}]}]}, **spec)}
 
 
@@ -423,12 +431,15 @@ def test_a_demand_over_the_nominal_quota_never_fits(tool):
     demand = tool.queue_demand(20, 20, None)  # 20 x 100m CPU, 20 x 64Mi
     assert demand == {"cpu": pytest.approx(2.0), "memory": 20 * 64 * 2 ** 20}
     assert tool.never_fits(cluster_queue(), demand) == (
-        "the batch needs 2000m cpu at once, over ClusterQueue team's nominal quota of 1000m")
+        "the batch needs 2000m cpu, 1280Mi (1.2GiB) memory at once from one flavor (Kueue never splits a pod set's "
+        "resources over flavors), more than ClusterQueue team can ever give: flavor default: cpu 2000m > 1000m, "
+        "memory 1280Mi (1.2GiB) > 1024Mi (1.0GiB)")
 
 
 def test_a_resource_the_cluster_queue_does_not_cover_never_fits(tool):
     queue = cluster_queue()
     queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"].pop()  # no memory
+    queue["spec"]["resourceGroups"][0]["coveredResources"].pop()
     assert tool.never_fits(queue, tool.queue_demand(1, 1, None)) == "ClusterQueue team covers no memory"
 
 
@@ -436,15 +447,19 @@ def test_a_demand_within_the_quota_fits(tool):
     assert tool.never_fits(cluster_queue(), tool.queue_demand(5, 20, None)) is None
 
 
-def test_a_stopped_or_inactive_cluster_queue_is_refused_with_its_reason(tool):
-    demand = tool.queue_demand(1, 1, None)
-    assert tool.queue_refusal(cluster_queue(stopPolicy="Hold"), demand) == "ClusterQueue team is stopped (stopPolicy Hold)"
+def test_a_stopped_or_inactive_cluster_queue_is_held_not_refused(tool):
+    assert tool.queue_hold(cluster_queue(stopPolicy="Hold"), "ClusterQueue") == \
+        "ClusterQueue team is held (stopPolicy Hold)"
     inactive = cluster_queue()
     inactive["status"] = {"conditions": [{"type": "Active", "status": "False", "reason": "FlavorNotFound",
                                           "message": "Can't admit new workloads: references missing ResourceFlavor(s)"}]}
-    assert tool.queue_refusal(inactive, demand) == ("ClusterQueue team is not active (FlavorNotFound: Can't admit new "
-                                                    "workloads: references missing ResourceFlavor(s))")
-    assert tool.queue_refusal(cluster_queue(), demand) is None
+    assert tool.queue_hold(inactive, "ClusterQueue") == ("ClusterQueue team is not active (FlavorNotFound: Can't admit "
+                                                         "new workloads: references missing ResourceFlavor(s))")
+    assert tool.queue_hold(cluster_queue(), "ClusterQueue") is None
+    held = cluster_queue(stopPolicy="HoldAndDrain")
+    held["metadata"]["managedFields"] = [{"manager": "kubectl-patch", "fieldsV1": {"f:spec": {"f:stopPolicy": {}}}}]
+    assert tool.queue_hold(held, "ClusterQueue") == "ClusterQueue team is held (stopPolicy HoldAndDrain, set by " \
+                                                    "kubectl-patch)"
 
 
 def test_kueue_uninstalled_while_the_batch_is_queued_is_named_instead_of_waiting_out_the_queue_timeout(
@@ -462,3 +477,139 @@ def test_kueue_uninstalled_while_the_batch_is_queued_is_named_instead_of_waiting
                            "queue, and nothing will admit it now"), stderr
     assert (tmp_path / "out" / "job.json").exists() and (tmp_path / "out" / "queue.json").exists()
     assert run_tool("cleanup", "--output", "out", cluster=cluster).code == 0
+
+
+def two_flavors(cpu_a="1", cpu_b="1", **spec):
+    return {"metadata": {"name": "team"}, "spec": dict({"resourceGroups": [{"coveredResources": ["cpu", "memory"],
+                                                                           "flavors": [
+        {"name": "a", "resources": [{"name": "cpu", "nominalQuota": cpu_a}, {"name": "memory", "nominalQuota": "8Gi"}]},
+        {"name": "b", "resources": [{"name": "cpu", "nominalQuota": cpu_b}, {"name": "memory", "nominalQuota": "8Gi"}]},
+    ]}]}, **spec)}
+
+
+def test_a_batch_that_fits_only_the_sum_of_two_flavors_never_fits(tool):
+    demand = tool.queue_demand(15, 15, None)  # 1.5 CPU, from one flavor or not at all
+    assert tool.never_fits(two_flavors(), demand).endswith(
+        "flavor a: cpu 1500m > 1000m; flavor b: cpu 1500m > 1000m")
+    assert tool.never_fits(two_flavors(cpu_b="2"), demand) is None
+
+
+def test_a_cluster_queue_in_a_cohort_fits_what_its_cohort_could_lend(tool):
+    demand = tool.queue_demand(20, 20, None)  # 2 CPU
+    team = cluster_queue(cohortName="shared")
+    lender = cluster_queue("8", "16Gi", name="lender", cohortName="shared")
+    stranger = cluster_queue("8", "16Gi", name="stranger", cohortName="other")
+    lending = tool.cohort_lending(team, [team, lender, stranger], [])
+    assert lending[("default", "cpu")] == 8.0
+    assert tool.never_fits(team, demand, lending) is None
+    assert tool.never_fits(team, demand) is not None  # without the cohort: over the nominal quota
+
+
+def test_lending_and_borrowing_limits_bound_what_a_cohort_gives(tool):
+    demand = tool.queue_demand(20, 20, None)  # 2 CPU
+    lender = cluster_queue("8", "16Gi", name="lender", cohortName="shared")
+    lender["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["lendingLimit"] = "500m"
+    team = cluster_queue(cohortName="shared")
+    assert "cpu 2000m > 1500m" in tool.never_fits(team, demand, tool.cohort_lending(team, [team, lender], []))
+    # a Cohort object of the tree lends its own quota; a child cohort's members count too
+    parent = {"metadata": {"name": "root"}, "spec": {"resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
+        {"name": "default", "resources": [{"name": "cpu", "nominalQuota": "4"}]}]}]}}
+    child = {"metadata": {"name": "shared"}, "spec": {"parentName": "root"}}
+    assert tool.cohort_lending(team, [team, lender], [parent, child])[("default", "cpu")] == 4.5
+    team["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["borrowingLimit"] = "200m"
+    assert "cpu 2000m > 1200m" in tool.never_fits(team, demand, tool.cohort_lending(team, [team, lender],
+                                                                                    [parent, child]))
+
+
+def test_the_older_cohort_field_is_read_too(tool):
+    assert tool.cohort_of(cluster_queue(cohort="legacy")) == "legacy"
+    assert tool.cohort_of(cluster_queue(cohortName="shared")) == "shared"
+
+
+
+# ---------------------------------------------------------------- Kueue as Kueue does it: cohorts, holds, failures
+
+def test_a_cluster_queue_that_borrows_from_its_cohort_is_accepted_and_the_batch_runs(make_cluster, run_tool,
+                                                                                      tmp_path):
+    # 1 CPU of its own, 20 episodes of 100m at once: only with the cohort's lending (kueue.x-k8s.io/v1beta2 cohortName)
+    cluster = make_cluster(kueue(clusterQueues=[
+        {"name": "team", "nominalQuota": {"cpu": "1", "memory": "4Gi"}, "cohortName": "shared"},
+        {"name": "lender", "nominalQuota": {"cpu": "8", "memory": "16Gi"}, "cohortName": "shared"}]))
+    done = run_tool("run", "--no-runtime-class", "--count", "20", "--queue", "team", "--cluster-queue", "team",
+                    "--output", "out", cluster=cluster)
+    assert done.code == 0, done
+    assert read(tmp_path / "out" / "run.json")["queue"]["cluster_queue_state"] == "active, fits with its cohort's lending"
+    assert read(tmp_path / "out" / "results.json")["reward_sum"] == 20
+
+
+def test_a_cohort_whose_members_cannot_be_read_skips_the_fit_check_and_says_so(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster(dict(kueue(clusterQueues=[
+        {"name": "team", "nominalQuota": {"cpu": "200m", "memory": "4Gi"}, "cohortName": "shared"},
+        {"name": "lender", "nominalQuota": {"cpu": "8", "memory": "16Gi"}, "cohortName": "shared"}]),
+        forbid=[{"verb": "list", "resource": "clusterqueues"}]))
+    done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "team")
+    assert done.code == 0, done
+    assert ("ClusterQueue team borrows from cohort shared, whose other ClusterQueues cannot be read (forbidden): "
+            "whether the batch can ever fit was not checked") in done.stderr
+
+
+def test_a_batch_that_fits_only_the_sum_of_two_flavors_is_refused_before_anything_is_created(make_cluster, run_tool,
+                                                                                             tmp_path):
+    groups = [{"coveredResources": ["cpu", "memory"], "flavors": [
+        {"name": "spot", "resources": [{"name": "cpu", "nominalQuota": "1"}, {"name": "memory", "nominalQuota": "8Gi"}]},
+        {"name": "on-demand", "resources": [{"name": "cpu", "nominalQuota": "1"},
+                                            {"name": "memory", "nominalQuota": "8Gi"}]}]}]
+    cluster = make_cluster(kueue(clusterQueues=[{"name": "team", "resourceGroups": groups}]))
+    done = run_tool("run", "--no-runtime-class", "--count", "15", "--queue", "team", "--cluster-queue", "team",
+                    "--output", "out", cluster=cluster)
+    assert done.code == 1, done
+    assert "flavor spot: cpu 1500m > 1000m; flavor on-demand: cpu 1500m > 1000m" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_queued_batch_whose_episodes_all_fail_fails_at_once_as_unqueued(make_cluster, run_tool, tmp_path):
+    image = tmp_path / "image-broken"
+    image.write_text("#!/bin/sh\nexit 1\n")
+    image.chmod(0o755)
+    cluster = make_cluster(dict(kueue(), images={"broken:1": {"python": str(image)}}))
+    started = time.monotonic()
+    done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "team", "--image", "broken:1")
+    assert done.code == 4, done
+    assert "Job rollout failed (BackoffLimitExceeded: Job has reached the specified backoff limit)" in done.stderr
+    assert time.monotonic() - started < 60  # not the Job's 240 s deadline
+    assert len(read(tmp_path / "out" / "pods.json")) == 4  # no replacement waves: backoffLimit 0, as unqueued
+
+
+def test_a_held_cluster_queue_is_waited_for_and_the_batch_runs_once_it_is_resumed(make_cluster, run_tool, tmp_path):
+    # stopPolicy Hold, resumed by its administrator 3 s after the Job is created
+    cluster = make_cluster(kueue(clusterQueues=[dict(TEAM, stopPolicy="Hold", resumeAfterJobCreatedSeconds=3)]))
+    done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "team")
+    assert done.code == 0, done
+    assert "ClusterQueue team is held (stopPolicy Hold): the batch will wait until it is resumed" in done.stderr
+    assert "rollout: held: Inadmissible: ClusterQueue team is stopped; waiting for the queue to be resumed" in done.stderr
+    results = read(tmp_path / "out" / "results.json")
+    assert results["reward_sum"] == 4 and results["queue"]["queued_seconds"] >= 2
+
+
+def test_a_pod_created_in_the_second_of_the_readmission_is_told_apart_by_when_the_watch_saw_it(tool):
+    # Evicted and re-admitted within one second (1004): pods of both cycles have creationTimestamp 1004.
+    record = {"cycles": [
+        {"admitted_at": 1001.2, "admitted_at_server": 1001.0, "admitted_source": "watch arrival (client clock)",
+         "queued_since": 1000.4, "evicted_at": 1004.3, "evicted_reason": "Preempted"},
+        {"admitted_at": 1004.6, "admitted_at_server": 1004.0, "admitted_source": "watch arrival (client clock)",
+         "queued_since": 1004.5, "queued_source": "Requeued=True as the watch delivered it (client clock)"}]}
+
+    def pod(name, phase, deleted=False):
+        meta = {"name": name, "creationTimestamp": "1970-01-01T00:16:44Z"}
+        if deleted:
+            meta["deletionTimestamp"] = "1970-01-01T00:16:44Z"
+        return {"metadata": meta, "status": {"phase": phase}}
+
+    pods = [pod("old-running", "Failed", deleted=True), pod("old-done", "Succeeded"), pod("new", "Succeeded")]
+    observed = {"old-running": {"first_seen": 1004.1}, "old-done": {"first_seen": 1004.05},
+                "new": {"first_seen": 1004.8}}
+    gate = tool.SavedAdmission(record)
+    kept, _ = gate.results_pods(pods, [""] * 3, 2, False, observed)
+    # the preempted pod is never a result; one that succeeded before the eviction was counted by the Job
+    assert [p["metadata"]["name"] for p in kept] == ["old-done", "new"]
+    assert [p["metadata"]["name"] for p in gate.earlier] == ["old-running"]

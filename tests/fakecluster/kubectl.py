@@ -52,17 +52,19 @@ CRD_ALIASES = {
     "workload": "workloads", "workloads": "workloads", "kwl": "workloads", "workloads.kueue.x-k8s.io": "workloads",
     "resourceflavor": "resourceflavors", "resourceflavors": "resourceflavors", "rf": "resourceflavors",
     "resourceflavors.kueue.x-k8s.io": "resourceflavors",
+    "cohort": "cohorts", "cohorts": "cohorts", "cohorts.kueue.x-k8s.io": "cohorts",
 }
 CRD_GROUPS = {"sandboxes": "agents.x-k8s.io", "sandboxtemplates": "extensions.agents.x-k8s.io",
               "sandboxclaims": "extensions.agents.x-k8s.io", "sandboxwarmpools": "extensions.agents.x-k8s.io",
               "localqueues": "kueue.x-k8s.io", "clusterqueues": "kueue.x-k8s.io", "workloads": "kueue.x-k8s.io",
-              "resourceflavors": "kueue.x-k8s.io"}
+              "resourceflavors": "kueue.x-k8s.io", "cohorts": "kueue.x-k8s.io"}
 KIND_TO_RESOURCE = {"Namespace": "namespaces", "Pod": "pods", "Job": "jobs", "ConfigMap": "configmaps",
                     "Event": "events", "RuntimeClass": "runtimeclasses", "Node": "nodes",
                     "NetworkPolicy": "networkpolicies", "Deployment": "deployments", "Sandbox": "sandboxes",
                     "SandboxTemplate": "sandboxtemplates", "SandboxClaim": "sandboxclaims",
                     "SandboxWarmPool": "sandboxwarmpools", "LocalQueue": "localqueues",
-                    "ClusterQueue": "clusterqueues", "Workload": "workloads", "ResourceFlavor": "resourceflavors"}
+                    "ClusterQueue": "clusterqueues", "Workload": "workloads", "ResourceFlavor": "resourceflavors",
+                    "Cohort": "cohorts"}
 GROUP = {"jobs": ".batch", "runtimeclasses": ".node.k8s.io", "networkpolicies": ".networking.k8s.io",
          "deployments": ".apps", **{resource: "." + group for resource, group in CRD_GROUPS.items()}}
 SINGULAR = {"namespaces": "namespace", "pods": "pod", "jobs": "job", "configmaps": "configmap",
@@ -70,7 +72,7 @@ SINGULAR = {"namespaces": "namespace", "pods": "pod", "jobs": "job", "configmaps
             "networkpolicies": "networkpolicy", "deployments": "deployment", "sandboxes": "sandbox",
             "sandboxtemplates": "sandboxtemplate", "sandboxclaims": "sandboxclaim",
             "sandboxwarmpools": "sandboxwarmpool", "localqueues": "localqueue", "clusterqueues": "clusterqueue",
-            "workloads": "workload", "resourceflavors": "resourceflavor"}
+            "workloads": "workload", "resourceflavors": "resourceflavor", "cohorts": "cohort"}
 CLUSTER_SCOPED = ("namespaces", "nodes", "runtimeclasses", "clusterqueues", "resourceflavors", "cohorts")
 VALUE_FLAGS = {"-n", "--namespace", "--context", "--request-timeout", "-o", "--output", "-l",
                "--selector", "-f", "--filename", "-c", "--container", "--cascade", "--wait",

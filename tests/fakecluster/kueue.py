@@ -5,7 +5,11 @@ ASSUMPTIONS.md, "Kueue").
 
 Installed only when cluster.json has "kueue": {"version": "v0.19.2", "clusterQueues": [...]}:
   clusterQueues   [{"name": "team", "nominalQuota": {"cpu": "2", "memory": "4Gi"},
-                    "stopPolicy": "None"}], each with one flavor "default-flavor"
+                    "stopPolicy": "None"}], each with one flavor "default-flavor"; or with
+                  "resourceGroups" as the API has them (several flavors, borrowingLimit,
+                  lendingLimit), "cohortName", and "resumeAfterJobCreatedSeconds": N (a stopped
+                  queue resumed by its administrator N s after the cluster's first Job)
+  cohorts         [{"name": "shared", "parentName": ..., "resourceGroups": [...]}]: Cohort objects
   localQueues     [{"namespace": "ns", "name": "team", "clusterQueue": "team"}]
   newNamespaceLocalQueue  {"name": "team", "clusterQueue": "team", "delaySeconds": 0.5}: a
                   namespace policy (as Kyverno's generate rules do) that puts this LocalQueue
@@ -35,6 +39,7 @@ RESOURCES = {
     "clusterqueues": (GROUP, "ClusterQueue", False, ".kueue.x-k8s.io"),
     "localqueues": (GROUP, "LocalQueue", True, ".kueue.x-k8s.io"),
     "workloads": (GROUP, "Workload", True, ".kueue.x-k8s.io"),
+    "cohorts": (GROUP, "Cohort", False, ".kueue.x-k8s.io"),
 }
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
@@ -115,17 +120,27 @@ class Kueue:
 
     def seed(self, new_metadata):
         c = self.cluster
-        c.put("resourceflavors", {"apiVersion": GROUP, "kind": "ResourceFlavor",
-                                  "metadata": dict(new_metadata({"name": FLAVOR}, ""), generation=1), "spec": {}})
+        flavors = {FLAVOR}
         for queue in self.config.get("clusterQueues", []):
             resources = sorted(queue.get("nominalQuota", {}))
-            c.put("clusterqueues", {
-                "apiVersion": GROUP, "kind": "ClusterQueue",
-                "metadata": dict(new_metadata({"name": queue["name"]}, ""), generation=1),
-                "spec": {"namespaceSelector": {}, "queueingStrategy": "BestEffortFIFO",
-                         "stopPolicy": queue.get("stopPolicy", "None"),
-                         "resourceGroups": [{"coveredResources": resources, "flavors": [{"name": FLAVOR, "resources": [
-                             {"name": name, "nominalQuota": queue["nominalQuota"][name]} for name in resources]}]}]}})
+            groups = queue.get("resourceGroups") or [{"coveredResources": resources, "flavors": [{
+                "name": FLAVOR, "resources": [{"name": name, "nominalQuota": queue["nominalQuota"][name]}
+                                              for name in resources]}]}]
+            flavors |= {flavor["name"] for group in groups for flavor in group["flavors"]}
+            spec = {"namespaceSelector": {}, "queueingStrategy": "BestEffortFIFO",
+                    "stopPolicy": queue.get("stopPolicy", "None"), "resourceGroups": groups}
+            if queue.get("cohortName"):
+                spec["cohortName"] = queue["cohortName"]
+            c.put("clusterqueues", {"apiVersion": GROUP, "kind": "ClusterQueue",
+                                    "metadata": dict(new_metadata({"name": queue["name"]}, ""), generation=1),
+                                    "spec": spec})
+        for name in sorted(flavors):
+            c.put("resourceflavors", {"apiVersion": GROUP, "kind": "ResourceFlavor",
+                                      "metadata": dict(new_metadata({"name": name}, ""), generation=1), "spec": {}})
+        for cohort in self.config.get("cohorts", []):
+            c.put("cohorts", {"apiVersion": GROUP, "kind": "Cohort",
+                              "metadata": dict(new_metadata({"name": cohort["name"]}, ""), generation=1),
+                              "spec": {key: cohort[key] for key in ("parentName", "resourceGroups") if key in cohort}})
         for queue in self.config.get("localQueues", []):
             self.make_local_queue(queue["namespace"], queue["name"], queue["clusterQueue"], new_metadata)
 
@@ -145,6 +160,7 @@ class Kueue:
         if self.uninstall():
             return
         self.namespace_policy()
+        self.resume_queues()
         self.queue_status()
         self.job_reconciler()
         self.requeue_backoff()
@@ -181,6 +197,20 @@ class Kueue:
                 continue
             if time.time() - born >= policy.get("delaySeconds", 0.5):
                 self.make_local_queue(name, policy["name"], policy["clusterQueue"], c.new_metadata)
+
+    def resume_queues(self):
+        """An administrator resumes a stopped ClusterQueue (`stopPolicy: None`, a spec change:
+        generation + 1) resumeAfterJobCreatedSeconds after the cluster's first Job."""
+        c = self.cluster
+        for queue in self.config.get("clusterQueues", []):
+            after = queue.get("resumeAfterJobCreatedSeconds")
+            if after is None or c.first_job_at is None or time.time() < c.first_job_at + after:
+                continue
+            cq = c.get("clusterqueues", "", queue["name"])
+            if cq is not None and cq["spec"].get("stopPolicy", "None") != "None":
+                cq["spec"]["stopPolicy"] = "None"
+                cq["metadata"]["generation"] += 1
+                c.put("clusterqueues", cq)
 
     def queue_status(self):
         c = self.cluster
@@ -289,13 +319,16 @@ class Kueue:
         return {name: amount * podset["count"] for name, amount in total.items()}
 
     def usage(self, cq_name):
+        """{(flavor, resource): amount} the ClusterQueue's admitted, unfinished Workloads hold."""
         used = {}
         for workload in self.cluster.items("workloads"):
             admission = (workload.get("status") or {}).get("admission")
             if admission and admission.get("clusterQueue") == cq_name and \
                     condition(workload, "Finished").get("status") != "True":
-                for name, value in admission["podSetAssignments"][0]["resourceUsage"].items():
-                    used[name] = used.get(name, 0.0) + parse_quantity(value)
+                assignment = admission["podSetAssignments"][0]
+                for name, value in assignment["resourceUsage"].items():
+                    key = (assignment.get("flavors", {}).get(name, FLAVOR), name)
+                    used[key] = used.get(key, 0.0) + parse_quantity(value)
         return used
 
     def scheduler(self):
@@ -323,22 +356,94 @@ class Kueue:
             else:
                 self.try_admit(workload, cq)
 
+    def cohort_root(self, name):
+        """The root of a cohort's tree (Cohort objects' parentName; a name without an object is a root)."""
+        seen = set()
+        while name not in seen:
+            seen.add(name)
+            cohort = self.cluster.get("cohorts", "", name)
+            parent = (cohort or {}).get("spec", {}).get("parentName")
+            if not parent:
+                return name
+            name = parent
+        return name
+
+    def capacity(self, cq):
+        """{(flavor, resource): (most the ClusterQueue can ever use, what it can use now)}: its
+        nominal quota plus, in a cohort, what the cohort's tree can lend it (every other member's
+        nominal quota less what its lendingLimit keeps back, and the Cohort objects' own quota),
+        within its borrowingLimit; now, less what the cohort already uses beyond what others
+        keep for themselves (a flattened model of Kueue's hierarchical cohorts)."""
+        c, name = self.cluster, cq["metadata"]["name"]
+        table = {}
+
+        def quotas(obj):
+            for group in obj.get("spec", {}).get("resourceGroups") or []:
+                for flavor in group.get("flavors") or []:
+                    for r in flavor.get("resources") or []:
+                        yield (flavor["name"], r["name"]), r
+
+        root = self.cohort_root(cq["spec"]["cohortName"]) if cq["spec"].get("cohortName") else None
+        members = [other for other in c.items("clusterqueues") if root is not None and other["spec"].get(
+            "cohortName") and self.cohort_root(other["spec"]["cohortName"]) == root]
+        for key, r in quotas(cq):
+            nominal, used = parse_quantity(r["nominalQuota"]), self.usage(name).get(key, 0.0)
+            if root is None:
+                table[key] = (nominal, nominal - used)
+                continue
+            lendable, cohort_used_beyond = 0.0, 0.0
+            for other in members:
+                if other["metadata"]["name"] == name:
+                    continue
+                for other_key, other_r in quotas(other):
+                    if other_key != key:
+                        continue
+                    other_nominal = parse_quantity(other_r["nominalQuota"])
+                    kept = other_nominal - parse_quantity(other_r["lendingLimit"]) if "lendingLimit" in other_r else 0.0
+                    lendable += other_nominal - kept
+                    other_used = self.usage(other["metadata"]["name"]).get(key, 0.0)
+                    cohort_used_beyond += max(0.0, other_used - kept)
+            for cohort in c.items("cohorts"):
+                if self.cohort_root(cohort["metadata"]["name"]) == root:
+                    lendable += sum(parse_quantity(q["nominalQuota"]) for k, q in quotas(cohort) if k == key)
+            borrow = parse_quantity(r["borrowingLimit"]) if "borrowingLimit" in r else float("inf")
+            most = nominal + min(borrow, lendable)
+            table[key] = (most, min(most - used, nominal - used + lendable - cohort_used_beyond))
+        return table
+
     def try_admit(self, workload, cq):
-        quota = {r["name"]: parse_quantity(r["nominalQuota"])
-                 for r in cq["spec"]["resourceGroups"][0]["flavors"][0]["resources"]}
-        demand, used = self.demand(workload), self.usage(cq["metadata"]["name"])
-        reasons = []
+        """flavorassigner.go: per resource group, the first flavor (in order) that fits every
+        resource of the group the pod set asks for; a group's resources are never split across
+        flavors."""
+        demand, table = self.demand(workload), self.capacity(cq)
+        reasons, assigned = [], {}
+        covered = {r: group for group in cq["spec"]["resourceGroups"] for r in group["coveredResources"]}
         for name in sorted(demand):
-            if name not in quota:
+            if name not in covered:
                 reasons.append("resource %s unavailable in ClusterQueue" % name)
-            elif demand[name] > quota[name] + 1e-9:
-                reasons.append("insufficient quota for %s in flavor %s, previously considered podsets requests (%s) + "
-                               "current podset request (%s) > maximum capacity (%s)" % (
-                                   name, FLAVOR, quantity(name, 0), quantity(name, demand[name]),
-                                   quantity(name, quota[name])))
-            elif used.get(name, 0.0) + demand[name] > quota[name] + 1e-9:
-                reasons.append("insufficient unused quota for %s in flavor %s, %s more needed" % (
-                    name, FLAVOR, quantity(name, used.get(name, 0.0) + demand[name] - quota[name])))
+        for group in cq["spec"]["resourceGroups"]:
+            wanted = sorted(r for r in group["coveredResources"] if demand.get(r))
+            if not wanted:
+                continue
+            group_reasons = []
+            for flavor in group["flavors"]:
+                short = []
+                for name in wanted:
+                    most, now = table.get((flavor["name"], name), (0.0, 0.0))
+                    if demand[name] > most + 1e-9:
+                        short.append("insufficient quota for %s in flavor %s, previously considered podsets requests "
+                                     "(%s) + current podset request (%s) > maximum capacity (%s)" % (
+                                         name, flavor["name"], quantity(name, 0), quantity(name, demand[name]),
+                                         quantity(name, most)))
+                    elif demand[name] > now + 1e-9:
+                        short.append("insufficient unused quota for %s in flavor %s, %s more needed" % (
+                            name, flavor["name"], quantity(name, demand[name] - now)))
+                if not short:
+                    assigned.update({name: flavor["name"] for name in wanted})
+                    group_reasons = []
+                    break
+                group_reasons += short
+            reasons += group_reasons
         if reasons:
             self.not_admitted(workload, "Pending", "couldn't assign flavors to pod set main: " + ", ".join(reasons))
             return
@@ -347,7 +452,7 @@ class Kueue:
         previously = condition(workload, "Evicted")
         workload["status"]["admission"] = {"clusterQueue": cq["metadata"]["name"], "podSetAssignments": [{
             "name": "main", "count": workload["spec"]["podSets"][0]["count"],
-            "flavors": {name: FLAVOR for name in sorted(demand)},
+            "flavors": {name: assigned.get(name, FLAVOR) for name in sorted(demand)},
             "resourceUsage": {name: quantity(name, amount) for name, amount in sorted(demand.items())}}]}
         set_condition(workload, "QuotaReserved", "True", "QuotaReserved",
                       "Quota reserved in ClusterQueue %s" % cq["metadata"]["name"], now)
