@@ -371,6 +371,9 @@ class Kubectl:
             finally:
                 self.running.discard(process)
         except FileNotFoundError:
+            if os.sep in program:  # a path, from KUBECTL: not looked up on PATH
+                raise DemoError("KUBECTL is set to %r, which does not exist; set it to the kubectl program, or unset "
+                                "it to use kubectl from PATH" % program) from None
             raise DemoError("kubectl not found (looked for %r on PATH); install kubectl or set "
                             "KUBECTL to its path" % program) from None
         except PermissionError:
@@ -973,7 +976,7 @@ EPISODE_PHASES = ("module_import", "import_done_to_ready", "ready_to_reward")
 # when the sandbox-ready time is unknown (POD_SCHEME's timeline_fallbacks).
 TIMELINE_COLOURS = {
     "scheduling": "#bdbdbd", "sandbox_start": "#8e6bbf", "container_start": "#4c72b0",
-    "scheduled_to_container_started": "#6a8fcf", "interpreter_start": "#dd8452", "module_import": "#c44e52",
+    "scheduled_to_container_started": "#76b7b2", "interpreter_start": "#dd8452", "module_import": "#c44e52",
     "import_done_to_ready": "#937860", "ready_to_reward": "#55a868", "reward_to_container_finished": "#8c8c8c",
 }
 
@@ -1817,7 +1820,8 @@ def format_seconds(value, whole_seconds=False):
     if value is None:
         return "n/a"
     if whole_seconds:
-        return ("%.1f" % value).rstrip("0").rstrip(".").replace("-0", "0") + " s"
+        text = ("%.1f" % value).rstrip("0").rstrip(".")
+        return ("0" if text in ("0", "-0") else text) + " s"  # the sign kept: -0.3 s is not 0.3 s
     return "%.1f ms" % (value * 1000) if abs(value) < 1 else "%.2f s" % value
 
 
@@ -1858,7 +1862,8 @@ def report_table(columns):
                 ratios.append(None)
             else:
                 per_round, base_rounds = batch_values(results, key), batch_values(columns[0][1], key)
-                values.append(" / ".join(format_seconds(v) for v in per_round) if per_round else None)
+                whole = key.startswith("queue.") and KueueGate.from_api_seconds(results)
+                values.append(" / ".join(format_seconds(v, whole) for v in per_round) if per_round else None)
                 ratios.append(statistics.fmean(per_round) / statistics.fmean(base_rounds)
                               if per_round and base_rounds and statistics.fmean(base_rounds) else None)
         if any(value is not None for value in values):
@@ -1870,6 +1875,9 @@ def batch_values(results, key):
     """A batch time for each round (one value for a single-round run); None values dropped."""
     values = [lookup(r, key) for r in results["rounds"]] if "rounds" in results else [lookup(results, key)]
     return [value for value in values if value is not None]
+
+
+BATCH_ROW_PREFIXES = ("batch ", "client ")  # rows whose values list one figure per round
 
 
 def report_markdown(table):
@@ -1885,15 +1893,20 @@ def report_markdown(table):
         marker = " *" if row["whole_second_resolution"] else ""
         lines.append("| %s%s | %s |" % (row["measure"], marker, " | ".join(cells)))
     lines.append("")
+    if len(table["columns"]) > 1 and any(any(row["ratios"][1:]) for row in table["rows"]):
+        lines.append("(1.50x): the column's figure divided by the first column's (%s); above 1 is slower, below 1 "
+                     "faster." % table["columns"][0])
     if any(row["whole_second_resolution"] for row in table["rows"]):
         lines.append("\\* uses Kubernetes timestamps (whole seconds, another clock than the episode's): read to "
                      "about one second; small or negative values are within that resolution.")
-    lines.append("Batch times of several rounds are listed per round; their ratio compares the means.")
+    if any(" / " in (value or "") for row in table["rows"] if row["measure"].startswith(BATCH_ROW_PREFIXES)
+           for value in row["values"]):
+        lines.append("Batch times of several rounds are listed per round; their ratio compares the means.")
     return "\n".join(lines) + "\n"
 
 
 QUEUED_COLOUR = "#f2c14e"
-DRAINING_COLOUR = "#b07aa1"  # an evicted cycle's pods terminating before Kueue requeues it
+DRAINING_COLOUR = "#d37295"  # an evicted cycle's pods terminating before Kueue requeues it
 
 
 def batch_origin(results):
@@ -1906,11 +1919,21 @@ def batch_origin(results):
     return min(row["times"][scheme.created_point] for row in results["pods"])
 
 
+def timeline_legend(results_list):
+    """{label: colour} of everything the runs' timelines draw (queue spans, each scheme's phases)."""
+    legend = dict(KueueGate.timeline_legend(results_list))
+    for results in results_list:
+        scheme = backend_of(results).scheme
+        for phase, colour in scheme.timeline_colours.items():
+            legend.setdefault(scheme.phases[phase][2], colour)
+    return legend
+
+
 def timeline_svg(runs):
     """One SVG stacking each run: a row per episode in creation order, a segment per phase,
     x in seconds since the run's batch was created. runs: [(label, results)]."""
     from xml.sax.saxutils import escape
-    width, left, right = 1000, 10, 10
+    width, left, right = 1000, 40, 10  # the left margin holds the episode numbers
     plot = width - left - right
     spans = []
     for _, results in runs:
@@ -1927,17 +1950,23 @@ def timeline_svg(runs):
         scheme = backend.scheme
         rows = sorted(results["pods"], key=lambda row: (row["times"].get(scheme.created_point), row[scheme.row_key]))
         height = max(2, min(14, 600 // max(1, len(rows))))
-        title = "%s: %d episodes, parallelism %s, runtime %s, %s" % (
-            label, results["episodes"], results["parallelism"], results["runtime"], backend.timeline_where(results))
-        parts.append('<text x="%d" y="%d" font-size="13" font-weight="bold">%s</text>' % (left, y + 12, escape(title)))
+        title = "%s: %d episodes, parallelism %s, %s, %s" % (
+            label, results["episodes"], results["parallelism"],
+            "runtime %s" % results["runtime"] if results["runtime"] else "no RuntimeClass (the nodes' default runtime)",
+            backend.timeline_where(results))
+        parts.append('<text x="%d" y="%d" font-size="13" font-weight="bold">%s</text>' % (10, y + 12, escape(title)))
         y += 22
         spans_drawn = KueueGate.timeline_spans(results, origin, scale, left, y)
         if spans_drawn is not None:
             parts += spans_drawn
             y += 12
         top = y
-        for row in rows:
+        every = max(1, math.ceil(10 / height))  # an episode number every few rows, where rows are thin
+        for number, row in enumerate(rows, 1):
             name = row[scheme.row_key]
+            if number == 1 or number % every == 0:
+                parts.append('<text x="%d" y="%d" font-size="%d" text-anchor="end" fill="#555">%d</text>' % (
+                    left - 4, y + min(height, 10), min(10, max(7, height)), number))
             parts.append('<g class="episode" data-%s="%s"%s>' % (scheme.row_key, escape(name), (
                 ' data-launch-type="%s"' % escape(str(row.get("launch_type"))) if "launch_type" in row else "")))
             times = row["times"]
@@ -1961,17 +1990,13 @@ def timeline_svg(runs):
             ticks.append('<text x="%.2f" y="%d" font-size="10" text-anchor="middle">%g</text>' % (x, y + 12, index * step))
         parts.extend(ticks)
         parts.append('<text x="%d" y="%d" font-size="10">seconds since the %s was created (API times are whole '
-                     'seconds)</text>' % (left, y + 26, backend.timeline_origin))
+                     'seconds); rows: episodes in creation order, numbered on the left</text>'
+                     % (left, y + 26, backend.timeline_origin))
         y += 40
-    legend = {}
-    legend.update(KueueGate.timeline_legend([results for _, results in runs]))
-    for _, results in runs:
-        scheme = backend_of(results).scheme
-        for phase, colour in scheme.timeline_colours.items():
-            legend.setdefault(scheme.phases[phase][2], colour)
+    legend = timeline_legend([results for _, results in runs])
     for index, (text, colour) in enumerate(legend.items()):
         column, line = index % 3, index // 3
-        x, ly = left + column * 330, y + line * 16
+        x, ly = 10 + column * 330, y + line * 16
         parts.append('<rect x="%d" y="%d" width="12" height="10" fill="%s"/>' % (x, ly, colour))
         parts.append('<text x="%d" y="%d" font-size="11">%s</text>' % (x + 16, ly + 9, escape(text)))
     y += 16 * math.ceil(len(legend) / 3) + 10
@@ -2094,7 +2119,7 @@ class Run:
         episode needs, each created as this run's own."""
         self.receipt["uid"] = self.cluster.create_owned(namespace_obj, self.run_id)["metadata"]["uid"]
         self.save_receipt()
-        self.console.say("Test namespace:", self.namespace)
+        self.console.note("namespace: %s" % self.namespace)  # stdout carries JSON only
         for obj in supporting:
             self.cluster.create_owned(obj, self.run_id)
 
@@ -2114,6 +2139,7 @@ class Backend:
     takes_queue = False  # --queue: the Kueue gate can admit its batch
     own_flags = ()  # (flag, RunSpec field): options only this backend takes
     batch_origin = "Job was created"  # what its batch times count from, for people
+    startup_label = None  # the human summary's name for the startup metric, when "Pod created -> ready" is wrong
     timeline_origin = "Job"
     REPORT_ROWS = {}  # slot -> [(label, kind, key)]: its rows of the comparison table
 
@@ -2412,8 +2438,9 @@ def human_summary(report, output):
         lines.append("Batch: all ready %s, all rewards %s after the %s." % (
             seconds("batch_to_all_ready_seconds"), seconds("batch_to_all_rewards_seconds"), backend.batch_origin))
     metric = backend.scheme.startup_metric
-    lines.append("%s created -> ready: P50 %s, P95 %s." % (
-        metric.split("_")[0].capitalize(), seconds(metric + "_p50_seconds"), seconds(metric + "_p95_seconds")))
+    lines.append("%s: P50 %s, P95 %s." % (
+        backend.startup_label or "%s created -> ready" % metric.split("_")[0].capitalize(),
+        seconds(metric + "_p50_seconds"), seconds(metric + "_p95_seconds")))
     lines += KueueGate.summary_lines(report) + backend.summary_lines(report)
     lines.append("Results: %s (results.json, timeline.svg, one log per episode)." % (output / "results.json"))
     if backend.uses_cluster:
@@ -3551,13 +3578,20 @@ class KueueGate:
                 "batch_to_all_ready_after_admission_seconds": report.get("batch_to_all_ready_after_admission_seconds")}
 
     @staticmethod
+    def from_api_seconds(results):
+        """Whether the first queue wait was read from two whole-second API timestamps (the watch
+        first saw the Workload already admitted): then it is shown in whole seconds."""
+        cycles = (results.get("queue") or {}).get("cycles") or []
+        return bool(cycles) and cycles[0].get("admitted_source") != "watch arrival (client clock)"
+
+    @staticmethod
     def summary_lines(report):
         if not report.get("queue"):
             return []
         queue = report["queue"]
         queued = queue["queued_seconds"]
         lines = ["Queued %s before Kueue admitted the Job (%d admission cycle(s)); the batch times above include "
-                 "it." % ("n/a" if queued is None else "%.2f s" % queued, queue["admission_cycles"])]
+                 "it." % (format_seconds(queued, KueueGate.from_api_seconds(report)), queue["admission_cycles"])]
         if queue["admission_cycles"] > 1:
             lines.append("After evictions: draining %s (evicted -> requeued), then queued %s in all (requeued -> "
                          "admitted)." % (format_seconds(queue.get("total_draining_seconds")),
@@ -4078,11 +4112,11 @@ WARM_PHASES = {
     "reward_to_exec_finished": ("reward", "exec_finished", "reward -> exec returned"),
     "claim_to_ready": ("claim_created", "ready", "claim created -> ready"),
 }
-WARM_TIMELINE_COLOURS = {  # a claim is drawn like a pod: its own phases, the episode's in the same colours
-    "claim_binding": "#bdbdbd", "bound_to_claim_ready": "#8e6bbf", "claim_ready_to_exec": "#4c72b0",
-    "exec_to_stream_open": "#6a8fcf", "stream_open_to_first_statement": "#dd8452",
-    "exec_to_first_statement": "#dd8452", "module_import": "#c44e52", "import_done_to_ready": "#937860",
-    "ready_to_reward": "#55a868", "reward_to_exec_finished": "#8c8c8c",
+WARM_TIMELINE_COLOURS = {  # a claim's own phases in colours of their own; the episode's as for a pod
+    "claim_binding": "#e5c494", "bound_to_claim_ready": "#b3de69", "claim_ready_to_exec": "#17becf",
+    "exec_to_stream_open": "#9edae5", "stream_open_to_first_statement": "#ff9da7",
+    "exec_to_first_statement": "#d62728", "module_import": "#c44e52", "import_done_to_ready": "#937860",
+    "ready_to_reward": "#55a868", "reward_to_exec_finished": "#5f5f5f",
 }
 
 
@@ -5337,6 +5371,7 @@ class LocalBackend(Backend):
     uses_cluster = False
     api_timestamps = False  # every time comes from this machine's clock, to the microsecond
     batch_origin = "batch started"
+    startup_label = "Episode process launched -> ready"
 
     @classmethod
     def check_options(cls, args, fail):
@@ -5446,6 +5481,8 @@ def read_receipt_file(name):
 
 def cleanup_one(output, console, delete_foreign=False):
     """Delete one run's objects and namespace, after proving each is the one the receipt names."""
+    if not output.is_dir():
+        raise DemoError("no such folder: %s (give the output folder of a run, or --receipt FILE)" % output)
     return cleanup_receipt(read_json(output / "receipt.json", "the receipt"), output / "receipt.json", output,
                            console, delete_foreign)
 
@@ -5523,7 +5560,7 @@ def cleanup_receipt(receipt, source, output, console, delete_foreign=False):
     that the run did not create stop it, unless delete_foreign."""
     backend = backend_named(receipt.get("backend"))
     if not backend.uses_cluster:
-        console.say("Nothing to clean up: %s is a local run (no cluster objects)" % (output or source))
+        console.tell("Nothing to clean up: %s is a local run (no cluster objects)" % (output or source))
         return EXIT_OK
     try:
         cluster = Cluster(Kubectl(console), receipt["context"])
@@ -5536,7 +5573,7 @@ def cleanup_receipt(receipt, source, output, console, delete_foreign=False):
                             source, namespace, NAMESPACE_PREFIX))
     live = cluster.get_json("namespace", namespace)
     if live is None:
-        console.say("Namespace already absent:", namespace)
+        console.tell("The run's namespace is already gone: %s" % namespace)
         return EXIT_OK
     if not receipt.get("uid"):
         raise DemoError("receipt.json has no namespace uid (the run stopped before the namespace's "
@@ -5601,7 +5638,7 @@ def delete_recorded_jobs(cluster, namespace, receipt, output, job_json):
 def wait_for_namespace(cluster, namespace):
     cluster.wait_until_gone("Namespace %s (inspect its finalizers)" % namespace, ("namespace", namespace),
                             CLEANUP_WAIT_SECONDS)
-    cluster.console.say("Deleted test namespace:", namespace)
+    cluster.console.tell("Deleted the run's namespace: %s" % namespace)
     return EXIT_OK
 
 
@@ -5612,6 +5649,9 @@ def cmd_report(args, console):
     columns = []
     for label, folder in zip(labels, args.folders):
         path = Path(folder) / "results.json"
+        if not Path(folder).is_dir():
+            raise DemoError("no such folder: %s (give the output folders of runs, e.g. the --output of `run`)"
+                            % folder)
         if not path.exists():
             raise DemoError("%s has no results.json (the run failed, was interrupted, or is not an output "
                             "folder)" % folder)
@@ -5714,12 +5754,33 @@ def cmd_list(args, console):
 # ============================================================================
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with no abbreviated long flags (a prefix that works today breaks when a new flag
+    makes it ambiguous), and a usage error that points at this command's own --help."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, "%s: error: %s\nsee '%s --help'\n" % (self.prog, message, self.prog))
+
+
+RUN_EXAMPLES = """examples:
+  %(prog)s --count 10 --output kind-10                       one Job, 10 episodes
+  %(prog)s --backend warm-pool --count 20 --output warm-20   a claim per episode from a warm pool
+  %(prog)s --backend local --count 4 --output local-4        local processes, no cluster
+  %(prog)s --count 20 --queue team --cluster-queue team-cq --output queued-20   through Kueue
+  %(prog)s --episode my_episode.py --tasks tasks.jsonl --output mine          your own episodes"""
+
+
 def build_parser():
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog=program_name(),
-        description="Launch a batch of isolated sandbox episodes (one Kubernetes Job) for RL\n"
-                    "rollouts, measure batch readiness and reward latency, verify every episode,\n"
-                    "and clean up only what was created.",
+        description="Launch a batch of isolated sandbox episodes for RL rollouts (one Kubernetes Job, a\n"
+                    "warm pool of agent-sandbox claims, or local processes), measure batch readiness and\n"
+                    "reward latency, verify every episode, and clean up only what was created.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="exit codes:\n"
                "  0    ok\n"
@@ -5730,94 +5791,102 @@ def build_parser():
                "  5    custom episodes: results written, some episodes are infrastructure failures\n"
                "  130  interrupted (Ctrl-C)\n"
                "  143  terminated (SIGTERM)\n\n"
-               "environment: KUBECTL overrides the kubectl program.",
+               "environment: KUBECTL overrides the kubectl program.\n"
+               "Each command has its own help: %s run --help" % program_name(),
     )
     parser.add_argument("--version", action="version", version="%(prog)s " + __version__)
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
     commands.required = True
 
     run = commands.add_parser("run", help="run one batch and write results.json",
-                              description="Run COUNT episodes as one Job and validate them.")
-    run.add_argument("--output", metavar="DIR",
-                     help="new folder for receipt, diagnostics and results (must not exist); "
-                          "required unless --dry-run")
-    run.add_argument("--episode", metavar="FILE.py",
-                     help="run this episode program instead of the built-in shipping task (see the "
-                          "README's episode protocol); episodes are then samples or infrastructure "
-                          "failures, never errors")
-    run.add_argument("--tasks", metavar="FILE.jsonl",
-                     help="with --episode: one JSON task per line; episode i reads task i from "
-                          "$TASK_FILE (COUNT defaults to the number of tasks)")
-    run.add_argument("--retries", type=int, default=0, metavar="N",
-                     help="with --episode: retry an episode that failed for infrastructure reasons up to "
-                          "N times, per episode (default 0)")
-    run.add_argument("--backend", choices=tuple(BACKENDS), default=DEFAULT_BACKEND,
-                     help="%s (default: %s)" % ("; ".join("`%s`: %s" % (name, backend.help)
-                                                          for name, backend in BACKENDS.items()), DEFAULT_BACKEND))
-    for backend in BACKENDS.values():
-        backend.add_arguments(run)
-    run.add_argument("--count", type=int,
-                     help="episodes in the batch, 1..%d, or up to %d with --allow-large (default %d, or "
-                          "the number of --tasks)" % (MAX_COUNT, MAX_LARGE_COUNT, DEFAULT_COUNT))
-    run.add_argument("--allow-large", action="store_true",
-                     help="lift the demo's bound of %d episodes to %d" % (MAX_COUNT, MAX_LARGE_COUNT))
-    run.add_argument("--parallelism", type=int,
-                     help="episodes running at once, 1..COUNT (default: COUNT)")
-    run.add_argument("--rounds", type=int, default=1, metavar="R",
-                     help="run the batch R times in sequence, each in round-N/; percentiles pool the "
-                          "rounds (default 1)")
-    run.add_argument("--prewarm", action="store_true",
-                     help="first run one warm-up episode pinned to each usable node (kept in prewarm/, "
-                          "excluded from the figures)")
-    run.add_argument("--image",
-                     help="image with `python` (3.9+) runnable as UID/GID 1000 (default %s)"
-                          % DEFAULT_IMAGE)
-    runtime = run.add_mutually_exclusive_group()
+                              formatter_class=argparse.RawDescriptionHelpFormatter, epilog=RUN_EXAMPLES,
+                              description="Run COUNT episodes (a Job, a warm pool, or local processes), validate\n"
+                                          "every one, and write results.json to a new output folder.")
+    output = run.add_argument_group("output and safety (--output is required unless --dry-run)")
+    output.add_argument("--output", metavar="DIR",
+                        help="new folder for receipt, diagnostics and results (must not exist)")
+    output.add_argument("--dry-run", action="store_true",
+                        help="print the objects a run would create (JSON for `kubectl create -f -`); "
+                             "touch neither the cluster nor the output folder")
+    output.add_argument("--force", action="store_true",
+                        help="submit even when the preflight finds no node that can run an episode pod")
+    output.add_argument("--quiet", action="store_true",
+                        help="no progress or notes on stderr (errors and warnings still print)")
+    batch = run.add_argument_group("the batch")
+    batch.add_argument("--count", type=int,
+                       help="episodes in the batch, 1..%d, or up to %d with --allow-large (default %d, or "
+                            "the number of --tasks)" % (MAX_COUNT, MAX_LARGE_COUNT, DEFAULT_COUNT))
+    batch.add_argument("--backend", choices=tuple(BACKENDS), default=DEFAULT_BACKEND,
+                       help="%s (default: %s)" % ("; ".join("`%s`: %s" % (name, backend.help)
+                                                            for name, backend in BACKENDS.items()), DEFAULT_BACKEND))
+    batch.add_argument("--parallelism", type=int,
+                       help="episodes running at once, 1..COUNT (default: COUNT)")
+    batch.add_argument("--allow-large", action="store_true",
+                       help="lift the demo's bound of %d episodes to %d" % (MAX_COUNT, MAX_LARGE_COUNT))
+    batch.add_argument("--rounds", type=int, default=1, metavar="R",
+                       help="run the batch R times in sequence, each in round-N/; percentiles pool the "
+                            "rounds (default 1)")
+    batch.add_argument("--prewarm", action="store_true",
+                       help="first run one warm-up episode pinned to each usable node (kept in prewarm/, "
+                            "excluded from the figures)")
+    batch.add_argument("--timeout", type=int, metavar="SECONDS",
+                       help="the Job's activeDeadlineSeconds; the client waits this plus %d s (default: "
+                            "240, plus 30 per further wave of PARALLELISM episodes, plus 1 per 10 "
+                            "episodes beyond 20)" % CLIENT_GRACE_SECONDS)
+    cluster = run.add_argument_group("the cluster")
+    cluster.add_argument("--context", metavar="NAME",
+                         help="kubectl context (default: kubectl's current context)")
+    cluster.add_argument("--image",
+                         help="image with `python` (3.9+) runnable as UID/GID 1000 (default %s)" % DEFAULT_IMAGE)
+    runtime = cluster.add_mutually_exclusive_group()
     runtime.add_argument("--runtime", metavar="NAME",
                          help="RuntimeClass of the sandboxes (default %s)" % DEFAULT_RUNTIME)
     runtime.add_argument("--no-runtime-class", action="store_true",
                          help="set no RuntimeClass: pods use the nodes' default runtime (e.g. "
                               "runc on a kind cluster); results.json records runtime null")
-    run.add_argument("--timeout", type=int, metavar="SECONDS",
-                     help="the Job's activeDeadlineSeconds; the client waits this plus %d s (default: "
-                          "240, plus 30 per further wave of PARALLELISM episodes, plus 1 per 10 "
-                          "episodes beyond 20)" % CLIENT_GRACE_SECONDS)
-    run.add_argument("--network", choices=("default", "none"), default="default",
-                     help="`none`: a default-deny NetworkPolicy (ingress and egress) in the run's "
-                          "namespace; needs a CNI that enforces NetworkPolicies (default: default)")
-    KueueGate.add_arguments(run)
-    run.add_argument("--dry-run", action="store_true",
-                     help="print the objects a run would create (JSON for `kubectl create -f -`); "
-                          "touch neither the cluster nor the output folder")
-    run.add_argument("--force", action="store_true",
-                     help="submit even when the preflight finds no node that can run an episode pod")
-    run.add_argument("--quiet", action="store_true",
-                     help="no progress or notes on stderr (errors and warnings still print)")
-    run.add_argument("--context", metavar="NAME",
-                     help="kubectl context (default: kubectl's current context)")
+    cluster.add_argument("--network", choices=("default", "none"), default="default",
+                         help="`none`: a default-deny NetworkPolicy (ingress and egress) in the run's "
+                              "namespace; needs a CNI that enforces NetworkPolicies (default: default)")
+    episodes = run.add_argument_group("your own episodes")
+    episodes.add_argument("--episode", metavar="FILE.py",
+                          help="run this episode program instead of the built-in shipping task (see the "
+                               "README's episode protocol); episodes are then samples or infrastructure "
+                               "failures, never errors")
+    episodes.add_argument("--tasks", metavar="FILE.jsonl",
+                          help="with --episode: one JSON task per line; episode i reads task i from "
+                               "$TASK_FILE (COUNT defaults to the number of tasks)")
+    episodes.add_argument("--retries", type=int, default=0, metavar="N",
+                          help="with --episode: retry an episode that failed for infrastructure reasons up to "
+                               "N times, per episode (default 0)")
+    for backend in BACKENDS.values():
+        if backend.own_flags:
+            backend.add_arguments(run.add_argument_group("%s backend" % backend.name))
+    KueueGate.add_arguments(run.add_argument_group("queue (Kueue, Job backend)"))
     run.set_defaults(subparser=run)
 
     cleanup = commands.add_parser("cleanup", help="delete what one run created, after checking "
-                                                  "ownership against its receipt.json")
-    which = cleanup.add_mutually_exclusive_group(required=True)
-    which.add_argument("--output", metavar="DIR", nargs="+",
-                       help="the run's output folder (its receipt.json names the context); "
-                            "several folders are cleaned up in turn")
-    which.add_argument("--receipt", metavar="FILE",
-                       help="a receipt on its own (`-`: from stdin), e.g. the one a run prints when its "
-                            "output folder failed")
+                                                  "ownership against its receipt.json",
+                                  description="Delete what each run created, after checking ownership against "
+                                              "its receipt.json.")
+    cleanup.add_argument("folders", nargs="*", metavar="DIR", help="the runs' output folders (as for report)")
+    cleanup.add_argument("--output", metavar="DIR", nargs="+", help="the same as DIR (kept for scripts)")
+    cleanup.add_argument("--receipt", metavar="FILE",
+                         help="a receipt on its own (`-`: from stdin), e.g. the one a run prints when its "
+                              "output folder failed")
     cleanup.add_argument("--delete-foreign", action="store_true",
                          help="also delete objects in the run's namespace that the run did not create "
                               "(without it, cleanup names them and refuses)")
+    cleanup.set_defaults(subparser=cleanup)
 
     report = commands.add_parser("report", help="compare saved runs side by side (no cluster needed)",
-                                 description="Print the tutorial's comparison table for saved output "
-                                             "folders, one column each, with ratios against the first.")
+                                 description="Print one table for saved output folders, a column each, every "
+                                             "figure with its ratio to the first column's (above 1: slower).")
     report.add_argument("folders", nargs="+", metavar="DIR", help="output folders with results.json")
     report.add_argument("--label", action="append", metavar="TEXT",
                         help="column label, once per folder in order (default: the folder names)")
     report.add_argument("--json", action="store_true", help="print JSON instead of a Markdown table")
     report.add_argument("--timeline", metavar="FILE.svg", help="also write one timeline stacking every run")
+    report.set_defaults(subparser=report)
 
     listing = commands.add_parser("list", help="list the runs of this tool on a context, and the local "
                                                "receipts that name them")
@@ -5826,6 +5895,7 @@ def build_parser():
     listing.add_argument("--context", metavar="NAME",
                          help="kubectl context (default: kubectl's current context)")
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    listing.set_defaults(subparser=listing)
     return parser
 
 
@@ -5920,7 +5990,15 @@ COMMANDS = {"run": start_run, "cleanup": cmd_cleanup, "report": cmd_report, "lis
 
 def parse_args(argv):
     """The command line: a RunSpec for `run`, the parsed arguments for the other subcommands."""
-    args = build_parser().parse_args(argv)
+    # Unknown flags are the subcommand's error (its usage, its --help), not the top level's.
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:
+        args.subparser.error("unrecognized arguments: %s" % " ".join(unknown))
+    if args.command == "cleanup":
+        folders = list(args.folders) + list(args.output or [])
+        if bool(folders) == bool(args.receipt):
+            args.subparser.error("give the runs' output folders (DIR ...) or --receipt FILE, one of the two")
+        args.output = folders
     return run_spec(args) if args.command == "run" else args
 
 

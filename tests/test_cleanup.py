@@ -15,7 +15,7 @@ def test_cleanup_deletes_the_namespace_and_keeps_the_output(cluster, run_tool, t
     namespace = read(tmp_path / "out" / "receipt.json")["namespace"]
     result = run_tool("cleanup", "--output", "out", cluster=cluster)
     assert result.code == 0, result
-    assert "Deleted test namespace: " + namespace in result.stdout
+    assert "Deleted the run's namespace: " + namespace in result.stderr
     assert cluster.kubectl("get", "namespace", namespace, "--ignore-not-found", "-o", "name").stdout == ""
     assert (tmp_path / "out" / "results.json").is_file()
     deletes = [call for call in cluster.calls() if "delete" in call]
@@ -28,7 +28,7 @@ def test_cleanup_of_an_absent_namespace_says_so(cluster, run_tool):
     assert run_tool("cleanup", "--output", "out", cluster=cluster).code == 0
     result = run_tool("cleanup", "--output", "out", cluster=cluster)
     assert result.code == 0
-    assert "Namespace already absent" in result.stdout
+    assert "The run's namespace is already gone" in result.stderr
 
 
 def test_cleanup_without_receipt_fails(cluster, run_tool, tmp_path):
@@ -107,7 +107,7 @@ def test_cleanup_waits_for_a_namespace_that_is_already_terminating(make_cluster,
     cluster.kubectl("delete", "namespace", namespace, "--wait=false")
     result = run_tool("cleanup", "--output", "out", cluster=cluster)
     assert result.code == 0, result
-    assert "Deleted test namespace: %s" % namespace in result.stdout
+    assert "Deleted the run's namespace: %s" % namespace in result.stderr
     assert cluster.kubectl("get", "namespace", namespace, "--ignore-not-found", "-o", "name").stdout == ""
 
 
@@ -117,7 +117,7 @@ def test_cleanup_survives_a_committed_delete_answered_with_an_error(make_cluster
         {"verb": "delete", "resource": "namespaces", "times": 1, "kind": "etcd-timeout", "afterCommit": True}])
     result = run_tool("cleanup", "--output", "out", cluster=cluster)
     assert result.code == 0, result
-    assert "Deleted test namespace: %s" % namespace in result.stdout
+    assert "Deleted the run's namespace: %s" % namespace in result.stderr
 
 
 def test_two_cleanups_at_once_both_succeed(make_cluster, tmp_path):
@@ -173,7 +173,7 @@ def test_cleanup_accepts_several_folders(cluster, run_tool, tmp_path):
         assert run_tool("run", "--count", "1", "--output", name, cluster=cluster).code == 0
     result = run_tool("cleanup", "--output", "a", "b", cluster=cluster)
     assert result.code == 0, result
-    assert result.stdout.count("Deleted test namespace:") == 2
+    assert result.stderr.count("Deleted the run's namespace:") == 2
     assert json.loads(run_tool("list", "--json", cluster=cluster).stdout) == []
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import SCRIPT, read
+from conftest import ROOT, SCRIPT, read
 
 
 def test_every_kubectl_call_names_the_context(cluster, run_tool):
@@ -60,9 +60,9 @@ def test_existing_output_folder_is_never_overwritten(cluster, run_tool, tmp_path
 
 
 def test_missing_kubectl_is_one_clear_line(run_tool, tmp_path):
-    result = run_tool("run", "--output", "out", env={"KUBECTL": str(tmp_path / "no-such-kubectl")})
+    result = run_tool("run", "--output", "out", env={"KUBECTL": "no-such-kubectl"})
     assert result.code == 1
-    assert result.stderr.startswith("Error: kubectl not found")
+    assert result.stderr.startswith("Error: kubectl not found (looked for 'no-such-kubectl' on PATH)")
     assert len(result.stderr.splitlines()) == 1
     assert not (tmp_path / "out").exists()
 
@@ -83,7 +83,8 @@ def test_a_failing_kubectl_command_shows_its_stderr(make_cluster, run_tool, tmp_
     assert ('Error from server (Forbidden): error when creating "STDIN": configmaps is forbidden: User '
             '"kind-user" cannot create resource "configmaps" in API group "" in the namespace') in result.stderr
     assert "Clean up with: " in result.stderr and "cleanup --output out" in result.stderr
-    assert len(result.stderr.splitlines()) == 1
+    assert result.stderr.splitlines()[0].startswith("namespace: agc-rl-")  # the one note before the error
+    assert len(result.stderr.splitlines()) == 2
     assert run_tool("cleanup", "--output", "out", cluster=cluster).code == 0
 
 
@@ -205,3 +206,93 @@ def test_more_than_20_episodes_need_allow_large(cluster, run_tool):
 def test_quiet_runs_print_nothing_on_stderr(cluster, run_tool):
     result = run_tool("run", "--count", "2", "--quiet", "--output", "out", cluster=cluster)
     assert result.code == 0 and result.stderr == ""
+
+
+# ---------------------------------------------------------------- for scripts and for people
+
+@pytest.mark.parametrize("backend", ["kubernetes", "warm-pool", "local"])
+def test_stdout_of_a_run_is_json_and_nothing_else(backend, make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"agentSandbox": {"version": "v0.5.6", "extensions": True}})
+    args = ["run", "--backend", backend, "--count", "2"] + (["--no-runtime-class"] if backend != "local" else []) + [
+        "--output", "out"]
+    for extra in ([], ["--quiet"]):
+        result = run_tool(*args[:-1], "out" + "".join(extra), *extra, cluster=cluster)
+        assert result.code == 0, result
+        assert json.loads(result.stdout)["episodes"] == 2  # `| python3 -m json.tool` works
+    if backend != "local":
+        cleanup = run_tool("cleanup", "out", "out--quiet", cluster=cluster)
+        assert cleanup.code == 0 and cleanup.stdout == "", cleanup
+
+
+def test_cleanup_takes_folders_as_report_does(cluster, run_tool, tmp_path):
+    assert run_tool("run", "--count", "1", "--output", "kind-1", cluster=cluster).code == 0
+    result = run_tool("cleanup", "kind-1", cluster=cluster)
+    assert result.code == 0, result
+    assert "Deleted the run's namespace: agc-rl-" in result.stderr
+
+
+def test_a_missing_cleanup_folder_is_named_as_missing(run_tool):
+    result = run_tool("cleanup", "nowhere")
+    assert result.code == 1
+    assert result.stderr.strip() == ("Error: no such folder: nowhere (give the output folder of a run, or --receipt "
+                                     "FILE)")
+
+
+def test_a_mistyped_flag_gets_the_subcommands_usage_and_a_pointer_to_its_help(run_tool):
+    result = run_tool("run", "--no-runtime-clas", "--count", "2", "--dry-run")
+    assert result.code == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith("usage: rl-batch-demo.py run ")
+    assert lines[-2] == "rl-batch-demo.py run: error: unrecognized arguments: --no-runtime-clas"
+    assert lines[-1] == "see 'rl-batch-demo.py run --help'"
+
+
+def test_long_flags_are_never_matched_by_prefix(run_tool):
+    result = run_tool("run", "--cou", "2", "--dry-run")
+    assert result.code == 2 and "unrecognized arguments: --cou 2" in result.stderr
+
+
+def test_a_kubectl_path_that_does_not_exist_is_named_as_such(run_tool, tmp_path):
+    result = run_tool("run", "--count", "1", "--output", "out", env={"KUBECTL": "/nonexistent"})
+    assert result.code == 1
+    assert result.stderr.strip() == ("Error: KUBECTL is set to '/nonexistent', which does not exist; set it to the "
+                                     "kubectl program, or unset it to use kubectl from PATH")
+
+
+def test_run_help_is_grouped_with_an_example_per_backend(run_tool):
+    help_text = run_tool("run", "--help").stdout
+    for group in ("output and safety (--output is required unless --dry-run):", "the batch:", "the cluster:",
+                  "your own episodes:", "warm-pool backend:", "queue (Kueue, Job backend):", "examples:"):
+        assert group in help_text, group
+    for backend in ("--backend warm-pool", "--backend local", "--queue team"):
+        assert backend in help_text.split("examples:")[1]
+    assert "one Kubernetes Job)" not in run_tool("--help").stdout
+
+
+def test_a_local_runs_terminal_summary_names_its_own_startup(run_tool, tmp_path):
+    import os
+    import pty
+    primary, secondary = pty.openpty()  # stderr on a terminal: the human summary is written
+    try:
+        process = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--backend", "local", "--count", "2",
+                                    "--output", "out"], cwd=str(tmp_path), stdout=subprocess.DEVNULL, stderr=secondary)
+        os.close(secondary)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(primary)
+    assert process.wait(timeout=120) == 0
+    text = seen.decode()
+    assert "Episode process launched -> ready: P50 " in text and "Pod created" not in text
+
+
+def test_the_readme_names_the_command_one_way():
+    readme = (ROOT / "README.md").read_text()
+    assert readme.count("python3 rl-batch-demo.py") == 1  # the one sentence on running it from a clone

@@ -25,8 +25,8 @@ def test_run_10_parallel_writes_results(cluster, run_tool, tmp_path):
     for name in ("receipt.json", "job-submitted.json", "job.json", "pods.json", "events.txt"):
         assert (out / name).is_file(), name
     assert sorted(p.name for p in out.glob("rollout-*.log")) == sorted(row["pod"] + ".log" for row in results["pods"])
-    assert "Test namespace: " + results["namespace"] in result.stdout
-    summary = json.loads(result.stdout.split("\n", 1)[1])
+    assert "namespace: " + results["namespace"] in result.stderr
+    summary = json.loads(result.stdout)  # stdout is the JSON summary and nothing else
     assert "pods" not in summary and summary["reward_sum"] == 10
 
 

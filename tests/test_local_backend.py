@@ -21,7 +21,7 @@ def test_the_built_in_task_keeps_the_strict_checks_on_the_local_backend(run_tool
     assert results["phases"]["module_import"]["clocks"] == ["local"]
     assert results["pods"][0]["phase_notes"]["scheduling"] == "local backend: no scheduler and no sandbox"
     cleanup = run_tool("cleanup", "--output", "out")
-    assert cleanup.code == 0 and cleanup.stdout.startswith("Nothing to clean up")
+    assert cleanup.code == 0 and cleanup.stderr.startswith("Nothing to clean up")
 
 
 def test_local_backend_honours_parallelism(run_tool, tmp_path):
