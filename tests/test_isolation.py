@@ -42,7 +42,8 @@ def test_pod_security_rejection_stops_the_run_early_with_the_reason(make_cluster
     result = run_tool("run", "--count", "2", "--timeout", "120", "--output", "out", cluster=cluster)
     assert result.code == 1, result
     assert time.monotonic() - started < 60
-    assert result.stderr.startswith("Error: the cluster refused to create the episode pods: pods \"rollout-")
+    assert result.stderr.splitlines()[-1].startswith(
+        "Error: the cluster refused to create the episode pods: pods \"rollout-")
     assert ('is forbidden: violates PodSecurity "restricted:latest": allowPrivilegeEscalation != false '
             '(container "istio-proxy" must set securityContext.allowPrivilegeEscalation=false)') in result.stderr
     assert "stopped early instead of waiting for the deadline" in result.stderr
