@@ -2339,6 +2339,8 @@ def fetch_optional(fetch):
     try:
         return fetch()
     except KubectlError as error:
+        if error.transient:
+            raise  # the API server is not answering (already retried): the next read would fail too
         return {"error": meaningful_line(error.stderr) or str(error)}
 
 # What every cluster backend's preflight counts: which nodes the episode pods can land on,

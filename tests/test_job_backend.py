@@ -4,7 +4,7 @@ prewarm, the log archive, interrupts; and its stall check in-process."""
 import json
 from pathlib import Path
 
-from conftest import EPISODE, cluster_with_image, interrupt_a_run, read, write_tasks
+from conftest import EPISODE, SLEEPS_UNTIL_TERM, cluster_with_image, interrupt_a_run, read, write_tasks
 
 
 def test_run_10_parallel_writes_results(cluster, run_tool, tmp_path):
@@ -128,7 +128,7 @@ def test_clock_skew_fails_validation_with_out_of_order_timestamps(make_cluster, 
 
 
 def test_job_past_its_deadline_times_out(make_cluster, run_tool, tmp_path):
-    cluster = cluster_with_image(make_cluster, tmp_path, "slow:1", "exec sleep 60")
+    cluster = cluster_with_image(make_cluster, tmp_path, "slow:1", SLEEPS_UNTIL_TERM.split("\n", 1)[1])
     result = run_tool("run", "--count", "2", "--image", "slow:1", "--timeout", "2", "--output", "out",
                       cluster=cluster)
     assert result.code == 3, result

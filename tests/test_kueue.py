@@ -613,3 +613,12 @@ def test_a_pod_created_in_the_second_of_the_readmission_is_told_apart_by_when_th
     # the preempted pod is never a result; one that succeeded before the eviction was counted by the Job
     assert [p["metadata"]["name"] for p in kept] == ["old-done", "new"]
     assert [p["metadata"]["name"] for p in gate.earlier] == ["old-running"]
+
+
+def test_a_queue_wait_read_from_whole_second_api_times_is_shown_in_whole_seconds(tool):
+    report = {"queue": {"queued_seconds": 0.0, "admission_cycles": 1, "cycles": [
+        {"admitted_source": "Admitted lastTransitionTime - Job creationTimestamp (API clocks, whole seconds: ...)"}]}}
+    assert tool.KueueGate.summary_lines(report)[0].startswith("Queued 0 s before Kueue admitted the Job")
+    report["queue"]["cycles"][0]["admitted_source"] = "watch arrival (client clock)"
+    report["queue"]["queued_seconds"] = 1.234
+    assert tool.KueueGate.summary_lines(report)[0].startswith("Queued 1.23 s before")
