@@ -1594,6 +1594,127 @@ def iso_micro(unix_seconds):
     return datetime.datetime.fromtimestamp(unix_seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+# ---------------------------------------------------------------------------- reserved capacity
+# What a batch held of its cluster: each pod's effective request (as the scheduler counts it)
+# x the time it held its node. Kubernetes timestamps: whole seconds, API server and kubelet
+# clocks. Divided per verified reward; the RuntimeClass's Pod overhead shown apart.
+
+GIB = 2.0 ** 30
+COST_RESOURCES = ("cpu", "memory")
+COST_DEFINITION = ("reserved = sum over the run's pods of effective request x time held; effective request as the "
+                   "scheduler counts it (app containers' requests, a limit standing in for a missing request, "
+                   "sidecar init containers added, each other init container's request a floor, plus "
+                   "spec.overhead: the RuntimeClass's podFixed); time held from PodScheduled=True to the end of "
+                   "its last container, or its deletion, or the run's end for a pod still running then; a pod "
+                   "never scheduled holds nothing. CPU in core-seconds, memory in GiB-seconds; per reward: "
+                   "divided by the verified rewards (successful episodes). Whole-second timestamps: a pod held "
+                   "for a few seconds is known to about one second, so short episodes' figures are coarse")
+
+
+def container_request(container, resource):
+    """A container's request, in cores or bytes: the API server defaults a missing request to
+    the limit (pkg/apis/core/v1/defaults.go), and an absent one is 0."""
+    resources = container.get("resources") or {}
+    value = (resources.get("requests") or {}).get(resource)
+    if value is None:
+        value = (resources.get("limits") or {}).get(resource)
+    return parse_quantity(value) if value is not None else 0.0
+
+
+def effective_request(pod_spec):
+    """({resource: amount}, {resource: overhead}) the scheduler reserves for a pod
+    (k8s.io/component-helpers resource.PodRequests): app containers plus restartable init
+    containers (sidecars), at least each other init container plus the sidecars started
+    before it, plus spec.overhead."""
+    total, overhead = {}, {}
+    for resource in COST_RESOURCES:
+        sidecars, floor = 0.0, 0.0
+        for container in pod_spec.get("initContainers") or []:
+            if container.get("restartPolicy") == "Always":
+                sidecars += container_request(container, resource)
+            else:
+                floor = max(floor, container_request(container, resource) + sidecars)
+        apps = sum(container_request(container, resource) for container in pod_spec.get("containers") or [])
+        overhead[resource] = parse_quantity((pod_spec.get("overhead") or {}).get(resource, 0))
+        total[resource] = max(apps + sidecars, floor) + overhead[resource]
+    return total, overhead
+
+
+def held_interval(pod, run_end):
+    """(from, to) in Unix seconds while the pod held its node, or None when it never did."""
+    start, _ = condition_time(pod, "PodScheduled")
+    if start is None:
+        return None
+    statuses = pod.get("status", {}).get("containerStatuses") or []
+    finished = [parse_k8s_time(((status.get("state") or {}).get("terminated") or {}).get("finishedAt") or "")
+                for status in statuses if ((status.get("state") or {}).get("terminated") or {}).get("finishedAt")]
+    if statuses and len(finished) == len(statuses):
+        end = max(finished)
+    elif pod["metadata"].get("deletionTimestamp"):
+        end = parse_k8s_time(pod["metadata"]["deletionTimestamp"])
+    else:
+        end = run_end if run_end is not None else start
+    return start, max(start, end)
+
+
+def reserved_capacity(pods, run_end, split=None):
+    """{share: {"cpu_seconds", "gib_seconds", "overhead_cpu_seconds", "overhead_gib_seconds", "pods"}}.
+    split(pod, start, end) -> [(share, from, to)] divides a pod's held time between shares (a
+    warm pool's idle and episode time); by default all of it is the episodes'."""
+    shares = {}
+    for pod in pods:
+        interval = held_interval(pod, run_end)
+        if interval is None:
+            continue
+        request, overhead = effective_request(pod.get("spec") or {})
+        parts = split(pod, *interval) if split else [("episodes", *interval)]
+        for share, start, end in parts:
+            held = max(0.0, end - start)
+            entry = shares.setdefault(share, {"cpu_seconds": 0.0, "gib_seconds": 0.0, "overhead_cpu_seconds": 0.0,
+                                              "overhead_gib_seconds": 0.0, "pods": 0})
+            entry["cpu_seconds"] += request["cpu"] * held
+            entry["gib_seconds"] += request["memory"] / GIB * held
+            entry["overhead_cpu_seconds"] += overhead["cpu"] * held
+            entry["overhead_gib_seconds"] += overhead["memory"] / GIB * held
+            entry["pods"] += 1
+    return shares
+
+
+def cost_summary(shares, rewards, prices, extra=None):
+    """results.json's `cost`: the shares, their total, per verified reward, the overhead's and
+    the idle share's fractions, and (only when both prices were given) a price per 1,000 rewards."""
+    keys = ("cpu_seconds", "gib_seconds", "overhead_cpu_seconds", "overhead_gib_seconds")
+    total = {key: sum(share[key] for share in shares.values()) for key in keys}
+
+    def fraction(part, whole):
+        return part / whole if whole else None
+
+    per_reward = {key: total[key] / rewards for key in ("cpu_seconds", "gib_seconds")} if rewards else None
+    summary = {"definition": COST_DEFINITION, "clock": "API server (PodScheduled, deletion) and kubelet (container "
+                                                        "finishedAt) timestamps", "resolution_seconds": 1.0,
+               "reserved": {key: round(value, 3) for key, value in total.items()},
+               "shares": {name: {key: round(value, 3) if isinstance(value, float) else value
+                                 for key, value in share.items()} for name, share in shares.items()},
+               "rewards": rewards,
+               "per_reward": {key: round(value, 4) for key, value in per_reward.items()} if per_reward else None,
+               "overhead_share": fraction(total["overhead_cpu_seconds"], total["cpu_seconds"]),
+               "overhead_share_memory": fraction(total["overhead_gib_seconds"], total["gib_seconds"]),
+               "idle_share": fraction(shares.get("idle", {}).get("cpu_seconds", 0.0), total["cpu_seconds"]),
+               "used": None,
+               "used_note": "not measured: the episodes' own CPU counters are not read yet",
+               "price": None}
+    cpu_price, gib_price = prices
+    if cpu_price is not None and gib_price is not None and per_reward:
+        summary["price"] = {
+            "cpu_hour": cpu_price, "gib_hour": gib_price,
+            "per_1000_rewards": round(1000 * (per_reward["cpu_seconds"] * cpu_price +
+                                              per_reward["gib_seconds"] * gib_price) / 3600.0, 6),
+            "definition": "1,000 x (CPU-s per reward x price per CPU-hour + GiB-s per reward x price per GiB-hour) / "
+                          "3600, in the currency of the prices given"}
+    summary.update(extra or {})
+    return summary
+
+
 # ============================================================================
 # The results folder: results.json from the saved files, and nothing else
 # ============================================================================
@@ -1659,6 +1780,7 @@ def results_from_folder(output):
     if "round" in run_info:
         report["round"] = run_info["round"]
     backend.describe_results(output, report, observed)
+    report["cost"] = backend.cost(output, report, (flags.get("price_cpu_hour"), flags.get("price_gib_hour")))
     if gate is not None:
         gate.describe_results(report)
     if (output.parent / "prewarm" / "prewarm.json").exists() or (output / "prewarm" / "prewarm.json").exists():
@@ -1702,6 +1824,16 @@ def pool_rounds(rounds, run_info):
     if "backend" in first:
         pooled["backend"] = first["backend"]
     pooled["run"] = dict(first["run"], rounds=run_info["rounds"])
+    if all((result.get("cost") or {}).get("shares") is not None for result in rounds):
+        shares = {}
+        for result in rounds:
+            for name, share in result["cost"]["shares"].items():
+                entry = shares.setdefault(name, dict.fromkeys(share, 0))
+                for key, value in share.items():
+                    entry[key] += value
+        flags = run_info.get("flags", {})
+        pooled["cost"] = cost_summary(shares, pooled["successful_episodes"],
+                                      (flags.get("price_cpu_hour"), flags.get("price_gib_hour")))
     pooled["pods"] = rows
     return pooled
 
@@ -1772,12 +1904,13 @@ def pool_round_folders(output, run_info, rounds):
 
 # Report rows: (label, kind, key). kind "phase": P50 / P95 of a phase; "batch": a batch time
 # in seconds (with a ratio against the first column); "count": episodes / rewards; "launch":
-# launch types; "number": a count, by key. Runs of different backends side by side: rows a
+# launch types; "number": a count, by key; "quantity": an amount (3 significant digits, with a
+# ratio); "share": a fraction shown in percent. Runs of different backends side by side: rows a
 # backend does not have are n/a in its column, and dropped when no column has them.
 # The table is laid out in slots; in each, the schemes' phase rows come first, then the rows
 # each backend and the admission gate add (Backend.REPORT_ROWS), then these shared rows.
 REPORT_SLOTS = ("count", "setup", "startup", "episode_start", "ready", "startup_metric", "episode_run", "rewards",
-                "finish", "after", "client")
+                "finish", "after", "client", "cost")
 SHARED_REPORT_ROWS = {
     "count": [("tasks / rewards", "count", None)],
     "episode_start": [(PHASES[name][2] + " P50 / P95", "phase", name) for name in EPISODE_PHASES[:2]],
@@ -1785,6 +1918,11 @@ SHARED_REPORT_ROWS = {
     "episode_run": [(PHASES[name][2] + " P50 / P95", "phase", name) for name in EPISODE_PHASES[2:]],
     "rewards": [("batch all rewards", "batch", "batch_to_all_rewards_seconds")],
     "client": [("client sees Job complete", "batch", "client_job_complete_seconds")],
+    "cost": [("reserved CPU-s per reward", "quantity", "cost.per_reward.cpu_seconds"),
+             ("reserved GiB-s per reward", "quantity", "cost.per_reward.gib_seconds"),
+             ("Pod overhead share of reserved CPU", "share", "cost.overhead_share"),
+             ("idle sandboxes' share of reserved CPU", "share", "cost.idle_share"),
+             ("price per 1,000 rewards", "quantity", "cost.price.per_1000_rewards")],
 }
 # Batch times read from whole-second API timestamps (the rest of a batch row is client time).
 COARSE_BATCH_KEYS = ("batch_to_all_ready_seconds", "batch_to_all_rewards_seconds", "batch_to_all_claims_ready_seconds")
@@ -1855,6 +1993,14 @@ def report_table(columns):
                 number = lookup(results, key)
                 values.append(None if number is None else str(number))
                 ratios.append(None)
+            elif kind == "share":
+                share = lookup(results, key)
+                values.append(None if share is None else "%.0f%%" % (100 * share))
+                ratios.append(None)
+            elif kind == "quantity":
+                amount, base = lookup(results, key), lookup(columns[0][1], key)
+                values.append(None if amount is None else "%.3g" % amount)
+                ratios.append(amount / base if amount is not None and base else None)
             elif kind == "phase":
                 phase = results.get("phases", {}).get(key)
                 values.append(None if phase is None or phase["count"] == 0 else "%s / %s" % (
@@ -1894,8 +2040,8 @@ def report_markdown(table):
         lines.append("| %s%s | %s |" % (row["measure"], marker, " | ".join(cells)))
     lines.append("")
     if len(table["columns"]) > 1 and any(any(row["ratios"][1:]) for row in table["rows"]):
-        lines.append("(1.50x): the column's figure divided by the first column's (%s); above 1 is slower, below 1 "
-                     "faster." % table["columns"][0])
+        lines.append("(1.50x): the column's figure divided by the first column's (%s); above 1 is slower (for the "
+                     "cost rows: more), below 1 faster (less)." % table["columns"][0])
     if any(row["whole_second_resolution"] for row in table["rows"]):
         lines.append("\\* uses Kubernetes timestamps (whole seconds, another clock than the episode's): read to "
                      "about one second; small or negative values are within that resolution.")
@@ -2043,6 +2189,8 @@ class RunSpec:
     force: bool = False
     quiet: bool = False
     context: str = None
+    price_cpu_hour: float = None
+    price_gib_hour: float = None
     program: str = None  # the episode program's text: --episode's, or the built-in one
     tasks_list: tuple = None  # --tasks, one parsed JSON task each; None without --tasks
 
@@ -2246,6 +2394,14 @@ class Backend:
         """Add to results.json what only this backend's runs have."""
 
     @classmethod
+    def cost(cls, output, report, prices):
+        """results.json's `cost`: every pod of the run (pods.json, attempts and all) is the
+        episodes' share; a pod still running is counted to the last container's end seen."""
+        pods = read_saved(output / "pods.json") or []
+        ends = [interval[1] for interval in (held_interval(pod, None) for pod in pods) if interval]
+        return cost_summary(reserved_capacity(pods, max(ends, default=None)), report["successful_episodes"], prices)
+
+    @classmethod
     def summary_view(cls, report):
         """What `run` prints on stdout beside the shared summary keys."""
         return {}
@@ -2443,11 +2599,27 @@ def human_summary(report, output):
     lines.append("%s: P50 %s, P95 %s." % (
         backend.startup_label or "%s created -> ready" % metric.split("_")[0].capitalize(),
         seconds(metric + "_p50_seconds"), seconds(metric + "_p95_seconds")))
-    lines += KueueGate.summary_lines(report) + backend.summary_lines(report)
+    lines += KueueGate.summary_lines(report) + backend.summary_lines(report) + cost_lines(report)
     lines.append("Results: %s (results.json, timeline.svg, one log per episode)." % (output / "results.json"))
     if backend.uses_cluster:
         lines.append("Clean up with: %s" % cleanup_command(output))
     return "\n".join(lines)
+
+
+def cost_lines(report):
+    """The human summary's cost line: reserved capacity per reward, the overhead's and idle share."""
+    cost = report.get("cost") or {}
+    per = cost.get("per_reward")
+    if not per:
+        return []
+    parts = ["Reserved per reward: %.3g CPU-s, %.3g GiB-s" % (per["cpu_seconds"], per["gib_seconds"])]
+    if cost.get("overhead_share"):
+        parts.append("Pod overhead %.0f%% of the CPU" % (100 * cost["overhead_share"]))
+    if cost.get("idle_share"):
+        parts.append("idle sandboxes %.0f%%" % (100 * cost["idle_share"]))
+    if cost.get("price"):
+        parts.append("%.4g per 1,000 rewards" % cost["price"]["per_1000_rewards"])
+    return ["; ".join(parts) + " (whole-second Kubernetes times)."]
 
 
 def conclude(report, output, console):
@@ -5148,6 +5320,42 @@ class WarmPoolBackend(Backend):
         report.update(warm_pool_summary(output, report, observed))
 
     @classmethod
+    def cost(cls, output, report, prices):
+        """Every pod of the run (claimed, pool and refill sandboxes) to the run's end (the last
+        exec's return: a sandbox kept after it is cleanup's business). A claimed sandbox is idle
+        from its start to its claim's creation, the episode's after; a sandbox no claim of the
+        batch took (the pool's rest, the refill) is idle throughout. Plus the pool's steady idle
+        rate: what keeping the pool costs per hour between batches."""
+        pods = read_saved(output / "pods.json") or []
+        episodes = read_saved(output / "episodes.json") or []
+        claimed_at = {}
+        for record in episodes:
+            annotations = record["metadata"].get("annotations") or {}
+            created = parse_rfc3339_nano(annotations.get(CLIENT_REQUESTED_ANNOTATION)) or \
+                parse_k8s_time(record["metadata"]["creationTimestamp"])
+            if record["spec"].get("pod"):
+                claimed_at[record["spec"]["pod"]] = created
+        ends = [parse_rfc3339_nano(((record["status"].get("containerStatuses") or [{}])[0].get("state") or {}).get(
+            "terminated", {}).get("finishedAt")) for record in episodes]
+        run_end = max((end for end in ends if end), default=None)
+
+        def split(pod, start, end):
+            claim = claimed_at.get(pod["metadata"]["name"])
+            if claim is None:
+                return [("idle", start, end)]
+            middle = min(max(claim, start), end)  # claimed before it was Ready: no idle time
+            return [("idle", start, middle), ("episodes", middle, end)]
+
+        record = read_saved(output / "warm-pool.json") or {}
+        size = record.get("size") or 0
+        request = effective_request(pods[0].get("spec") or {})[0] if pods else {"cpu": 0.0, "memory": 0.0}
+        rate = {"cpu_core_hours": round(size * request["cpu"], 6), "gib_hours": round(size * request["memory"] / GIB, 6),
+                "definition": "pool size x a sandbox pod's effective request: what keeping the pool full costs "
+                              "each hour, whether or not a batch runs"}
+        return cost_summary(reserved_capacity(pods, run_end, split), report["successful_episodes"], prices,
+                            {"pool_idle_rate_per_hour": rate})
+
+    @classmethod
     def summary_view(cls, report):
         return {"pool_fill_seconds": report["pool"]["fill_seconds"],
                 "refill_pods_created_during_batch": report["refill_pods"]["created_during_batch"],
@@ -5408,6 +5616,12 @@ class LocalBackend(Backend):
         report.update(image="local-python", runtime="local-process", backend=cls.name)
         for phase in report["phases"].values():
             phase.update(clocks=["local"], mixed_clocks=False, resolution_seconds=1e-6)
+
+    @classmethod
+    def cost(cls, output, report, prices):
+        return {"definition": COST_DEFINITION, "reserved": None,
+                "reason": "local processes reserve no cluster capacity (no requests, no nodes)", "per_reward": None,
+                "used": None, "used_note": "not measured: the processes' rusage is not read yet", "price": None}
 
     @classmethod
     def timeline_where(cls, results):
@@ -5864,6 +6078,11 @@ def build_parser():
         if backend.own_flags:
             backend.add_arguments(run.add_argument_group("%s backend" % backend.name))
     KueueGate.add_arguments(run.add_argument_group("queue (Kueue, Job backend)"))
+    cost = run.add_argument_group("cost (results.json's `cost`; no prices: capacity only, never a made-up price)")
+    cost.add_argument("--price-cpu-hour", type=float, metavar="PRICE",
+                      help="price of one CPU core for an hour, in your currency (with --price-gib-hour)")
+    cost.add_argument("--price-gib-hour", type=float, metavar="PRICE",
+                      help="price of one GiB of memory for an hour, in the same currency")
     run.set_defaults(subparser=run)
 
     cleanup = commands.add_parser("cleanup", help="delete what one run created, after checking "
@@ -5976,6 +6195,10 @@ def run_spec(args):
     fields.update(derived)
     if args.rounds < 1:
         fail("--rounds must be at least 1, got %d" % args.rounds)
+    if (args.price_cpu_hour is None) != (args.price_gib_hour is None):
+        fail("--price-cpu-hour and --price-gib-hour go together (a price per 1,000 rewards needs both)")
+    if any(price is not None and not 0 <= price < float("inf") for price in (args.price_cpu_hour, args.price_gib_hour)):
+        fail("prices must be 0 or more")
     if args.timeout is not None and args.timeout < 1:
         fail("--timeout must be at least 1 second, got %d" % args.timeout)
     parallelism = args.count if args.parallelism is None else args.parallelism
