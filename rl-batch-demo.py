@@ -154,7 +154,26 @@ INDEX_KEY = "batch.kubernetes.io/job-completion-index"  # an episode's index, on
 
 EPISODE_PROGRAM = r'''import time
 started_at = time.time()  # the process's first statement, before its other imports
-import json, os, pathlib, subprocess
+import os  # loaded already by the interpreter's start: no cost
+
+
+def cgroup_cpu_usec():
+    """This container's CPU time so far, in microseconds, from its cgroup (v2 cpu.stat, else v1
+    cpuacct.usage in ns); None where no cgroup is visible. One small file read."""
+    root = os.environ.get('RL_CGROUP', '/sys/fs/cgroup')
+    try:
+        with open(root + '/cpu.stat') as stat:
+            return int(stat.readline().split()[1])  # its first line: usage_usec N
+    except (OSError, ValueError, IndexError):
+        try:
+            with open(root + '/cpuacct/cpuacct.usage') as usage:
+                return int(usage.read()) // 1000
+        except (OSError, ValueError):
+            return None
+
+
+cpu_at_start = cgroup_cpu_usec()
+import json, pathlib, subprocess
 imports_done_at = time.time()
 p = pathlib.Path(os.environ.get('RL_WORKSPACE', '/workspace'))
 os.chdir(p)
@@ -199,7 +218,9 @@ if before == 0:
 # Deterministic stand-in for a coding Agent's action; no external model call.
 p.joinpath('shipping.py').write_text(p.joinpath('shipping.py').read_text().replace('total > 99', 'total >= 99'))
 after, after_output = test()
-emit('reward', reward=int(after == 0), baseline_exit=before, tests_exit=after, tests_output=after_output)
+cpu_now = cgroup_cpu_usec()
+emit('reward', reward=int(after == 0), baseline_exit=before, tests_exit=after, tests_output=after_output,
+     cpu_usec=cpu_now - cpu_at_start if cpu_now is not None and cpu_at_start is not None else None)
 try:  # the kubelet returns this file in the pod status: one `get pods` collects every result
     pathlib.Path(os.environ.get('RL_TERMINATION_LOG', '/dev/termination-log')).write_text('\n'.join(events) + '\n')
 except OSError:
@@ -1296,6 +1317,8 @@ def episode_row(pod, ready, reward, job_created, observed, source, job_finished=
         "times": times,
         "clock_skew": skew,
         "events_source": source,
+        # the container's own CPU time, first statement -> reward (the episode's cgroup counter), or None
+        "cpu_usec": reward.get("cpu_usec") if isinstance(reward.get("cpu_usec"), int) else None,
         **extra,
     }
 
@@ -1680,7 +1703,16 @@ def reserved_capacity(pods, run_end, split=None):
     return shares
 
 
-def cost_summary(shares, rewards, prices, extra=None):
+def used_cpu_seconds(rows):
+    """The episodes' own CPU time (first statement -> reward, from the container's cgroup counter
+    the built-in episode reports as `cpu_usec`), summed; None unless every measured row has it."""
+    values = [row.get("cpu_usec") for row in rows]
+    if not values or any(not isinstance(value, int) for value in values):
+        return None
+    return sum(values) / 1e6
+
+
+def cost_summary(shares, rewards, prices, extra=None, used_cpu=None):
     """results.json's `cost`: the shares, their total, per verified reward, the overhead's and
     the idle share's fractions, and (only when both prices were given) a price per 1,000 rewards."""
     keys = ("cpu_seconds", "gib_seconds", "overhead_cpu_seconds", "overhead_gib_seconds")
@@ -1700,8 +1732,16 @@ def cost_summary(shares, rewards, prices, extra=None):
                "overhead_share": fraction(total["overhead_cpu_seconds"], total["cpu_seconds"]),
                "overhead_share_memory": fraction(total["overhead_gib_seconds"], total["gib_seconds"]),
                "idle_share": fraction(shares.get("idle", {}).get("cpu_seconds", 0.0), total["cpu_seconds"]),
-               "used": None,
-               "used_note": "not measured: the episodes' own CPU counters are not read yet",
+               "used": None if used_cpu is None else {
+                   "cpu_seconds": round(used_cpu, 6),
+                   "utilisation": round(used_cpu / total["cpu_seconds"], 4) if total["cpu_seconds"] else None,
+                   "definition": "the episodes' own CPU time from their first statement to their reward, read "
+                                 "from each container's cgroup counter (cgroup v2 cpu.stat usage_usec, v1 "
+                                 "cpuacct.usage; microseconds), summed; utilisation = used / reserved CPU (the "
+                                 "reserved time also covers the sandbox's start and end)"},
+               "used_note": None if used_cpu is not None else (
+                   "not measured: the episodes did not report a cgroup CPU counter (custom episodes, or no "
+                   "cgroup visible in the container)"),
                "price": None}
     cpu_price, gib_price = prices
     if cpu_price is not None and gib_price is not None and per_reward:
@@ -2399,7 +2439,8 @@ class Backend:
         episodes' share; a pod still running is counted to the last container's end seen."""
         pods = read_saved(output / "pods.json") or []
         ends = [interval[1] for interval in (held_interval(pod, None) for pod in pods) if interval]
-        return cost_summary(reserved_capacity(pods, max(ends, default=None)), report["successful_episodes"], prices)
+        return cost_summary(reserved_capacity(pods, max(ends, default=None)), report["successful_episodes"], prices,
+                            used_cpu=used_cpu_seconds(report["pods"]))
 
     @classmethod
     def summary_view(cls, report):
@@ -5353,7 +5394,7 @@ class WarmPoolBackend(Backend):
                 "definition": "pool size x a sandbox pod's effective request: what keeping the pool full costs "
                               "each hour, whether or not a batch runs"}
         return cost_summary(reserved_capacity(pods, run_end, split), report["successful_episodes"], prices,
-                            {"pool_idle_rate_per_hour": rate})
+                            {"pool_idle_rate_per_hour": rate}, used_cpu=used_cpu_seconds(report["pods"]))
 
     @classmethod
     def summary_view(cls, report):

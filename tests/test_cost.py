@@ -111,3 +111,51 @@ def test_a_warm_pool_counts_its_idle_sandboxes_apart(make_cluster, run_tool, tmp
 def test_prices_go_together(run_tool):
     done = run_tool("run", "--count", "2", "--dry-run", "--price-cpu-hour", "0.04")
     assert done.code == 2 and "--price-cpu-hour and --price-gib-hour go together" in done.stderr
+
+
+def test_used_cpu_is_the_episodes_own_counter_and_utilisation_is_used_over_reserved(tool):
+    assert tool.used_cpu_seconds([{"cpu_usec": 250000}, {"cpu_usec": 750000}]) == 1.0
+    assert tool.used_cpu_seconds([{"cpu_usec": 250000}, {"cpu_usec": None}]) is None  # all or nothing
+    shares = {"episodes": {"cpu_seconds": 4.0, "gib_seconds": 1.0, "overhead_cpu_seconds": 0.0,
+                           "overhead_gib_seconds": 0.0, "pods": 2}}
+    used = tool.cost_summary(shares, 2, (None, None), used_cpu=1.0)["used"]
+    assert (used["cpu_seconds"], used["utilisation"]) == (1.0, 0.25)
+    assert tool.cost_summary(shares, 2, (None, None))["used_note"].startswith("not measured")
+
+
+def pod_cgroups_possible():
+    """Whether the simulated kubelet can give a pod a cgroup of its own here (root, a writable
+    cgroup v2 or v1 cpuacct hierarchy, per-pod mount namespaces)."""
+    import os
+    import shutil
+    import subprocess
+    if os.geteuid() != 0 or not shutil.which("unshare") or \
+            subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0:
+        return False
+    for hierarchy in ("/sys/fs/cgroup", "/sys/fs/cgroup/cpuacct"):
+        probe = os.path.join(hierarchy, "fake-k8s-probe-%d" % os.getpid())
+        try:
+            os.mkdir(probe)
+            os.rmdir(probe)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def test_the_episodes_own_cpu_time_is_read_from_their_containers_cgroup(make_cluster, run_tool, tmp_path):
+    if not pod_cgroups_possible():
+        pytest.skip("needs root, unshare and a writable cgroup hierarchy to give each pod a cgroup of its own")
+    cluster = make_cluster()
+    assert run_tool("run", "--count", "2", "--output", "out", cluster=cluster).code == 0
+    results = read(tmp_path / "out" / "results.json")
+    assert all(row["cpu_usec"] > 0 for row in results["pods"])  # the episode and its test subprocesses
+    assert results["cost"]["used"]["cpu_seconds"] == pytest.approx(sum(r["cpu_usec"] for r in results["pods"]) / 1e6)
+
+
+def test_without_a_cgroup_of_its_own_no_cpu_time_is_made_up(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"podMountNamespaces": "off"})  # the host's cgroup is not visible to the episode
+    assert run_tool("run", "--count", "2", "--output", "out", cluster=cluster).code == 0
+    results = read(tmp_path / "out" / "results.json")
+    assert [row["cpu_usec"] for row in results["pods"]] == [None, None]
+    assert results["cost"]["used"] is None and results["cost"]["used_note"].startswith("not measured")

@@ -14,7 +14,7 @@ import uuid
 
 import agentsandbox
 from api import ApiError, FIELD_LABELS, NAME_CHARS, PSA_ENFORCE, PSA_ENFORCE_VERSION, RESOURCES, field_of, not_found, now_rfc3339, restricted_violations
-from kubelet import translated_argv
+from kubelet import pod_cgroup_procs, translated_argv
 import kueue
 
 
@@ -399,6 +399,10 @@ class ApiServer:
             elif self.mount_namespaces:
                 argv = [shutil.which("nsenter"), "--target", str(record["process"].pid), "--mount", "--root",
                         "--wd"] + argv
+                # An exec'd process runs in the container's cgroup, as runc's exec puts it there.
+                cgroup = pod_cgroup_procs(record["uid"]) if record.get("uid") else None
+                if cgroup:
+                    argv = ["/bin/sh", "-c", 'echo $$ > "$0" 2>/dev/null; exec "$@"', cgroup] + argv
                 process = subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                            stderr=subprocess.PIPE, start_new_session=True)
             else:

@@ -18,11 +18,14 @@ import time
 from api import now_rfc3339
 
 
-# Run as `sh -c POD_ROOT_SCRIPT pod-root ROOT BINDS COMMAND...` inside `unshare --mount`: a
-# tmpfs root holding the host's top-level directories (bind-mounted), a minimal /dev, and the
-# BINDS (lines "rw|ro<TAB>source<TAB>path"); then the command runs chrooted there, cwd /.
+# Run as `sh -c POD_ROOT_SCRIPT pod-root ROOT BINDS CGROUP COMMAND...` inside `unshare --mount`:
+# a tmpfs root holding the host's top-level directories (bind-mounted), a minimal /dev, and the
+# BINDS (lines "rw|ro<TAB>source<TAB>path"); the pod's own CPU-accounting cgroup CGROUP at
+# /sys/fs/cgroup, as a container runtime gives it (made where the host lets root make one, else
+# no cgroup is visible: the host's own must never pass for the pod's); then the command runs
+# chrooted there, cwd /.
 POD_ROOT_SCRIPT = r"""set -e
-root=$1; binds=$2; shift 2
+root=$1; binds=$2; cgroup=$3; shift 3
 container_path=$PATH; PATH=/usr/sbin:/usr/bin:/sbin:/bin
 chroot_program=$(command -v chroot)
 mount -t tmpfs -o mode=755 pod-root "$root"
@@ -35,6 +38,18 @@ for entry in /* /.[!.]*; do
 done
 mkdir "$root/proc" "$root/sys" "$root/dev"
 mount --rbind /proc "$root/proc"; mount --rbind /sys "$root/sys"
+own=""
+if [ -f /sys/fs/cgroup/cgroup.controllers ]; then  # cgroup v2: the pod's cgroup is its /sys/fs/cgroup
+  if mkdir -p "/sys/fs/cgroup/$cgroup" 2>/dev/null && echo $$ > "/sys/fs/cgroup/$cgroup/cgroup.procs" 2>/dev/null; then
+    own=/sys/fs/cgroup/$cgroup; mount --bind "$own" "$root/sys/fs/cgroup"
+  fi
+elif [ -f /sys/fs/cgroup/cpuacct/cpuacct.usage ]; then  # cgroup v1: its cpuacct hierarchy
+  if mkdir -p "/sys/fs/cgroup/cpuacct/$cgroup" 2>/dev/null && echo $$ > "/sys/fs/cgroup/cpuacct/$cgroup/tasks" 2>/dev/null; then
+    own=/sys/fs/cgroup/cpuacct/$cgroup; mount -t tmpfs -o mode=755 pod-cgroup "$root/sys/fs/cgroup"
+    mkdir "$root/sys/fs/cgroup/cpuacct"; mount --bind "$own" "$root/sys/fs/cgroup/cpuacct"
+  fi
+fi
+[ -n "$own" ] || mount -t tmpfs -o mode=755 no-cgroup "$root/sys/fs/cgroup"
 mount -t tmpfs -o mode=755 pod-dev "$root/dev"
 for node in null zero full random urandom tty; do
   [ -e "/dev/$node" ] || continue
@@ -54,6 +69,38 @@ done
 PATH=$container_path
 exec "$chroot_program" "$root" "$@"
 """
+
+
+def pod_cgroup(uid):
+    """The name of a pod's CPU-accounting cgroup under the host's hierarchy."""
+    return "fake-k8s-pod-" + uid
+
+
+def pod_cgroup_procs(uid):
+    """The file that moves a process into a pod's cgroup (v2 cgroup.procs, v1 cpuacct tasks), or None."""
+    for path in ("/sys/fs/cgroup/%s/cgroup.procs", "/sys/fs/cgroup/cpuacct/%s/tasks"):
+        if os.path.exists(path % pod_cgroup(uid)):
+            return path % pod_cgroup(uid)
+    return None
+
+
+def remove_pod_cgroups(uids, patience=0.0):
+    """Remove the pods' cgroups (rmdir of an empty cgroup); the uids whose cgroup is still busy."""
+    give_up, busy = time.monotonic() + patience, set()
+    for uid in uids:
+        for hierarchy in ("/sys/fs/cgroup", "/sys/fs/cgroup/cpuacct"):
+            while True:
+                try:
+                    os.rmdir(os.path.join(hierarchy, pod_cgroup(uid)))
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() < give_up:
+                        time.sleep(0.05)  # its killed processes are still leaving
+                        continue
+                    busy.add(uid)
+                break
+    return busy
 
 
 def pod_mount_namespaces_available(setting):
@@ -296,7 +343,8 @@ class Kubelet:
             (pod_dir / "root").mkdir(exist_ok=True)
             lines = "\n".join("%s\t%s\t%s" % ("ro" if ro else "rw", source, path) for source, path, ro in binds)
             argv = [shutil.which("unshare"), "--mount", "--propagation", "private", "/bin/sh", "-c", POD_ROOT_SCRIPT,
-                    "pod-root", str(pod_dir / "root"), lines] + argv
+                    "pod-root", str(pod_dir / "root"), lines, pod_cgroup(uid)] + argv
+            self.pod_cgroups.add(uid)
             workdir = pod_dir
         else:
             # No mount namespace here: paths under a mount, in the environment and in the
@@ -308,6 +356,7 @@ class Kubelet:
                         env[name] = str(local) + value[len(mount_path):]
             if "/workspace" in mounts:
                 env["RL_WORKSPACE"] = str(mounts["/workspace"])
+            env["RL_CGROUP"] = str(pod_dir / "no-cgroup")  # the host's cgroup is not the pod's: none visible
             if offset:
                 env["PYTHONPATH"] = str(pod_dir / "clock")
             argv = translated_argv(argv, mounts, bin_dir)
@@ -329,7 +378,7 @@ class Kubelet:
             else:
                 api_evict_at = time.time() + delay
         process = self.spawn(argv, env, workdir, log_path, truncate=True)
-        self.processes[uid] = {"process": process, "log_path": log_path, "argv": argv, "env": env,
+        self.processes[uid] = {"process": process, "uid": uid, "log_path": log_path, "argv": argv, "env": env,
                                "mounts": mounts, "bin_dir": bin_dir, "execs": [],
                                "workdir": workdir, "container_id": container_id,
                                "termination_path": termination_path,
@@ -539,3 +588,6 @@ class Kubelet:
         self.remove("pods", pod)
         self.processes.pop(pod["metadata"]["uid"], None)
         shutil.rmtree(self.dir / "pods" / pod["metadata"]["uid"], ignore_errors=True)
+        if self.mount_namespaces:  # its cgroup, empty now (else removed when the cluster stops)
+            self.pod_cgroups.discard(pod["metadata"]["uid"])
+            self.pod_cgroups |= remove_pod_cgroups([pod["metadata"]["uid"]])

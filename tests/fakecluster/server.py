@@ -26,7 +26,7 @@ import agentsandbox
 from api import ApiError, DEFAULT_CONFIG, PROFILES, RESOURCES, client_rate_limiters
 from apiserver import ApiServer
 from jobcontroller import JobController
-from kubelet import Kubelet, pod_mount_namespaces_available
+from kubelet import Kubelet, pod_mount_namespaces_available, remove_pod_cgroups
 import kueue
 from namespaces import NamespaceLifecycle
 from scheduler import Scheduler
@@ -61,6 +61,7 @@ class Cluster(ApiServer, JobController, Scheduler, Kubelet, NamespaceLifecycle):
         self.kueue = kueue.Kueue(self)
         self.stop = threading.Event()
         self.first_job_at = None  # when the first Job was created (apiOutage counts from it)
+        self.pod_cgroups = set()  # uids of pods given a cgroup of their own, until it is removed
         self.jobs_created = []  # when each Job was created, in order (Kueue's uninstall fault counts them)
         with self.lock:
             self.seed_objects()
@@ -100,6 +101,8 @@ class Cluster(ApiServer, JobController, Scheduler, Kubelet, NamespaceLifecycle):
                         os.killpg(process.pid, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
+            if self.mount_namespaces:
+                remove_pod_cgroups(self.pod_cgroups, patience=2.0)  # no pod cgroup outlives the cluster
 
 
 FAULTS = {
