@@ -70,6 +70,8 @@ class Cluster(ApiServer, JobController, Scheduler, Kubelet, NamespaceLifecycle):
         if self.in_outage():
             return  # the controllers cannot reach the API server either
         with self.lock:
+            if self.stop.is_set():
+                return  # shutting down: start no container after shutdown() killed them all
             self.job_controller()
             self.scheduler()
             self.kubelet()
