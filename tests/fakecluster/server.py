@@ -97,12 +97,13 @@ class Cluster(ApiServer, JobController, Scheduler, Kubelet, NamespaceLifecycle):
     def shutdown(self):
         with self.lock:
             for record in self.processes.values():
-                process = record.get("process")
-                if process is not None and process.poll() is None:
-                    try:
-                        os.killpg(process.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                # the container's process and every exec'd one (each in a session of its own)
+                for process in [record.get("process")] + list(record.get("execs") or []):
+                    if process is not None and process.poll() is None:
+                        try:
+                            os.killpg(process.pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
             if self.mount_namespaces:
                 remove_pod_cgroups(self.pod_cgroups, patience=2.0)  # no pod cgroup outlives the cluster
 
