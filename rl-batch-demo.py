@@ -1464,6 +1464,22 @@ def collect_samples(pods, logs, job, count, observed=None, scheme=None):
             **batch_summary(samples, scheme), "pods": samples}
 
 
+def results_by_task(report):
+    """With --tasks: one entry per task, in task order (what a training loop reads): its reward,
+    or null with its infrastructure failure's reason; which episode (pod or claim) gave it, and
+    how many attempts were made."""
+    rows = {row["index"]: row for row in report["pods"]}
+    failures = {failure["index"]: failure for failure in report["infrastructure_failures"]}
+    tasks = []
+    for index in range(report["episodes"]):
+        row, failure = rows.get(index), failures.get(index, {})
+        tasks.append({"task": index, "reward": row["reward"] if row else None,
+                      "episode": (row.get("pod") or row.get("claim")) if row else None,
+                      "attempts": 1 + len(row["failed_attempts"]) if row else len(failure.get("attempts") or []),
+                      "infrastructure_failure": None if row else failure.get("reason")})
+    return tasks
+
+
 def reward_stats(rewards):
     return {"count": len(rewards), "sum": sum(rewards), "mean": statistics.fmean(rewards) if rewards else None,
             "min": min(rewards, default=None), "max": max(rewards, default=None)}
@@ -1815,6 +1831,8 @@ def results_from_folder(output):
     if run_info.get("custom_episode"):
         report["episode_program"] = {"file": flags.get("episode"), "sha256": run_info.get("episode_sha256"),
                                      "tasks": flags.get("tasks")}
+        if flags.get("tasks"):
+            report["tasks"] = results_by_task(report)
     report["run"] = run_metadata(run_info, read_saved(output / "version.json"),
                                  read_saved(output / "runtimeclass.json"), read_saved(output / "nodes.json"))
     if "round" in run_info:

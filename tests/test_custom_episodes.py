@@ -239,3 +239,14 @@ def test_an_episode_printing_bytes_that_are_not_utf8_is_still_a_sample(backend, 
     assert results["successful_episodes"] == count and results["reward_sum"] == count
     for row in results["pods"]:
         assert NOT_UTF8 in (tmp_path / "out" / (row["pod"] + ".log")).read_bytes()  # kept byte for byte
+
+
+def test_results_list_every_task_in_task_order_with_its_reward_or_failure(backend, run_tool, tmp_path):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": 0, "reward": 0.25}, {"id": 1, "mode": "crash"},
+                                                   {"id": 2, "reward": 0.75}])
+    result = run_backend(run_tool, backend, "--episode", EPISODE, "--tasks", tasks, "--output", "out")
+    assert result.code == 5, result
+    by_task = read(tmp_path / "out" / "results.json")["tasks"]
+    assert [(t["task"], t["reward"]) for t in by_task] == [(0, 0.25), (1, None), (2, 0.75)]
+    assert by_task[1]["infrastructure_failure"].startswith("crashed: exit code 3")
+    assert by_task[0]["infrastructure_failure"] is None and by_task[0]["episode"] and by_task[0]["attempts"] == 1
