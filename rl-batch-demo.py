@@ -21,7 +21,7 @@ How to run
     python3 rl-batch-demo.py run --count 10 --output rl-parallel-10
     python3 rl-batch-demo.py run --count 10 --parallelism 1 --output rl-sequential-10
     python3 rl-batch-demo.py report rl-parallel-10 rl-sequential-10
-    python3 rl-batch-demo.py cleanup --output rl-parallel-10
+    python3 rl-batch-demo.py cleanup rl-parallel-10
     python3 rl-batch-demo.py list                 # runs of this tool left on the context
     python3 rl-batch-demo.py run --backend local --episode my_episode.py --tasks tasks.jsonl \
         --output trial                            # your own episodes, no cluster needed
@@ -37,8 +37,11 @@ The safety promise
       the namespace UID and the Job UID as soon as the API server returns them.
     * `cleanup` deletes nothing unless the live namespace's UID and `agc-demo-run` label,
       and the live Job's UID, equal what the receipt (or the saved job.json) recorded; for a
-      warm-pool run, also every claim's label and the pool's and template's UIDs.
-      It never removes finalizers. Local output is never deleted.
+      warm-pool run, also every claim's label and the pool's and template's UIDs. It refuses
+      while the namespace holds objects the run did not create, naming them (--delete-foreign
+      deletes them too). It never removes finalizers. Local output is never deleted.
+    * Every way out of a run saves what it saw before the error is reported; a receipt that
+      can no longer be kept is printed, and `cleanup --receipt -` finishes from it.
     * An existing output folder is never overwritten.
 
     With --backend local the episodes run as local processes: no cluster, no kubectl.
@@ -56,16 +59,18 @@ Sections of this file, in order (each under a banner of the same name)
     kubectl                            the one subprocess wrapper, a context-bound Cluster, watches
     Console and output files           where people's lines go; atomic JSON files
     Manifests                          pure functions: the objects every backend creates
-    Metrics and validation             pure: time points, phases, percentiles, episode checks
+    Metrics and validation             pure: time points, phases, percentiles, episode checks,
+                                       reserved capacity per reward (the `cost` section)
     The results folder                 results.json from the saved files, and nothing else
     Presentation                       the comparison table and the timeline picture
     Backend interface                  RunSpec, Run, Backend, the start of every run, the summary
-    Job backend                        one batch/v1 Job: watches, logs, rounds, prewarm
+    Job backend                        one batch/v1 Job: watches, logs, rounds, prewarm, what a
+                                       failed wait saves
     Kueue gate                         --queue: the Job's admission by Kueue, a plug-in of the Job backend
     Warm-pool backend                  agent-sandbox claims from a warm pool, episodes exec'd
     Local backend                      local processes, no cluster
     Backend registry                   BACKENDS: the one place that lists the backends
-    Cleanup, report and list           the other subcommands
+    Cleanup, report and list           the other subcommands; foreign objects, --receipt
     Command line                       argparse, the RunSpec built once, main()
 """
 

@@ -140,3 +140,19 @@ def test_cli_runs_on_python_3_9(tmp_path):
     done = subprocess.run([python, str(script), "run", "--help"], text=True, capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "--parallelism" in done.stdout
+
+
+def test_the_module_docstrings_section_map_names_every_banner_in_order():
+    """The file's map of its sections (its docstring) and its banners agree: a reader can find a
+    backend, the Kueue gate, cleanup or the report without searching."""
+    import re
+    text = (ROOT / "rl-batch-demo.py").read_text()
+    mapped = re.findall(r"^    (\w[\w ,-]+?)\s{2,}\S", text.split("Sections of this file", 1)[1].split('"""', 1)[0],
+                        re.M)
+    lines, rule = text.splitlines(), "# " + "=" * 76
+    # a banner: a rule, its title (one line or more), a rule
+    starts = [i for i, line in enumerate(lines) if line == rule]
+    banners = [lines[start + 1][2:] for start, end in zip(starts[::2], starts[1::2])]
+    assert len(mapped) == len(banners), (mapped, banners)
+    for name, banner in zip(mapped, banners):
+        assert banner.startswith(name), (name, banner)
