@@ -1733,6 +1733,11 @@ def used_cpu_seconds(rows):
     return sum(values) / 1e6
 
 
+def run_prices(flags):
+    """(price per CPU-hour, price per GiB-hour) the run was given, each None when not."""
+    return flags.get("price_cpu_hour"), flags.get("price_gib_hour")
+
+
 def cost_summary(shares, rewards, prices, extra=None, used_cpu=None):
     """results.json's `cost`: the shares, their total, per verified reward, the overhead's and
     the idle share's fractions, and (only when both prices were given) a price per 1,000 rewards."""
@@ -1843,7 +1848,7 @@ def results_from_folder(output):
     if "round" in run_info:
         report["round"] = run_info["round"]
     backend.describe_results(output, report, observed)
-    report["cost"] = backend.cost(output, report, (flags.get("price_cpu_hour"), flags.get("price_gib_hour")))
+    report["cost"] = backend.cost(output, report, run_prices(flags))
     if gate is not None:
         gate.describe_results(report)
     if (output.parent / "prewarm" / "prewarm.json").exists() or (output / "prewarm" / "prewarm.json").exists():
@@ -1894,9 +1899,7 @@ def pool_rounds(rounds, run_info):
                 entry = shares.setdefault(name, dict.fromkeys(share, 0))
                 for key, value in share.items():
                     entry[key] += value
-        flags = run_info.get("flags", {})
-        pooled["cost"] = cost_summary(shares, pooled["successful_episodes"],
-                                      (flags.get("price_cpu_hour"), flags.get("price_gib_hour")))
+        pooled["cost"] = cost_summary(shares, pooled["successful_episodes"], run_prices(run_info.get("flags", {})))
     pooled["pods"] = rows
     return pooled
 
@@ -3311,13 +3314,11 @@ class JobRound:
             try:
                 save_events(self.cluster, self.namespace, folder)
                 kept.append("events.txt")
-                listed = {line.split("/", 1)[-1] for line in self.cluster.read(
-                    "-n", self.namespace, "get", "pods", "-l", "job-name=" + self.name, "-o", "name").split()}
-                self.gone = sorted(set(progress.pods) - listed)
                 self.pods = pods
+                still_listed = len(pods) - len(self.learn_gone())
                 self.logs_of(pods)
-                if listed:
-                    kept.append("the logs of the %d pod(s) the API still had" % len(listed))
+                if still_listed:
+                    kept.append("the logs of the %d pod(s) the API still had" % still_listed)
             except DemoError as late:
                 kept.append("not the events or logs (%s)" % late)
         error_type = type(error) if type(error) in (DemoError, BatchTimeout, BatchFailed, ObjectDeleted) \
@@ -3330,13 +3331,9 @@ class JobRound:
         self.console.tell("Interrupted: saving what is known in %s (Ctrl-C again to stop at once)..." % folder)
         watched = self.progress.pods
         try:
-            _, pods, gone = save_state(self.cluster, self.namespace, self.name, folder, watched=watched)
+            _, self.pods, self.gone = save_state(self.cluster, self.namespace, self.name, folder, watched=watched)
             save_events(self.cluster, self.namespace, folder)
-            listed = [pod for pod in pods if pod["metadata"]["name"] not in gone]
-            if gone:
-                record_log_sources(folder, {name: LOGS_GONE for name in gone})
-            fetch_logs(self.cluster, self.namespace, folder, listed, self.name,
-                       [pod["metadata"]["name"] for pod in listed])
+            self.logs_of(self.pods)
         except DemoError as error:
             if watched and not (folder / "pods.json").exists():
                 write_json(folder / "pods.json", sorted(watched.values(), key=by_creation))

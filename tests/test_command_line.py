@@ -106,14 +106,15 @@ def test_a_run_piped_into_head_ends_cleanly(make_cluster, tmp_path, backend):
     assert read(tmp_path / "out" / "results.json")["successful_episodes"] == 2
 
 
-def test_a_terminal_gets_a_human_summary_and_scripts_keep_the_json(tmp_path):
+def local_run_on_a_terminal(tmp_path):
+    """A local run of two episodes whose stderr is a terminal: (exit code, stdout, what the terminal showed)."""
     import pty
     leader, follower = pty.openpty()
-    done = subprocess.run([sys.executable, str(SCRIPT), "run", "--backend", "local", "--count", "2", "--output", "out"],
-                          cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=follower, text=True, timeout=120)
+    process = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--backend", "local", "--count", "2", "--output",
+                                "out"], cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=follower, text=True)
     os.close(follower)
     shown = b""
-    while True:
+    while True:  # read while it runs: a full terminal buffer would block it
         try:
             chunk = os.read(leader, 65536)
         except OSError:
@@ -122,9 +123,14 @@ def test_a_terminal_gets_a_human_summary_and_scripts_keep_the_json(tmp_path):
             break
         shown += chunk
     os.close(leader)
-    assert done.returncode == 0
-    assert json.loads(done.stdout)["successful_episodes"] == 2
-    text = shown.decode()
+    stdout = process.stdout.read()
+    return process.wait(timeout=120), stdout, shown.decode()
+
+
+def test_a_terminal_gets_a_human_summary_and_scripts_keep_the_json(tmp_path):
+    code, stdout, text = local_run_on_a_terminal(tmp_path)
+    assert code == 0
+    assert json.loads(stdout)["successful_episodes"] == 2
     assert "Done: 2 episodes, 2 with a reward (sum 2)." in text
     assert "Results: out/results.json" in text and "Clean up" not in text
 
@@ -213,14 +219,14 @@ def test_quiet_runs_print_nothing_on_stderr(cluster, run_tool):
 @pytest.mark.parametrize("backend", ["kubernetes", "warm-pool", "local"])
 def test_stdout_of_a_run_is_json_and_nothing_else(backend, make_cluster, run_tool, tmp_path):
     cluster = make_cluster({"agentSandbox": {"version": "v0.5.6", "extensions": True}})
-    args = ["run", "--backend", backend, "--count", "2"] + (["--no-runtime-class"] if backend != "local" else []) + [
-        "--output", "out"]
-    for extra in ([], ["--quiet"]):
-        result = run_tool(*args[:-1], "out" + "".join(extra), *extra, cluster=cluster)
+    runtime = ["--no-runtime-class"] if backend != "local" else []
+    for output, quiet in (("out", []), ("out-quiet", ["--quiet"])):
+        result = run_tool("run", "--backend", backend, "--count", "2", *runtime, *quiet, "--output", output,
+                          cluster=cluster)
         assert result.code == 0, result
         assert json.loads(result.stdout)["episodes"] == 2  # `| python3 -m json.tool` works
     if backend != "local":
-        cleanup = run_tool("cleanup", "out", "out--quiet", cluster=cluster)
+        cleanup = run_tool("cleanup", "out", "out-quiet", cluster=cluster)
         assert cleanup.code == 0 and cleanup.stdout == "", cleanup
 
 
@@ -269,27 +275,9 @@ def test_run_help_is_grouped_with_an_example_per_backend(run_tool):
     assert "one Kubernetes Job)" not in run_tool("--help").stdout
 
 
-def test_a_local_runs_terminal_summary_names_its_own_startup(run_tool, tmp_path):
-    import os
-    import pty
-    primary, secondary = pty.openpty()  # stderr on a terminal: the human summary is written
-    try:
-        process = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--backend", "local", "--count", "2",
-                                    "--output", "out"], cwd=str(tmp_path), stdout=subprocess.DEVNULL, stderr=secondary)
-        os.close(secondary)
-        seen = b""
-        while True:
-            try:
-                chunk = os.read(primary, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            seen += chunk
-    finally:
-        os.close(primary)
-    assert process.wait(timeout=120) == 0
-    text = seen.decode()
+def test_a_local_runs_terminal_summary_names_its_own_startup(tmp_path):
+    code, _, text = local_run_on_a_terminal(tmp_path)
+    assert code == 0
     assert "Episode process launched -> ready: P50 " in text and "Pod created" not in text
 
 

@@ -580,7 +580,9 @@ def test_a_queued_batch_whose_episodes_all_fail_fails_at_once_as_unqueued(make_c
     assert done.code == 4, done
     assert "Job rollout failed (BackoffLimitExceeded: Job has reached the specified backoff limit)" in done.stderr
     assert time.monotonic() - started < 60  # not the Job's 240 s deadline
-    assert len(read(tmp_path / "out" / "pods.json")) == 4  # no replacement waves: backoffLimit 0, as unqueued
+    # no replacement waves (backoffLimit 0, as unqueued); fewer than 4 when the first failure comes before the
+    # Job controller's slow-start batches have made them all
+    assert len(read(tmp_path / "out" / "pods.json")) <= 4
 
 
 def test_a_held_cluster_queue_is_waited_for_and_the_batch_runs_once_it_is_resumed(make_cluster, run_tool, tmp_path):
