@@ -270,8 +270,11 @@ TRANSIENT_MARKERS = ("(InternalError)", "(ServiceUnavailable)", "(Timeout)", "(S
 REFUSAL_MARKERS = ("(Forbidden)", "(Invalid)", "(BadRequest)", "(NotFound)", "(MethodNotAllowed)",
                    "(Unauthorized)", "(UnsupportedMediaType)", "(RequestEntityTooLarge)", "Error in configuration",
                    "error: ", "error parsing")
-# The API serves no such kind: `get`/`delete` of an unknown resource, `create` of an unknown kind.
-NO_SUCH_KIND_MARKERS = ("doesn't have a resource type", "resource mapping not found")
+# The API serves no such kind: `get`/`delete` of an unknown resource, `create` of an unknown kind,
+# and, where kubectl's discovery cache still lists a kind whose CRD was deleted, the API server's
+# 404 for the path it no longer serves (tests/fakecluster/ASSUMPTIONS.md, Kueue, "Uninstall").
+NO_SUCH_KIND_MARKERS = ("doesn't have a resource type", "resource mapping not found",
+                        "the server could not find the requested resource")
 
 
 class KubectlError(DemoError):

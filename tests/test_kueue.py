@@ -465,19 +465,23 @@ def test_a_stopped_or_inactive_cluster_queue_is_held_not_refused(tool):
                                                     "kubectl-patch)"
 
 
+@pytest.mark.parametrize("cached", [False, True], ids=["fresh-discovery", "cached-discovery"])
 def test_kueue_uninstalled_while_the_batch_is_queued_is_named_instead_of_waiting_out_the_queue_timeout(
-        make_cluster, run_tool, tmp_path):
-    # Kueue's CRDs, webhooks and controller go 2 s after the run's Job (the cluster's second) is created.
-    cluster = make_cluster(busy_config(tmp_path, uninstall={"afterJobs": 2, "seconds": 2.0}))
+        make_cluster, run_tool, tmp_path, cached):
+    # Kueue's CRDs, webhooks and controller go 2 s after the run's Job (the cluster's second) is
+    # created; with a kubectl whose discovery cache still lists them, the list gets a 404 instead.
+    cluster = make_cluster(busy_config(tmp_path, uninstall={"afterJobs": 2, "seconds": 2.0,
+                                                            "discoveryCached": cached}))
     start_blocker(cluster)
     process = start_queued_run(cluster, tmp_path)
     _, stderr = process.communicate(timeout=120)
     (tmp_path / "release-blocker").touch()
     assert process.returncode == 1, stderr
     line = stderr.strip().splitlines()[-1]
-    assert line.startswith("Error: the API server no longer serves Kueue's Workloads (error: the server doesn't have "
-                           "a resource type \"workloads.kueue.x-k8s.io\"): Kueue was uninstalled while Job rollout waited in its "
-                           "queue, and nothing will admit it now"), stderr
+    kubectl_said = "Error from server (NotFound): the server could not find the requested resource" if cached \
+        else "error: the server doesn't have a resource type \"workloads.kueue.x-k8s.io\""
+    assert line.startswith("Error: the API server no longer serves Kueue's Workloads (%s): Kueue was uninstalled while "
+                           "Job rollout waited in its queue, and nothing will admit it now" % kubectl_said), stderr
     assert (tmp_path / "out" / "job.json").exists() and (tmp_path / "out" / "queue.json").exists()
     assert run_tool("cleanup", "--output", "out", cluster=cluster).code == 0
 

@@ -108,7 +108,11 @@ class ApiServer:
         return resource not in agentsandbox.RESOURCES or agentsandbox.installed(self.config)
 
     def discovery(self):
-        return sorted(resource for resource in RESOURCES if self.served(resource))
+        # A kubectl whose discovery cache predates Kueue's uninstall still maps its kinds
+        # (uninstall.discoveryCached): the request then gets the API server's 404.
+        stale = kueue.RESOURCES if (self.config.get("kueue") or {}).get("uninstall", {}).get("discoveryCached") \
+            else ()
+        return sorted(resource for resource in RESOURCES if self.served(resource) or resource in stale)
 
     def check_rbac(self, verb, resource, namespace, name=None):
         """Denials worded as the API server words them (apiserver responsewriters.forbiddenMessage
