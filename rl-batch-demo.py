@@ -64,6 +64,8 @@ Sections of this file, in order (each under a banner of the same name)
     The results folder                 results.json from the saved files, and nothing else
     Presentation                       the comparison table and the timeline picture
     Backend interface                  RunSpec, Run, Backend, the start of every run, the summary
+    The episode stream                 --stream: each episode on stdout once verified, and what a
+                                       reader may rely on
     Job backend                        one batch/v1 Job: watches, logs, rounds, prewarm, what a
                                        failed wait saves
     Kueue gate                         --queue: the Job's admission by Kueue, a plug-in of the Job backend
@@ -579,14 +581,14 @@ class BackgroundCall:
     news while the call runs: a call that hangs (a stuck connection) stalls nothing, and
     cancel() stops its process once the loop no longer needs the answer."""
 
-    def __init__(self, cluster, *parts):
+    def __init__(self, cluster, *parts, binary=False):
         self.process, self.value, self.error = None, None, None
-        self.thread = threading.Thread(target=self.call, args=(cluster, parts), daemon=True)
+        self.thread = threading.Thread(target=self.call, args=(cluster, parts, binary), daemon=True)
         self.thread.start()
 
-    def call(self, cluster, parts):
+    def call(self, cluster, parts, binary):
         try:
-            self.value = cluster.kubectl(*parts, on_start=self.started)
+            self.value = cluster.kubectl(*parts, binary=binary, on_start=self.started)
         except DemoError as error:
             self.error = error
 
@@ -1423,6 +1425,41 @@ def sample_events(pod, log):
     return found["ready"][0], found["reward"][0], source
 
 
+def index_verdict(index, tried, job_created, job_finished, observed, scheme):
+    """One custom episode's verdict from its attempts so far ([(pod, log)], any order): (its
+    sample row or None, [{"pod", "reason"}] of every attempt that is not its sample). The
+    batch's validation and the stream (--stream) both ask this, so they agree."""
+    tried = sorted(tried, key=lambda item: by_creation(item[0]))
+    # Every attempt is looked at: creation times are whole seconds, so their order within
+    # a second is unknown, and a failed attempt must be listed whatever its place.
+    reasons, sample = [], None
+    for pod, log in tried:
+        reason = attempt_failure(pod, log)
+        if reason is None:
+            try:
+                ready, reward, source = sample_events(pod, log)
+            except EpisodeInvalid as problem:
+                reason = str(problem)
+            else:
+                if sample is None:
+                    sample = episode_row(pod, ready, reward, job_created, (observed or {}).get(pod["metadata"]["name"]),
+                                         source, job_finished, scheme)
+                    sample["index"] = index
+                    sample["reward_fields"] = {k: v for k, v in reward.items()
+                                               if k not in ("event", "at", "episode_id", "reward")}
+                continue
+        reasons.append({"pod": pod["metadata"]["name"], "reason": reason})
+    if sample is not None:
+        sample["failed_attempts"] = reasons
+    return sample, reasons
+
+
+def no_sample(index, reasons):
+    """An episode with no sample: an infrastructure failure, its last attempt's reason first."""
+    return {"index": index, "reason": reasons[-1]["reason"] if reasons else
+            "no pod ran for this episode (see events.txt)", "attempts": reasons}
+
+
 def collect_samples(pods, logs, job, count, observed=None, scheme=None):
     """Custom episodes: every index is a sample (ready and a numeric reward, whatever its value)
     or an infrastructure failure (never ready, crashed, evicted, malformed), never both.
@@ -1430,7 +1467,6 @@ def collect_samples(pods, logs, job, count, observed=None, scheme=None):
     Retried indexes have several pods; one sample counts (the first by creation), and every
     failed attempt is listed with its reason.
     """
-    observed = observed or {}
     job_created = parse_k8s_time(job["metadata"]["creationTimestamp"])
     job_finished = job_finished_time(job)
     attempts = collections.defaultdict(list)
@@ -1439,53 +1475,38 @@ def collect_samples(pods, logs, job, count, observed=None, scheme=None):
         attempts[position if index is None else index].append((pod, log))
     samples, failures = [], []
     for index in range(count):
-        tried = sorted(attempts.get(index, []), key=lambda item: by_creation(item[0]))
-        # Every attempt is looked at: creation times are whole seconds, so their order within
-        # a second is unknown, and a failed attempt must be listed whatever its place.
-        reasons, sample = [], None
-        for pod, log in tried:
-            reason = attempt_failure(pod, log)
-            if reason is None:
-                try:
-                    ready, reward, source = sample_events(pod, log)
-                except EpisodeInvalid as problem:
-                    reason = str(problem)
-                else:
-                    if sample is None:
-                        sample = episode_row(pod, ready, reward, job_created,
-                                             observed.get(pod["metadata"]["name"]), source, job_finished,
-                                             scheme)
-                        sample["index"] = index
-                        sample["reward_fields"] = {k: v for k, v in reward.items()
-                                                   if k not in ("event", "at", "episode_id", "reward")}
-                    continue
-            reasons.append({"pod": pod["metadata"]["name"], "reason": reason})
+        sample, reasons = index_verdict(index, attempts.get(index, []), job_created, job_finished, observed, scheme)
         if sample is not None:
-            sample["failed_attempts"] = reasons
             samples.append(sample)
         else:
-            failures.append({"index": index, "reason": reasons[-1]["reason"] if reasons else
-                             "no pod ran for this episode (see events.txt)", "attempts": reasons})
+            failures.append(no_sample(index, reasons))
     rewards = [row["reward"] for row in samples]
     return {"episodes": count, "successful_episodes": len(samples), "reward_sum": sum(rewards),
             "rewards": reward_stats(rewards), "infrastructure_failures": failures,
             **batch_summary(samples, scheme), "pods": samples}
 
 
+def task_entry(index, row, failure):
+    """One task's entry (results.json's `tasks`, a streamed line): its reward, or null with its
+    infrastructure failure's reason; which episode (pod or claim) gave it; how many attempts
+    were made."""
+    failure = failure or {}
+    return {"task": index, "reward": row["reward"] if row else None,
+            "episode": episode_name(row) if row else None,
+            "attempts": 1 + len(row.get("failed_attempts") or []) if row else len(failure.get("attempts") or []),
+            "infrastructure_failure": None if row else failure.get("reason")}
+
+
+def episode_name(row):
+    """What names an episode: its claim (a warm-pool episode's EPISODE_ID), else its pod."""
+    return row.get("claim") or row.get("pod")
+
+
 def results_by_task(report):
-    """With --tasks: one entry per task, in task order (what a training loop reads): its reward,
-    or null with its infrastructure failure's reason; which episode (pod or claim) gave it, and
-    how many attempts were made."""
+    """With --tasks: one entry per task, in task order (what a training loop reads)."""
     rows = {row["index"]: row for row in report["pods"]}
     failures = {failure["index"]: failure for failure in report["infrastructure_failures"]}
-    tasks = []
-    for index in range(report["episodes"]):
-        row, failure = rows.get(index), failures.get(index, {})
-        tasks.append({"task": index, "reward": row["reward"] if row else None,
-                      "episode": (row.get("pod") or row.get("claim")) if row else None,
-                      "attempts": 1 + len(row["failed_attempts"]) if row else len(failure.get("attempts") or []),
-                      "infrastructure_failure": None if row else failure.get("reason")})
-    return tasks
+    return [task_entry(index, rows.get(index), failures.get(index)) for index in range(report["episodes"])]
 
 
 def reward_stats(rewards):
@@ -2257,6 +2278,7 @@ class RunSpec:
     dry_run: bool = False
     force: bool = False
     quiet: bool = False
+    stream: bool = False
     context: str = None
     price_cpu_hour: float = None
     price_gib_hour: float = None
@@ -2288,6 +2310,7 @@ class Run:
     def __init__(self, spec, console, cluster, output, receipt, facts):
         self.spec, self.console, self.cluster = spec, console, cluster
         self.output, self.receipt, self.facts = output, receipt, facts
+        self.stream = EpisodeStream(spec, console, output)  # prints only with --stream
 
     @property
     def namespace(self):
@@ -2692,10 +2715,16 @@ def cost_lines(report):
     return ["; ".join(parts) + " (whole-second Kubernetes times)."]
 
 
-def conclude(report, output, console):
+def conclude(report, run):
     """Print the summary and warnings; the exit code says whether any episode is an
     infrastructure failure (custom episodes only: their results are written regardless)."""
-    console.say(json.dumps(summary_view(report), indent=2))
+    output, console = run.output, run.console
+    failures = report.get("infrastructure_failures") or []
+    exit_code = EXIT_INFRA_FAILURES if failures else EXIT_OK
+    if run.stream.enabled:
+        run.stream.summary(summary_view(report), exit_code)  # one line, the stream's last
+    else:
+        console.say(json.dumps(summary_view(report), indent=2))
     if console.interactive:
         console.tell(human_summary(report, output))
     for finding in report["clock_skew"]["findings"]:
@@ -2705,13 +2734,110 @@ def conclude(report, output, console):
         console.warn("batch_to_all_ready_seconds, batch_to_all_rewards_seconds and pod_to_ready_* are null in "
                      "results.json: they compare the episode clock with the API server's, and %s"
                      % report["clock_skew"]["headline_withheld"])
-    failures = report.get("infrastructure_failures") or []
     if failures:
         console.warn("%d of %d episodes are infrastructure failures, not samples (listed in results.json); "
                      "first: episode %d: %s" % (len(failures), report["episodes"], failures[0]["index"],
                                                 failures[0]["reason"]))
-        return EXIT_INFRA_FAILURES
-    return EXIT_OK
+    return exit_code
+
+
+# ============================================================================
+# The episode stream (--stream): each episode on stdout as soon as it is verified
+# ============================================================================
+# What a consumer may rely on (the README's "Use it from a training loop" says the same):
+#   * one line per episode, {"type": "episode", ...}, as soon as its verdict is final, in
+#     the order the verdicts were reached; every episode of the batch has exactly one;
+#   * a line is never withdrawn: its reward (or infrastructure failure), episode and attempt
+#     count are what results.json's `tasks` (and `pods`) say; its phases are the episode's
+#     own, and results.json may still withhold one (null) when the Job's end proves the
+#     episode's clock ahead (clock_skew says so);
+#   * the last line is {"type": "summary", "exit_code": N, ...the usual summary...}, or
+#     {"type": "error", "exit_code": N, "error": "..."} when the run failed (the same line as
+#     stderr's `Error:`); with the built-in episode a failed check fails the whole batch, so
+#     its episodes' lines stand but no results.json is written.
+# The lines are kept in the output folder's stream.jsonl as well: a reader that went away
+# loses nothing.
+
+STREAM_FILE = "stream.jsonl"
+
+
+class EpisodeStream:
+    """--stream: the backends offer each episode's attempts as they end; the stream asks the
+    batch's own validation (index_verdict, validate_episode) whether the verdict is final and
+    prints it. A run without --stream has one too, which prints nothing."""
+
+    def __init__(self, spec, console, output):
+        self.enabled, self.custom = spec.stream, bool(spec.episode)
+        self.console, self.output = console, output
+        self.round, self.started = None, None
+        self.sent = {}  # (round, key) -> the line sent; key: the task index, or the built-in episode's name
+        self.lock = threading.Lock()
+
+    def begin(self, started, round_number=None):
+        """A batch starts (client monotonic clock): streamed_after_seconds counts from here."""
+        self.started, self.round = started, round_number
+
+    def offer(self, key, tried, job_created, observed, scheme, final):
+        """Attempts of one episode ([(pod-shaped record, log text or None)]); `final`: no other
+        attempt will be made. Sends the episode's line once its verdict is final."""
+        if not self.enabled or (self.round, key) in self.sent:
+            return
+        if self.custom:
+            sample, reasons = index_verdict(key, tried, job_created, None, observed, scheme)
+            if sample is None and not final:
+                return
+            self.send(key, task_entry(key, sample, None if sample else no_sample(key, reasons)), sample)
+            return
+        pod, log = tried[0]
+        try:
+            row = validate_episode(pod, log, job_created, (observed or {}).get(key), None, scheme)
+        except EpisodeInvalid:
+            return  # the built-in episode: the batch fails, and its error line says why
+        self.send(key, task_entry(None, row, None), row)
+
+    def send(self, key, entry, row):
+        line = dict({"type": "episode"}, **({"round": self.round} if self.round else {}), **entry)
+        line["phases"] = row["phases"] if row else None
+        # client monotonic clock, from the batch's start (the Job's create call, the first claim,
+        # the local batch's start), microseconds
+        line["streamed_after_seconds"] = round(time.monotonic() - self.started, 6)
+        text = json.dumps(line)
+        with self.lock:
+            if (self.round, key) in self.sent:
+                return
+            self.sent[(self.round, key)] = line
+            with open(self.output / STREAM_FILE, "a") as kept:
+                kept.write(text + "\n")
+            self.console.say(text)
+
+    def finish(self, report):
+        """After results.json: the episodes whose verdict came only with the batch's end (a
+        log read at the end, an index the deadline cut short), then a check that every line
+        sent agrees with results.json."""
+        if not self.enabled:
+            return
+        if self.custom:
+            final = {entry["task"]: (entry, row) for entry, row in zip(
+                results_by_task(report), self.rows_by_index(report))}
+        else:
+            final = {episode_name(row): (task_entry(None, row, None), row) for row in report["pods"]}
+        for key, (entry, row) in final.items():  # task order, or results.json's
+            if (self.round, key) not in self.sent:
+                self.send(key, entry, row)
+            sent = self.sent[(self.round, key)]
+            differs = [field for field in entry if sent.get(field) != entry[field]]
+            if differs:
+                self.console.warn("streamed episode %s disagrees with results.json on %s (streamed %s); "
+                                  "results.json is the record" % (key, ", ".join(differs),
+                                                                   {field: sent.get(field) for field in differs}))
+
+    @staticmethod
+    def rows_by_index(report):
+        rows = {row["index"]: row for row in report["pods"]}
+        return [rows.get(index) for index in range(report["episodes"])]
+
+    def summary(self, view, exit_code):
+        self.console.say(json.dumps(dict({"type": "summary", "exit_code": exit_code}, **view)))
 
 
 # ============================================================================
@@ -2849,6 +2975,7 @@ class JobProgress:
         self.unreachable_since = None  # client monotonic clock: since when no call reaches the API server
         self.unreachable_error = ""  # kubectl's line for it
         self.poll = None  # the `get job` running in the background, if any
+        self.feed = None  # with --stream: the JobEpisodeFeed told of every update
 
     def absorb_pods(self):
         self.watches.absorb()
@@ -2922,6 +3049,8 @@ class JobProgress:
                 live = self.poll_job(live)
                 if self.poll is None:
                     polled_at = time.monotonic()
+            if self.feed is not None:
+                self.feed.update(live, self.pods, self.observed)
             outcome = job_outcome(live)
             status = live.get("status", {})
             counts = tuple(status.get(key, 0) for key in ("active", "ready", "succeeded", "failed"))
@@ -3152,6 +3281,99 @@ def save_node_summaries(nodes, pods, folder):
     write_json(folder / "nodes.json", [node_summary(node) for node in nodes if node["metadata"]["name"] in used])
 
 
+def index_set(ranges):
+    """A Job's completedIndexes or failedIndexes ("1,3-5") as a set of ints."""
+    indexes = set()
+    for part in (ranges or "").split(","):
+        if part.strip():
+            first, _, last = part.partition("-")
+            indexes.update(range(int(first), int(last or first) + 1))
+    return indexes
+
+
+STREAM_LOG_READS = 8  # `kubectl logs POD` processes at once for the stream's early logs
+
+
+class JobEpisodeFeed:
+    """--stream on the Job backend: hands the stream each episode whose verdict the watches
+    already show. A finished pod is enough when its termination message holds its events;
+    otherwise (and for a failed attempt, whose reason quotes its log) its log is read in the
+    background as soon as it finished, saved as <pod>.log, and not read again at the end. A
+    custom episode's failure is final once the Job controller gave up on its index
+    (status.failedIndexes); until then another attempt may still come."""
+
+    def __init__(self, job_round):
+        self.round, self.stream = job_round, job_round.run.stream
+        self.custom = bool(job_round.run.spec.episode)
+        self.logs = {}  # pod name -> log text, or None when the API no longer had it
+        self.reading = {}  # pod name -> BackgroundCall of its `kubectl logs`
+        self.waiting = []  # pod names whose log is wanted, in the order they finished
+
+    def update(self, job, pods, observed):
+        """Called by the wait loop with the Job and every pod as last seen."""
+        created = job.get("metadata", {}).get("creationTimestamp")
+        if not created:
+            return
+        self.collect_logs()
+        failed_indexes = index_set(job.get("status", {}).get("failedIndexes"))
+        groups = collections.defaultdict(list)
+        for pod in pods.values():
+            if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                groups[pod_index(pod) if self.custom else pod["metadata"]["name"]].append(pod)
+        for key, finished in groups.items():
+            if key is None:
+                continue
+            counted = [pod for pod in finished if pod["status"]["phase"] == "Succeeded"
+                       and not pod["metadata"].get("deletionTimestamp")]
+            final = bool(counted) or key in failed_indexes
+            if not self.custom and not counted:
+                continue  # a failed built-in episode fails the batch: nothing to stream
+            wanted = [pod["metadata"]["name"] for pod in finished if self.needs_log(pod)]
+            if any(name not in self.logs for name in wanted):
+                for name in wanted:
+                    self.want_log(name)
+                continue
+            tried = [(pod, self.logs.get(pod["metadata"]["name"])) for pod in finished]
+            self.stream.offer(key, tried, parse_k8s_time(created), observed, JobBackend.scheme, final)
+
+    @staticmethod
+    def needs_log(pod):
+        return pod["status"]["phase"] != "Succeeded" or episode_events(pod, "")[1] == "log"
+
+    def want_log(self, name):
+        if name not in self.reading and name not in self.waiting:
+            self.waiting.append(name)
+        self.start_reads()
+
+    def start_reads(self):
+        while self.waiting and len(self.reading) < STREAM_LOG_READS:
+            pod = self.waiting.pop(0)
+            self.reading[pod] = BackgroundCall(self.round.cluster, "-n", self.round.namespace, "logs", pod, "-c",
+                                               CONTAINER_NAME, binary=True)
+
+    def collect_logs(self):
+        """Take in the logs read since the last update, saved byte for byte as the end would."""
+        for name, call in list(self.reading.items()):
+            if not call.done():
+                continue
+            del self.reading[name]
+            try:
+                data = call.result()
+            except KubectlError as error:
+                if error.not_found:
+                    self.logs[name] = None  # gone with its pod; the end records it so in logs.json
+                continue  # otherwise the end reads it again
+            (self.round.folder / (name + ".log")).write_bytes(data)
+            record_log_sources(self.round.folder, {name: LOGS_SOURCE_POD})
+            self.logs[name] = log_text(data)
+        self.start_reads()
+
+    def stop(self):
+        for call in self.reading.values():
+            call.cancel()
+        self.reading, self.waiting = {}, []
+
+
 class JobRound:
     """One Job of a run from its submission to its results (a measured round, or one prewarm
     Job): what its wait saw is kept here, so that every way out can save it."""
@@ -3163,11 +3385,15 @@ class JobRound:
         self.cluster, self.console, self.namespace = run.cluster, run.console, run.namespace
         self.started = None  # client monotonic clock, just before the create call
         self.pods, self.gone = [], None  # the Job's pods as saved; those the API no longer has, once known
+        self.measured = "prewarm_node" not in run_info  # a prewarm Job's episode is no sample: not streamed
+        progress.feed = JobEpisodeFeed(self) if run.spec.stream and self.measured else None
 
     def submit(self):
         """Create the Job, recording its UID in the receipt at once."""
         write_json(self.folder / "job-submitted.json", self.job)
         self.started, create_called = time.monotonic(), time.time()
+        if self.measured:
+            self.run.stream.begin(self.started, self.run_info.get("round"))
         created = self.cluster.create_owned(self.job, self.run.run_id)
         self.run.receipt.setdefault("jobs", {})[self.name] = created["metadata"]["uid"]
         if self.name == JOB_NAME:
@@ -3228,8 +3454,9 @@ class JobRound:
             self.fail(live, outcome, blocked, wait_seconds, where)
         # Episodes whose termination message does not hold their events are validated from logs,
         # and a failed attempt's log says why it failed.
-        needed = [pod for pod in self.pods if episode_events(pod, "")[1] == "log"
-                  or pod.get("status", {}).get("phase") != "Succeeded"]
+        needed = [pod for pod in self.pods if (episode_events(pod, "")[1] == "log"
+                  or pod.get("status", {}).get("phase") != "Succeeded")
+                  and not (folder / (pod["metadata"]["name"] + ".log")).exists()]  # the stream's read it
         if needed:
             self.learn_gone()
             self.logs_of(needed)
@@ -3241,6 +3468,8 @@ class JobRound:
                             % (error, where)) from None
         report["log_archive"] = log_archive_summary(folder)
         write_json(folder / "results.json", report)
+        if self.measured:
+            self.run.stream.finish(report)
         return report
 
     def fail(self, live, outcome, blocked, wait_seconds, where):
@@ -3343,6 +3572,8 @@ class JobRound:
             self.console.warn("could not save everything: %s" % error)
 
     def stop(self):
+        if self.progress.feed is not None:
+            self.progress.feed.stop()
         self.progress.stop()
         self.admission.stop()
 
@@ -3415,7 +3646,7 @@ class JobBackend(Backend):
             if spec.rounds > 1:
                 self.console.note("round %d of %d: Job %s" % (number, spec.rounds, name))
             rounds.append(job_round.finish())
-        return conclude(pool_round_folders(run.output, run_info, rounds), run.output, self.console)
+        return conclude(pool_round_folders(run.output, run_info, rounds), run)
 
     @staticmethod
     def round_info(run, run_info, folder, expected, extra):
@@ -5017,6 +5248,7 @@ class WarmPoolRun:
         self.position = {name: index for index, name in enumerate(self.names)}
         self.observed = {name: {} for name in self.names}
         started = time.monotonic()
+        self.run.stream.begin(started)
         self.deadline = started + self.spec.timeout
         executor = concurrent.futures.ThreadPoolExecutor(max_workers=self.spec.exec_concurrency)
         pending = {}
@@ -5115,6 +5347,18 @@ class WarmPoolRun:
             (self.output / (name + ".stderr")).write_bytes(result.stderr.rstrip(b"\n") + b"\n")
         self.results[name] = {"code": result.code, "error": result.error, "reason": result.reason,
                               "sandbox": sandbox, "pod_name": pod_name}
+        self.offer(name, index, result)
+
+    def offer(self, name, index, result):
+        """The finished episode, to the stream (--stream): its record as episodes.json will hold
+        it, less what only the end reads (its pod's node, image and restart count). One attempt
+        per claim, so its verdict is final."""
+        claim = self.latest[name]
+        record = warm_episode_record(claim, index, self.results[name]["sandbox"], None, self.results[name],
+                                     self.observed[name])
+        created = parse_k8s_time(claim["metadata"]["creationTimestamp"])
+        self.run.stream.offer(index if self.spec.episode else name, [(record, log_text(result.stdout))], created,
+                              self.observed, WarmPoolBackend.scheme, final=True)
 
     def deleted_under(self, sandbox_name, pod_name):
         """Why an episode's exec ended: its Sandbox or its pod was deleted while it ran (this run
@@ -5377,7 +5621,9 @@ class WarmPoolBackend(Backend):
         unfinished = batch.unfinished_error(where)
         if unfinished:
             raise unfinished
-        return conclude(write_results(output, where), output, self.console)
+        report = write_results(output, where)
+        run.stream.finish(report)
+        return conclude(report, run)
 
     @classmethod
     def describe_results(cls, output, report, observed):
@@ -5527,8 +5773,8 @@ class LocalBatch:
     """One local batch under way: the episode processes (the parallelism honoured, retries as
     --retries says), their records, and what an interrupt must stop."""
 
-    def __init__(self, spec, console, folder):
-        self.spec, self.console, self.folder = spec, console, folder
+    def __init__(self, spec, console, folder, stream):
+        self.spec, self.console, self.folder, self.stream = spec, console, folder, stream
         self.records, self.running = [], set()  # pod-shaped records; episode processes alive
         self.lock, self.stopping = threading.Lock(), threading.Event()  # stopping: set on Ctrl-C or SIGTERM
         self.scratch = None
@@ -5544,6 +5790,7 @@ class LocalBatch:
             for name, text in tasks_data(spec.tasks_list or []).items():
                 (self.scratch / name).write_text(text)
             self.created = time.time()
+            self.stream.begin(time.monotonic(), run_info.get("round"))
             self.deadline = self.created + spec.timeout
             pool = concurrent.futures.ThreadPoolExecutor(max_workers=spec.parallelism)
             try:
@@ -5611,8 +5858,23 @@ class LocalBatch:
             with self.lock:
                 self.records.append(local_record(name, index, created, time.time(), 137 if timed_out else code,
                                                  message, timed_out))
-            if code == 0 or timed_out or not spec.episode or self.stopping.is_set():
+            last = code == 0 or timed_out or not spec.episode or attempt == spec.retries
+            if not self.stopping.is_set():  # an episode cut short by Ctrl-C has no verdict
+                self.offer(index, name, last)
+            if last or self.stopping.is_set():
                 return
+
+    def offer(self, index, name, final):
+        """This episode's attempts so far, to the stream (--stream)."""
+        with self.lock:
+            records = [r for r in self.records if pod_index(r) == index]
+        tried = [(record, log_text((self.folder / (record["metadata"]["name"] + ".log")).read_bytes()))
+                 for record in records]
+        created = parse_k8s_time(iso_micro(self.created))  # job.json's creationTimestamp, as validation reads it
+        if self.spec.episode:
+            self.stream.offer(index, tried, created, {}, LocalBackend.scheme, final)
+        else:
+            self.stream.offer(name, tried[-1:], created, {}, LocalBackend.scheme, final)
 
     def interrupted(self, pool):
         """Stop every episode's process group at once, keep what is known, leave nothing behind;
@@ -5672,8 +5934,10 @@ class LocalBackend(Backend):
             folder = round_folder(output, number, spec.rounds)
             folder.mkdir(exist_ok=True)
             info = dict(run_info, **({"round": number} if spec.rounds > 1 else {}))
-            rounds.append(LocalBatch(spec, self.console, folder).run(info))
-        return conclude(pool_round_folders(output, run_info, rounds), output, self.console)
+            report = LocalBatch(spec, self.console, folder, run.stream).run(info)
+            run.stream.finish(report)
+            rounds.append(report)
+        return conclude(pool_round_folders(output, run_info, rounds), run)
 
     @classmethod
     def describe_results(cls, output, report, observed):
@@ -6092,6 +6356,10 @@ def build_parser():
                         help="submit even when the preflight finds no node that can run an episode pod")
     output.add_argument("--quiet", action="store_true",
                         help="no progress or notes on stderr (errors and warnings still print)")
+    output.add_argument("--stream", action="store_true",
+                        help="stdout: one JSON line per episode as soon as it is verified (its task, reward or "
+                             "infrastructure failure, attempts, phases), then the summary as one line, or the "
+                             "error; also kept in DIR/%s" % STREAM_FILE)
     batch = run.add_argument_group("the batch")
     batch.add_argument("--count", type=int,
                        help="episodes in the batch, 1..%d, or up to %d with --allow-large (default %d, or "
@@ -6233,6 +6501,8 @@ def run_spec(args):
     fail = args.subparser.error
     if not args.output and not args.dry_run:
         fail("--output DIR is required (unless --dry-run)")
+    if args.stream and args.dry_run:
+        fail("--stream streams a run's episodes; --dry-run runs none (leave one of them out)")
     program, tasks = read_episode_inputs(args, fail)
     fields = {field.name: getattr(args, field.name) for field in dataclasses.fields(RunSpec)
               if hasattr(args, field.name)}
@@ -6304,14 +6574,19 @@ def main(argv=None):
     try:
         return COMMANDS[options.command](options, console)
     except DemoError as error:
-        console.tell("Error: %s" % error)
-        return error.exit_code
+        return failed(options, console, str(error), error.exit_code)
     except Terminated:
-        console.tell("Error: terminated (SIGTERM)")
-        return EXIT_TERMINATED
+        return failed(options, console, "terminated (SIGTERM)", EXIT_TERMINATED)
     except KeyboardInterrupt:
-        console.tell("Error: interrupted")
-        return EXIT_INTERRUPTED
+        return failed(options, console, "interrupted", EXIT_INTERRUPTED)
+
+
+def failed(options, console, message, exit_code):
+    """The one line that ends a failed command (stderr); with --stream also the stream's last line."""
+    console.tell("Error: %s" % message)
+    if getattr(options, "stream", False):
+        console.say(json.dumps({"type": "error", "exit_code": exit_code, "error": message}))
+    return exit_code
 
 
 if __name__ == "__main__":
