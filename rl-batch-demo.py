@@ -6589,5 +6589,218 @@ def failed(options, console, message, exit_code):
     return exit_code
 
 
+# ============================================================================
+# Python API: run_batch() and stream_batch(), for a training loop
+# ============================================================================
+# `import rl_batch_demo` (the installed package's module, which is this file) gives a training
+# loop the command without a shell: the same options as `run`, as keyword arguments. Each
+# batch is this file run as `run --stream` in a process of its own (its own signal handlers,
+# threads and kubectl processes, none in the caller's), read line by line; its stderr (notes,
+# warnings) goes on to the caller's. Nothing is ever cleaned up behind the caller's back:
+# `cleanup()`, or a `with` block, does it.
+
+
+class RunEnded:
+    """How a run that produced no results ended: the command's one line (`message`, as stderr's
+    `Error:` line), its exit code, and its output folder (what it saw is kept there), which
+    `cleanup()` finishes."""
+
+    def __init__(self, message, exit_code, output):
+        super().__init__(message)
+        self.message, self.exit_code, self.output = message, exit_code, output
+
+    def cleanup(self):
+        return cleanup_output(self.output)
+
+
+class RunFailed(RunEnded, Exception):
+    """A refused or failed run (exit codes 1 to 4, 143)."""
+
+
+class RunInterrupted(RunEnded, KeyboardInterrupt):
+    """Ctrl-C reached the caller while a batch ran: the batch was stopped (exit code 130) and
+    what it saw is kept; a KeyboardInterrupt, so that a loop that does not catch it stops."""
+
+
+class BatchResult:
+    """A finished batch: `rewards` in task order (None where the episode is an infrastructure
+    failure, its reason in `failures[task]`), `tasks` (each task's entry, as results.json's
+    `tasks`), `results` (all of results.json), `output` (the folder), `exit_code` (0, or 5 when
+    some episodes are infrastructure failures). `cleanup()` deletes what the run created; as a
+    context manager it does so on exit."""
+
+    def __init__(self, output, results, exit_code, streamed):
+        self.output, self.results, self.exit_code, self.streamed = output, results, exit_code, streamed
+        # custom episodes: every task in task order; the built-in one: each episode, as in results.json
+        self.tasks = results_by_task(results) if "infrastructure_failures" in results else [
+            task_entry(None, row, None) for row in results["pods"]]
+        self.rewards = [entry["reward"] for entry in self.tasks]
+        self.failures = {entry["task"]: entry["infrastructure_failure"] for entry in self.tasks
+                         if entry["infrastructure_failure"] is not None}
+
+    def cleanup(self):
+        return cleanup_output(self.output)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.cleanup()
+        return False
+
+    def __repr__(self):
+        return "BatchResult(output=%r, rewards=%r, exit_code=%r)" % (str(self.output), self.rewards, self.exit_code)
+
+
+def run_arguments(options):
+    """`run`'s command line from keyword arguments named as its options' destinations
+    (count=8, no_runtime_class=True, cluster_queue="cq"); `tasks` may also be a list of tasks."""
+    run_parser = build_parser().parse_known_args(["run"])[0].subparser
+    actions = {action.dest: action for action in run_parser._actions
+               if action.option_strings and action.dest not in ("help", "stream", "dry_run")}
+    if options.get("rounds", 1) != 1:
+        raise TypeError("run_batch() runs one batch: call it once per round (rounds=%r)" % options["rounds"])
+    argv, scratch = [], None
+    for name, value in options.items():
+        if name not in actions:
+            close = __import__("difflib").get_close_matches(name, actions, 1)
+            raise TypeError("run_batch() got an unexpected keyword argument %r%s" % (
+                name, "; did you mean %r?" % close[0] if close else ""))
+        action = actions[name]
+        if name == "tasks" and isinstance(value, (list, tuple)):
+            scratch = tempfile.NamedTemporaryFile("w", prefix="rl-batch-demo-tasks-", suffix=".jsonl", delete=False)
+            with scratch:
+                scratch.write("".join(json.dumps(task) + "\n" for task in value))
+            value = scratch.name
+        if action.nargs == 0:  # a flag
+            argv += [action.option_strings[0]] if value else []
+        elif value is not None:
+            argv += [action.option_strings[0], str(value)]
+    return argv, scratch and scratch.name
+
+
+class BatchStream:
+    """stream_batch(...): each episode's line (a dict: task, reward, episode, attempts,
+    infrastructure_failure, phases, streamed_after_seconds) as soon as the batch verified it;
+    once the iteration ends, `result` holds the BatchResult. Leaving a `with` block stops a
+    batch still running and cleans up."""
+
+    def __init__(self, options):
+        if "output" not in options:
+            raise TypeError("stream_batch() needs output=DIR: the new folder the run keeps its receipt and results in")
+        self.output = Path(options["output"])
+        argv, self.scratch = run_arguments(options)
+        self.result, self.streamed, self.last = None, [], None
+        self.errors = []  # stderr's lines, passed on as they come
+        self.process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "run", *argv, "--stream"],
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True, bufsize=1, start_new_session=True)
+        # own session: a terminal's Ctrl-C reaches the caller only, which stops the batch once
+        self.stderr_thread = threading.Thread(target=self.pass_stderr, daemon=True)
+        self.stderr_thread.start()
+
+    def pass_stderr(self):
+        for line in self.process.stderr:
+            self.errors.append(line.rstrip("\n"))
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while self.result is None:
+            try:
+                line = self.process.stdout.readline()
+            except KeyboardInterrupt:
+                self.interrupt()
+            if not line:
+                self.finish()
+                break
+            record = json.loads(line)
+            if record.get("type") == "episode":
+                del record["type"]
+                self.streamed.append(record)
+                return record
+            self.last = record
+        raise StopIteration
+
+    def interrupt(self):
+        """Stop the batch as Ctrl-C stops the command (what it saw is saved), then raise."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait()
+        except KeyboardInterrupt:
+            self.process.kill()  # a second Ctrl-C: at once
+            self.process.wait()
+        self.stderr_thread.join()
+        self.forget_scratch()
+        raise RunInterrupted("interrupted", EXIT_INTERRUPTED, self.output) from None
+
+    def finish(self):
+        """The process ended: its result, or the exception carrying its one line."""
+        code = self.process.wait()
+        self.stderr_thread.join()
+        self.forget_scratch()
+        if code in (EXIT_OK, EXIT_INFRA_FAILURES) and (self.output / "results.json").exists():
+            self.result = BatchResult(self.output, json.loads((self.output / "results.json").read_text()), code,
+                                      self.streamed)
+            return
+        message = (self.last or {}).get("error") or next(
+            (line.split(": error: ", 1)[1] for line in reversed(self.errors) if ": error: " in line), None) or next(
+            (line[len("Error: "):] for line in reversed(self.errors) if line.startswith("Error: ")),
+            "the run ended with exit code %d" % code)
+        error_type = RunInterrupted if code == EXIT_INTERRUPTED else RunFailed
+        raise error_type(message, code, self.output)
+
+    def forget_scratch(self):
+        if self.scratch:
+            Path(self.scratch).unlink(missing_ok=True)
+            self.scratch = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if self.result is None and self.process.poll() is None:
+            try:
+                self.interrupt()
+            except RunInterrupted:
+                pass
+        self.process.wait()
+        if (self.output / "receipt.json").exists():
+            cleanup_output(self.output)
+        return False
+
+
+def stream_batch(**options):
+    """Start one batch (the options of `run`, as keyword arguments) and iterate its episodes
+    as they are verified; see BatchStream."""
+    return BatchStream(options)
+
+
+def run_batch(**options):
+    """Run one batch (the options of `run`, as keyword arguments: output="step-3",
+    backend="local", episode="my_episode.py", tasks=[...] or "tasks.jsonl", count=..., ...)
+    and return its BatchResult, rewards in task order. Raises RunFailed (or RunInterrupted)
+    with the command's one line and exit code when the run produced no results."""
+    batch = BatchStream(options)
+    for _ in batch:
+        pass
+    return batch.result
+
+
+def cleanup_output(output):
+    """`cleanup DIR`: delete what the run of that folder created, after proving it owns it;
+    RunFailed when cleanup refuses or fails."""
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "cleanup", str(output)],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.startswith("Error: ")]
+        raise RunFailed(lines[-1][len("Error: "):] if lines else done.stderr.strip(), done.returncode, Path(output))
+    return done.stderr
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,7 +1,8 @@
-"""Entry point of the installed `rl-batch-demo` command.
+"""Entry points of the installed package: the `rl-batch-demo` command, and the module that
+`import rl_batch_demo` (the Python API) loads.
 
-The tool is one file, rl-batch-demo.py; a dashed name cannot be imported by an entry point,
-so this shim finds that file and runs its main(): next to this module in a checkout (an
+The tool is one file, rl-batch-demo.py; a dashed name cannot be imported, so this shim finds
+that file and loads it as the module `rl_batch_demo`: next to this module in a checkout (an
 editable install, so edits reach the command), else where pip installed the script.
 """
 
@@ -19,11 +20,20 @@ def script_path():
     raise SystemExit("Error: rl-batch-demo.py is not installed next to %s; reinstall rl-batch-demo" % __file__)
 
 
-def main():
+def load():
+    """rl-batch-demo.py as the module `rl_batch_demo` (loaded once)."""
+    loaded = sys.modules.get("rl_batch_demo")
+    if loaded is not None and hasattr(loaded, "run_batch"):
+        return loaded
     spec = importlib.util.spec_from_file_location("rl_batch_demo", script_path())
     module = importlib.util.module_from_spec(spec)
     sys.modules["rl_batch_demo"] = module
     spec.loader.exec_module(module)
+    return module
+
+
+def main():
+    module = load()
     sys.argv[0] = "rl-batch-demo"
     return module.main()
 
