@@ -11,6 +11,8 @@ What it does
     `run --backend warm-pool` runs each episode in a sandbox claimed from a
     kubernetes-sigs/agent-sandbox warm pool (exec'd through the API server) instead, and
     `run --queue NAME` submits the Job through a Kueue LocalQueue, its queue wait apart.
+    `run --stream` prints each episode's JSON line as soon as it is verified, and a training
+    loop can call the same run from Python: rl_batch_demo.run_batch(...) (section Python API).
 
     "The tutorial", wherever this file says it, is the one this tool started as a port of:
     Tencent Cloud Agent Runtime's RL batch tutorial (README, first section). Its choices are
@@ -74,6 +76,8 @@ Sections of this file, in order (each under a banner of the same name)
     Backend registry                   BACKENDS: the one place that lists the backends
     Cleanup, report and list           the other subcommands; foreign objects, --receipt
     Command line                       argparse, the RunSpec built once, main()
+    Python API                         run_batch(), stream_batch() for a training loop
+                                       (`import rl_batch_demo` once installed)
 """
 
 import argparse

@@ -96,6 +96,14 @@ def test_the_wheel_installs_the_rl_batch_demo_command_and_the_example(built, tmp
                           "--output", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert json.loads((tmp_path / "out" / "results.json").read_text())["episodes"] == 4
+    # the Python API, from the installed package (outside the checkout)
+    loop = ("import rl_batch_demo; r = rl_batch_demo.run_batch(backend='local', episode=%r, tasks=%r, output=%r); "
+            "print(r.rewards)" % (str(examples / "sum_episode.py"), str(examples / "sum_tasks.jsonl"),
+                                  str(tmp_path / "api")))
+    api = subprocess.run([str(bin_dir / "python"), "-c", loop], capture_output=True, text=True, timeout=300,
+                         cwd=str(tmp_path))
+    assert api.returncode == 0, api.stderr
+    assert len(json.loads(api.stdout)) == 4
 
 
 def test_an_editable_install_runs_the_checkouts_script(tmp_path):
@@ -121,7 +129,7 @@ def test_the_source_package_carries_what_its_tests_and_example_need(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     with tarfile.open(next(tmp_path.glob("*.tar.gz"))) as sdist:
         names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
-    for needed in ("rl-batch-demo.py", "rl_batch_demo_cli.py", "tests/conftest.py", "tests/fakecluster/server.py",
+    for needed in ("rl-batch-demo.py", "rl_batch_demo_cli.py", "rl_batch_demo.py", "tests/conftest.py", "tests/fakecluster/server.py",
                    "tests/fakecluster/kubectl.py", "tests/episodes/scripted.py", "examples/sum_episode.py",
                    "examples/sum_tasks.jsonl", "benchmarks/collection.py"):
         assert needed in names, needed

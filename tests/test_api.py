@@ -1,0 +1,119 @@
+"""The Python API (import rl_batch_demo): run_batch and stream_batch as a training loop calls
+them, in this process, through the local backend and the simulated cluster."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import EPISODE, ROOT
+
+def being_deleted(cluster, namespace):
+    """The namespace is gone, or going (Terminating)."""
+    done = cluster.kubectl("get", "namespace", namespace, "-o", "json", check=False)
+    return done.returncode != 0 or bool(json.loads(done.stdout)["metadata"].get("deletionTimestamp"))
+
+
+MIXED = [{"id": 0, "reward": 1}, {"id": 1, "mode": "crash"}, {"id": 2, "reward": 0.25}]
+
+
+def test_run_batch_returns_rewards_in_task_order_with_the_infrastructure_failure_named(tool, tmp_path):
+    result = tool.run_batch(backend="local", episode=EPISODE, tasks=MIXED, output=str(tmp_path / "step-1"),
+                            quiet=True)
+    assert result.rewards == [1, None, 0.25]
+    assert result.failures == {1: "crashed: exit code 3 (RuntimeError: the sandbox lost its tools)"}
+    assert result.exit_code == 5 and result.output == tmp_path / "step-1"
+    assert result.results["tasks"] == result.tasks
+    assert [line["task"] for line in result.streamed] and len(result.streamed) == 3
+
+
+def test_a_task_list_travels_as_a_tasks_file_that_is_removed_afterwards(tool, tmp_path):
+    result = tool.run_batch(backend="local", episode=EPISODE, tasks=[{"id": "a", "reward": 2}],
+                            output=str(tmp_path / "out"), quiet=True)
+    assert result.results["tasks"][0]["reward"] == 2
+    assert result.results["run"]["flags"]["tasks"].endswith(".jsonl")
+    assert not os.path.exists(result.results["run"]["flags"]["tasks"])
+
+
+def test_stream_batch_yields_an_early_episode_while_a_slow_one_runs(tool, tmp_path):
+    tasks = [{"id": 0, "reward": 1}, {"id": 1, "reward": 0, "sleep": 10}]
+    batch = tool.stream_batch(backend="local", episode=EPISODE, tasks=tasks, output=str(tmp_path / "out"))
+    first = next(batch)
+    assert (first["task"], first["reward"]) == (0, 1)
+    assert batch.result is None and batch.process.poll() is None
+    assert [episode["task"] for episode in batch] == [1]
+    assert batch.result.rewards == [1, 0] and batch.result.exit_code == 0
+
+
+def test_a_refused_run_raises_run_failed_with_the_commands_line_and_exit_code(tool, tmp_path):
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(tool.RunFailed) as refused:
+        tool.run_batch(backend="local", count=2, output=str(tmp_path / "taken"))
+    assert refused.value.exit_code == 1
+    assert refused.value.message == ("output folder %s already exists; choose a new --output so that no experiment "
+                                     "record is overwritten" % (tmp_path / "taken"))
+    with pytest.raises(tool.RunFailed) as usage:
+        tool.run_batch(backend="local", count=0, output=str(tmp_path / "none"))
+    assert usage.value.exit_code == 2 and usage.value.message.startswith("--count must be between 1 and 20")
+
+
+def test_an_unknown_option_is_a_type_error_that_names_the_close_one(tool, tmp_path):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'cout'; did you mean 'count'"):
+        tool.run_batch(backend="local", cout=2, output=str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_batch_on_the_cluster_raises_with_the_output_folder_to_clean_up(tool, make_cluster, tmp_path,
+                                                                                  monkeypatch):
+    cluster = make_cluster({"images": {"python:3.12-alpine": {"python": "/bin/false"}}})
+    for name, value in cluster.env().items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(tool.RunFailed) as failed:
+        tool.run_batch(count=2, no_runtime_class=True, output=str(tmp_path / "out"), quiet=True)
+    assert failed.value.exit_code == 4 and failed.value.message.startswith("Job rollout failed")
+    failed.value.cleanup()
+    assert being_deleted(cluster, json.loads((tmp_path / "out" / "receipt.json").read_text())["namespace"])
+
+
+def test_the_context_manager_cleans_up_the_cluster_run_on_exit(tool, make_cluster, tmp_path, monkeypatch):
+    cluster = make_cluster()
+    for name, value in cluster.env().items():
+        monkeypatch.setenv(name, value)
+    with tool.run_batch(episode=EPISODE, tasks=MIXED, no_runtime_class=True, output=str(tmp_path / "out"),
+                        quiet=True) as result:
+        assert result.rewards == [1, None, 0.25]
+        namespace = result.results["namespace"]
+        assert not being_deleted(cluster, namespace)
+    assert being_deleted(cluster, namespace)
+
+
+LOOP = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, %r)
+    import rl_batch_demo
+    batch = rl_batch_demo.stream_batch(backend="local", episode=%r, tasks=[{"reward": 1}, {"sleep": 60}],
+                                       output="out", quiet=True)
+    try:
+        for episode in batch:
+            print("episode", episode["task"], flush=True)
+    except rl_batch_demo.RunInterrupted as stop:
+        print("interrupted", stop.exit_code, stop.output, flush=True)
+        raise
+""")
+
+
+def test_ctrl_c_in_the_training_loop_stops_the_batch_and_raises_run_interrupted(tmp_path):
+    loop = subprocess.Popen([sys.executable, "-c", LOOP % (str(ROOT), EPISODE)], cwd=str(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert loop.stdout.readline() == "episode 0\n"
+    loop.send_signal(signal.SIGINT)
+    stdout, stderr = loop.communicate(timeout=60)
+    assert loop.returncode == 1 and stdout == "interrupted 130 out\n"
+    assert "KeyboardInterrupt" in stderr or "RunInterrupted" in stderr
+    # the batch was stopped as Ctrl-C stops the command: what it saw is kept, the streamed line too
+    assert json.loads((tmp_path / "out" / "job.json").read_text())["status"]["interrupted"] is True
+    assert [json.loads(line)["task"] for line in (tmp_path / "out" / "stream.jsonl").read_text().splitlines()] == [0]
