@@ -117,3 +117,35 @@ def test_ctrl_c_in_the_training_loop_stops_the_batch_and_raises_run_interrupted(
     # the batch was stopped as Ctrl-C stops the command: what it saw is kept, the streamed line too
     assert json.loads((tmp_path / "out" / "job.json").read_text())["status"]["interrupted"] is True
     assert [json.loads(line)["task"] for line in (tmp_path / "out" / "stream.jsonl").read_text().splitlines()] == [0]
+
+
+def readme_block(language, after):
+    """The first ```language block of the README after the heading `after`."""
+    text = (ROOT / "README.md").read_text().split(after, 1)[1]
+    return text.split("```" + language + "\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readmes_training_loop_runs_as_written(tmp_path):
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    loop = readme_block("python", "## Use it from a training loop")
+    done = subprocess.run([sys.executable, "-c", loop], cwd=str(tmp_path), capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 3 and all(line.endswith("[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0] {}") for line in lines)
+    assert json.loads((tmp_path / "steps" / "step-2" / "results.json").read_text())["successful_episodes"] == 8
+
+
+def test_the_readmes_stream_from_a_shell_prints_each_episode_then_the_summary(tmp_path):
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    (tmp_path / "bin").mkdir()
+    command = tmp_path / "bin" / "rl-batch-demo"  # the installed command, as this checkout's script
+    command.write_text('#!/bin/sh\nexec "%s" "%s" "$@"\n' % (sys.executable, ROOT / "rl-batch-demo.py"))
+    command.chmod(0o755)
+    shell = readme_block("sh", "From a shell, `run --stream`")
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", shell], cwd=str(tmp_path), capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PATH="%s:%s" % (tmp_path / "bin", os.environ["PATH"])))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert sorted(lines[:4]) == ["episode 0 1.0", "episode 1 0.0", "episode 2 1.0", "episode 3 0.0"]
+    assert lines[4] == "summary None None"
