@@ -2781,10 +2781,13 @@ class EpisodeStream:
         """A batch starts (client monotonic clock): streamed_after_seconds counts from here."""
         self.started, self.round = started, round_number
 
+    def has_sent(self, key):
+        return (self.round, key) in self.sent
+
     def offer(self, key, tried, job_created, observed, scheme, final):
         """Attempts of one episode ([(pod-shaped record, log text or None)]); `final`: no other
         attempt will be made. Sends the episode's line once its verdict is final."""
-        if not self.enabled or (self.round, key) in self.sent:
+        if not self.enabled or self.has_sent(key):
             return
         if self.custom:
             sample, reasons = index_verdict(key, tried, job_created, None, observed, scheme)
@@ -3312,6 +3315,7 @@ class JobEpisodeFeed:
         self.logs = {}  # pod name -> log text, or None when the API no longer had it
         self.reading = {}  # pod name -> BackgroundCall of its `kubectl logs`
         self.waiting = []  # pod names whose log is wanted, in the order they finished
+        self.refused = collections.Counter()  # pod name -> failed reads (after 3, the end reads it)
 
     def update(self, job, pods, observed):
         """Called by the wait loop with the Job and every pod as last seen."""
@@ -3325,7 +3329,7 @@ class JobEpisodeFeed:
             if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
                 groups[pod_index(pod) if self.custom else pod["metadata"]["name"]].append(pod)
         for key, finished in groups.items():
-            if key is None:
+            if key is None or self.stream.has_sent(key):
                 continue
             counted = [pod for pod in finished if pod["status"]["phase"] == "Succeeded"
                        and not pod["metadata"].get("deletionTimestamp")]
@@ -3335,7 +3339,8 @@ class JobEpisodeFeed:
             wanted = [pod["metadata"]["name"] for pod in finished if self.needs_log(pod)]
             if any(name not in self.logs for name in wanted):
                 for name in wanted:
-                    self.want_log(name)
+                    if self.refused[name] < 3:
+                        self.want_log(name)
                 continue
             tried = [(pod, self.logs.get(pod["metadata"]["name"])) for pod in finished]
             self.stream.offer(key, tried, parse_k8s_time(created), observed, JobBackend.scheme, final)
@@ -3366,7 +3371,9 @@ class JobEpisodeFeed:
             except KubectlError as error:
                 if error.not_found:
                     self.logs[name] = None  # gone with its pod; the end records it so in logs.json
-                continue  # otherwise the end reads it again
+                else:
+                    self.refused[name] += 1  # asked again at the next update, up to 3 times
+                continue
             (self.round.folder / (name + ".log")).write_bytes(data)
             record_log_sources(self.round.folder, {name: LOGS_SOURCE_POD})
             self.logs[name] = log_text(data)
@@ -3465,6 +3472,8 @@ class JobRound:
             self.learn_gone()
             self.logs_of(needed)
         report = write_results(folder, where, before_failing=self.archive)
+        if self.measured:
+            self.run.stream.finish(report)  # the episodes only the end decided, before the archive
         try:
             self.archive()  # for people: the results are already safe
         except DemoError as error:
@@ -3472,8 +3481,6 @@ class JobRound:
                             % (error, where)) from None
         report["log_archive"] = log_archive_summary(folder)
         write_json(folder / "results.json", report)
-        if self.measured:
-            self.run.stream.finish(report)
         return report
 
     def fail(self, live, outcome, blocked, wait_seconds, where):

@@ -150,3 +150,17 @@ def test_ctrl_c_while_streaming_keeps_what_was_streamed_and_ends_with_the_error_
     assert first["task"] == 0 and not (tmp_path / "out" / "results.json").exists()
     if where == "kubernetes":
         assert "Interrupted. Clean up with: " in stderr
+
+
+def test_an_episode_the_deadline_cut_short_is_streamed_at_the_end_before_the_summary(make_cluster, tmp_path):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": 0, "reward": 1},
+                                                   {"id": 1, "sleep": 60, "on_sigterm": "exit"}])
+    process = start_streaming(tmp_path, ("kubernetes", make_cluster()), "--episode", EPISODE, "--tasks", tasks,
+                              "--timeout", "8")
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 5, stderr
+    episodes, summary = episode_lines(stdout)
+    assert [(line["task"], line["reward"]) for line in episodes] == [(0, 1), (1, None)]
+    assert episodes[1]["infrastructure_failure"] == read(tmp_path / "out" / "results.json")["tasks"][1][
+        "infrastructure_failure"]
+    assert episodes[1]["streamed_after_seconds"] > 8 and summary["type"] == "summary"
