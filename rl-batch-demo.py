@@ -6327,7 +6327,8 @@ RUN_EXAMPLES = """examples:
   %(prog)s --backend warm-pool --count 20 --output warm-20   a claim per episode from a warm pool
   %(prog)s --backend local --count 4 --output local-4        local processes, no cluster
   %(prog)s --count 20 --queue team --cluster-queue team-cq --output queued-20   through Kueue
-  %(prog)s --episode my_episode.py --tasks tasks.jsonl --output mine          your own episodes"""
+  %(prog)s --episode my_episode.py --tasks tasks.jsonl --output mine          your own episodes
+  %(prog)s --episode my_episode.py --tasks tasks.jsonl --output step-1 --stream   each reward as it is verified"""
 
 
 def build_parser():
