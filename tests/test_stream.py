@@ -40,7 +40,7 @@ def episode_lines(stdout):
 
 
 def test_an_early_episode_is_on_stdout_while_a_slow_one_still_runs(backend, tmp_path):
-    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": 0, "reward": 1}, {"id": 1, "reward": 0.5, "sleep": 15}])
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": 0, "reward": 1}, {"id": 1, "reward": 0.5, "sleep": 10}])
     process = start_streaming(tmp_path, backend, "--episode", EPISODE, "--tasks", tasks)
     first = json.loads(process.stdout.readline())
     # the slow episode still runs: no results yet
