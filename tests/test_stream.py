@@ -85,8 +85,10 @@ def test_a_retried_episode_is_streamed_once_with_its_attempts(make_cluster, tmp_
 
 
 def test_an_episode_the_job_gave_up_on_is_streamed_before_the_batch_ends(make_cluster, tmp_path):
-    # index 0 fails twice (one retry), and the Job controller marks it failed while index 1 still runs
-    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": 0, "mode": "crash"}, {"id": 1, "reward": 1, "sleep": 15}])
+    # index 0 fails twice (one retry), and the Job controller marks it failed while index 1 still runs:
+    # on a real cluster that takes two pod starts, two status reports and batched syncs, and the
+    # index's 10 s back-off (~17 s with runc, ~25 s in a VM sandbox), so index 1 runs for 30 s
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": 0, "mode": "crash"}, {"id": 1, "reward": 1, "sleep": 30}])
     process = start_streaming(tmp_path, ("kubernetes", make_cluster()), "--episode", EPISODE, "--tasks", tasks,
                               "--retries", "1")
     first = json.loads(process.stdout.readline())
