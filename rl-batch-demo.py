@@ -4935,11 +4935,15 @@ def episode_command(claim_name, index, spec):
 class ExecResult:
     """What one exec returned: the exit code (None when the exec itself failed), stdout and
     stderr as bytes, the failure's reason and message, and when the request was sent and the
-    stream opened (client clock, time.time(); None where the channel cannot tell)."""
+    stream opened (client clock, time.time(); None where the channel cannot tell).
+    `refused_in_passing`: the API server refused the exec before the command started, for a
+    reason that passes on its own (etcd, an overloaded or unreachable API server; fact 27):
+    nothing ran, so the exec may be sent again."""
 
-    def __init__(self, code, stdout=b"", stderr=b"", error=None, reason="ExecFailed", sent_at=None, opened_at=None):
+    def __init__(self, code, stdout=b"", stderr=b"", error=None, reason="ExecFailed", sent_at=None, opened_at=None,
+                 refused_in_passing=False):
         self.code, self.stdout, self.stderr, self.error, self.reason = code, stdout, stderr, error, reason
-        self.sent_at, self.opened_at = sent_at, opened_at
+        self.sent_at, self.opened_at, self.refused_in_passing = sent_at, opened_at, refused_in_passing
 
 
 class KubectlExecChannel:
@@ -4974,7 +4978,12 @@ class KubectlExecChannel:
                 return ExecResult(int(exited.group(1)), stdout, error.stderr[:exited.start()].rstrip("\n").encode(),
                                   sent_at=sent_at)
             message = meaningful_line(error.stderr) or str(error)
-            return ExecResult(None, stdout, error=message, sent_at=sent_at,
+            # kubectl reads the pod and opens the stream before the command runs; an API Status
+            # there prints as "Error from server ...", an unreachable server as "The connection ...".
+            # A pod that has gone is "(NotFound)" and an unknown failure "(InternalError)": final.
+            passing = (error.transient and not stdout and "(InternalError)" not in message
+                       and message.startswith(("Error from server", "The connection to the server")))
+            return ExecResult(None, stdout, error=message, sent_at=sent_at, refused_in_passing=passing,
                               reason="ExecTimedOut" if "did not finish within" in message else "ExecFailed")
 
     def close(self):
@@ -5060,7 +5069,10 @@ class ProxyExecChannel:
                 if answer.status in (400, 403, 405, 426, 501):
                     raise ExecRefused("the API server (through `kubectl proxy`) refused the exec stream: HTTP %d: %s"
                                       % (answer.status, last_line(message)))
-                return ExecResult(None, error="HTTP %d: %s" % (answer.status, last_line(message)), sent_at=sent_at)
+                # a 500 also says "container not found" of a finished pod: only etcd's own errors pass
+                passing = answer.status in (429, 503, 504) or message.startswith("etcdserver: ")
+                return ExecResult(None, error="HTTP %d: %s" % (answer.status, last_line(message)), sent_at=sent_at,
+                                  refused_in_passing=passing)
             expected = base64.b64encode(hashlib.sha1((key + WEBSOCKET_GUID).encode()).digest()).decode()
             if answer.getheader("Sec-WebSocket-Accept") != expected:
                 raise ExecRefused("the exec stream's handshake was answered wrongly (Sec-WebSocket-Accept)")
@@ -5335,15 +5347,7 @@ class WarmPoolRun:
         index = self.position[name]
         sandbox = self.wait_for_sandbox(bound) or self.cluster.get_json("-n", self.namespace, "sandboxes", bound)
         pod_name = (sandbox or {}).get("metadata", {}).get("annotations", {}).get(POD_NAME_ANNOTATION) or bound
-        command = episode_command(name, index, self.spec)
-        channel = self.channel
-        try:
-            result = channel.run(pod_name, command, self.deadline - time.monotonic())
-        except ExecRefused as refused:
-            result = self.fall_back(channel, refused).run(pod_name, command, self.deadline - time.monotonic())
-        if result.code is None and result.opened_at is None and self.channel is not channel:
-            # refused on the channel another episode found refused meanwhile: the fallback's turn
-            result = self.channel.run(pod_name, command, self.deadline - time.monotonic())
+        result = self.exec_episode(pod_name, episode_command(name, index, self.spec))
         self.observed[name]["exec_finished"] = time.time()
         self.observed[name]["exec_started"] = result.sent_at
         if result.code != 0:
@@ -5359,6 +5363,25 @@ class WarmPoolRun:
         self.results[name] = {"code": result.code, "error": result.error, "reason": result.reason,
                               "sandbox": sandbox, "pod_name": pod_name}
         self.offer(name, index, result)
+
+    def exec_episode(self, pod_name, command):
+        """The episode's exec on the run's channel (the fallback's when the stream is refused for
+        every pod), sent again with Cluster.retrying's backoff while the API server refuses it in
+        passing before the command starts, and the deadline allows."""
+        for delay in RETRY_DELAYS_SECONDS + (None,):
+            channel = self.channel
+            try:
+                result = channel.run(pod_name, command, self.deadline - time.monotonic())
+            except ExecRefused as refused:
+                channel = self.fall_back(channel, refused)
+                result = channel.run(pod_name, command, self.deadline - time.monotonic())
+            if result.code is None and result.opened_at is None and self.channel is not channel:
+                # no stream on the channel another episode found refused meanwhile: the fallback's turn
+                result = self.channel.run(pod_name, command, self.deadline - time.monotonic())
+            if not result.refused_in_passing or delay is None or time.monotonic() + delay >= self.deadline:
+                return result
+            self.console.note("exec into %s: %s; retrying in %s s" % (pod_name, result.error, delay))
+            time.sleep(delay)
 
     def offer(self, name, index, result):
         """The finished episode, to the stream (--stream): its record as episodes.json will hold

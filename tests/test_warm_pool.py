@@ -259,6 +259,20 @@ def test_a_warm_pool_batch_survives_what_real_clusters_do(make_cluster, run_tool
     assert run_tool("cleanup", "--output", "warm", cluster=cluster).code == 0
 
 
+@pytest.mark.parametrize("channel", ["websocket", "kubectl-exec"])
+def test_an_exec_refused_by_an_etcd_error_before_it_starts_is_sent_again(make_cluster, run_tool, tmp_path, channel):
+    # The API server reads the pod before it opens an exec stream (fact 27: that read can meet
+    # etcd's leader change); nothing ran, so the episode is a sample, not an infrastructure failure.
+    proxy = {"refuseUpgrade": True} if channel == "kubectl-exec" else {}
+    cluster = make_cluster(dict(AGENT_SANDBOX, kubectlProxy=proxy, transientFailures=[
+        {"verb": "get", "resource": "pods", "times": 2, "kind": "etcd-leader-changed"}]))
+    done = warm_run(run_tool, cluster, "warm", "--count", "2")
+    assert done.code == 0, done
+    assert read(tmp_path / "warm" / "results.json")["successful_episodes"] == 2
+    assert read(tmp_path / "warm" / "warm-pool.json")["exec_channel"]["kind"] == channel
+    assert done.stderr.count("etcdserver: leader changed; retrying in") == 2, done.stderr
+
+
 # ---------------------------------------------------------------- in-process: records and summaries
 
 CLAIM = {"metadata": {"name": "episode-3", "creationTimestamp": "2026-11-29T10:00:01Z", "uid": "c-3"}}
