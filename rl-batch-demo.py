@@ -108,6 +108,7 @@ import threading
 import time
 import urllib.parse
 import uuid
+import weakref
 
 __version__ = "0.1.0"
 
@@ -6733,6 +6734,11 @@ class BatchStream:
         # own session: a terminal's Ctrl-C reaches the caller only, which stops the batch once
         self.stderr_thread = threading.Thread(target=self.pass_stderr, daemon=True)
         self.stderr_thread.start()
+        # Ctrl-C (or any exception) in the loop's own code, between two episodes, never reaches
+        # __next__: the batch is stopped when this object goes or the interpreter exits.
+        if self.scratch:
+            weakref.finalize(self, Path(self.scratch).unlink, missing_ok=True)
+        weakref.finalize(self, stop_batch, self.process)  # at exit, finalizers run newest first
 
     def pass_stderr(self):
         for line in self.process.stderr:
@@ -6762,13 +6768,7 @@ class BatchStream:
 
     def interrupt(self):
         """Stop the batch as Ctrl-C stops the command (what it saw is saved), then raise."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-        try:
-            self.process.wait()
-        except KeyboardInterrupt:
-            self.process.kill()  # a second Ctrl-C: at once
-            self.process.wait()
+        stop_batch(self.process)
         self.stderr_thread.join()
         self.forget_scratch()
         raise RunInterrupted("interrupted", EXIT_INTERRUPTED, self.output) from None
@@ -6807,6 +6807,18 @@ class BatchStream:
         if (self.output / "receipt.json").exists():
             cleanup_output(self.output)
         return False
+
+
+def stop_batch(process):
+    """A batch's `run` process, stopped as Ctrl-C stops the command (what it saw is saved, its
+    cleanup command printed); a second Ctrl-C kills it at once. Nothing if it has ended."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait()
+        except KeyboardInterrupt:
+            process.kill()  # a second Ctrl-C: at once
+            process.wait()
 
 
 def stream_batch(**options):

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -110,6 +111,7 @@ def test_ctrl_c_in_the_training_loop_stops_the_batch_and_raises_run_interrupted(
     loop = subprocess.Popen([sys.executable, "-c", LOOP % (str(ROOT), EPISODE)], cwd=str(tmp_path),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert loop.stdout.readline() == "episode 0\n"
+    time.sleep(1)  # the loop is back in the iterator, waiting for the slow episode (60 s)
     loop.send_signal(signal.SIGINT)
     stdout, stderr = loop.communicate(timeout=60)
     assert loop.returncode == 1 and stdout == "interrupted 130 out\n"
@@ -117,6 +119,24 @@ def test_ctrl_c_in_the_training_loop_stops_the_batch_and_raises_run_interrupted(
     # the batch was stopped as Ctrl-C stops the command: what it saw is kept, the streamed line too
     assert json.loads((tmp_path / "out" / "job.json").read_text())["status"]["interrupted"] is True
     assert [json.loads(line)["task"] for line in (tmp_path / "out" / "stream.jsonl").read_text().splitlines()] == [0]
+
+
+def test_ctrl_c_in_the_loops_own_code_stops_the_batch_it_left_running(tmp_path):
+    # between two episodes the loop trains on the first: the KeyboardInterrupt never reaches the
+    # iterator, and the batch runs in a session of its own, out of the terminal's reach
+    training = LOOP.replace('print("episode", episode["task"], flush=True)',
+                            'print("episode", episode["task"], flush=True); time.sleep(30)').replace(
+        "import sys", "import sys, time")
+    loop = subprocess.Popen([sys.executable, "-c", training % (str(ROOT), EPISODE)], cwd=str(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert loop.stdout.readline() == "episode 0\n"
+    loop.send_signal(signal.SIGINT)
+    stdout, stderr = loop.communicate(timeout=60)
+    assert loop.returncode != 0 and stdout == "" and "KeyboardInterrupt" in stderr
+    # stopped before the interpreter exited, as Ctrl-C stops the command
+    assert json.loads((tmp_path / "out" / "job.json").read_text())["status"]["interrupted"] is True
+    assert [json.loads(line)["task"] for line in (tmp_path / "out" / "stream.jsonl").read_text().splitlines()] == [0]
+    assert not (tmp_path / "out" / "results.json").exists()
 
 
 def readme_block(language, after):
