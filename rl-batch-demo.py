@@ -4995,11 +4995,28 @@ class ExecRefused(Exception):
     """The upgrade to an exec stream was refused for reasons no pod explains (policy, protocol)."""
 
 
+class ExecChannelBroken(Exception):
+    """The server answered 101 but the channel cannot be trusted (its handshake answer is wrong):
+    the command may have started, so this episode is not sent again; later ones use the
+    fallback. `result` is this episode's outcome."""
+
+    def __init__(self, reason, result):
+        super().__init__(reason)
+        self.result = result
+
+
+def websocket_accept(key):
+    """Sec-WebSocket-Accept for a Sec-WebSocket-Key (RFC 6455 section 4.2.2, item 5.4)."""
+    return base64.b64encode(hashlib.sha1((key + WEBSOCKET_GUID).encode()).digest()).decode()
+
+
 # The exec channel's WebSocket: RFC 6455 framing, Kubernetes' remote-command subprotocols
 # (client-go tools/remotecommand: v5 adds a close signal on channel 255; v4 carries the exit
 # code as a metav1.Status on channel 3). Each message starts with its channel byte: 1 stdout,
 # 2 stderr, 3 the Status (tests/fakecluster/ASSUMPTIONS.md, "kubectl proxy and exec over WebSocket").
-WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC11B85"
+# RFC 6455 section 1.3 (its example: key "dGhlIHNhbXBsZSBub25jZQ==" is accepted as
+# "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="; tests/test_warm_pool.py checks it against wsproto).
+WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 EXEC_PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
 PROXY_START_SECONDS = 15  # for `kubectl proxy` to say it serves
 
@@ -5074,9 +5091,12 @@ class ProxyExecChannel:
                 passing = answer.status in (429, 503, 504) or message.startswith("etcdserver: ")
                 return ExecResult(None, error="HTTP %d: %s" % (answer.status, last_line(message)), sent_at=sent_at,
                                   refused_in_passing=passing)
-            expected = base64.b64encode(hashlib.sha1((key + WEBSOCKET_GUID).encode()).digest()).decode()
-            if answer.getheader("Sec-WebSocket-Accept") != expected:
-                raise ExecRefused("the exec stream's handshake was answered wrongly (Sec-WebSocket-Accept)")
+            if answer.getheader("Sec-WebSocket-Accept") != websocket_accept(key):
+                # 101 came: the API server has started the command. Never run it again.
+                reason = "the exec stream's handshake was answered wrongly (Sec-WebSocket-Accept)"
+                raise ExecChannelBroken(reason, ExecResult(
+                    None, error=reason + "; the command may have started, so it is not sent again", sent_at=sent_at,
+                    opened_at=time.time()))
             self.protocols[answer.getheader("Sec-WebSocket-Protocol", "")] += 1
             opened_at = time.time()
             try:
@@ -5205,7 +5225,8 @@ def exec_outcome(status, stdout, stderr, sent_at, opened_at):
         return ExecResult(0, stdout, stderr, sent_at=sent_at, opened_at=opened_at)
     if status.get("reason") == "NonZeroExitCode":
         for cause in (status.get("details") or {}).get("causes") or []:
-            if cause.get("type") == "ExitCode" and str(cause.get("message", "")).isdigit():
+            # metav1.StatusCause's Type is serialised as "reason" (apimachinery types.go, json:"reason")
+            if cause.get("reason") == "ExitCode" and str(cause.get("message", "")).isdigit():
                 return ExecResult(int(cause["message"]), stdout, stderr, sent_at=sent_at, opened_at=opened_at)
     return ExecResult(None, stdout, stderr, error=status.get("message") or "exec failed (%s)" % status.get("reason"),
                       sent_at=sent_at, opened_at=opened_at)
@@ -5376,6 +5397,9 @@ class WarmPoolRun:
             except ExecRefused as refused:
                 channel = self.fall_back(channel, refused)
                 result = channel.run(pod_name, command, self.deadline - time.monotonic())
+            except ExecChannelBroken as broken:
+                self.fall_back(channel, broken)
+                return broken.result  # the command may have run: not sent again
             if result.code is None and result.opened_at is None and self.channel is not channel:
                 # no stream on the channel another episode found refused meanwhile: the fallback's turn
                 result = self.channel.run(pod_name, command, self.deadline - time.monotonic())

@@ -386,6 +386,57 @@ def test_the_exec_channel_carries_a_batch_over_one_proxy(sandbox_cluster, run_to
     assert sockets and not alive and not any(os.path.exists(os.path.dirname(path)) for path in sockets)
 
 
+def test_the_websocket_accept_is_rfc_6455s_own_example_and_wsprotos(tool):
+    import base64
+    import wsproto.utilities
+    # RFC 6455 section 1.3: the key "dGhlIHNhbXBsZSBub25jZQ==" is answered "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+    assert tool.websocket_accept("dGhlIHNhbXBsZSBub25jZQ==") == "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+    for _ in range(20):  # and for any key, what an independent implementation computes
+        key = base64.b64encode(os.urandom(16))
+        assert tool.websocket_accept(key.decode()) == wsproto.utilities.generate_accept_token(key).decode()
+
+
+def test_an_exit_code_over_the_channel_is_read_from_the_causes_reason_field(tool):
+    # apimachinery's StatusCause: its Type field is serialised as "reason" (json:"reason")
+    status = {"metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
+              "message": "command terminated with non-zero exit code: exit status 3",
+              "details": {"causes": [{"reason": "ExitCode", "message": "3"}]}}
+    result = tool.exec_outcome(status, b"out", b"err", 1.0, 2.0)
+    assert (result.code, result.error) == (3, None)
+
+
+def episode_execs_per_pod(cluster):
+    """{pod: how many times the episode program was exec'd into it}, over every channel."""
+    counts = {}
+    for call in cluster.execs():
+        if any("episode.py" in part for part in call):
+            pod = call[call.index("exec") + 1]
+            counts[pod] = counts.get(pod, 0) + 1
+    return counts
+
+
+def test_every_episode_runs_exactly_once_over_one_websocket_channel(sandbox_cluster, run_tool, tmp_path):
+    done = warm_run(run_tool, sandbox_cluster, "warm", "--count", "6")
+    assert done.code == 0, done
+    assert "falling back" not in done.stderr and "handshake" not in done.stderr
+    assert sorted(episode_execs_per_pod(sandbox_cluster).values()) == [1] * 6
+    assert not [call for call in sandbox_cluster.calls() if "exec" in call]  # no `kubectl exec` process
+    assert read(tmp_path / "warm" / "warm-pool.json")["exec_channel"]["kind"] == "websocket"
+
+
+def test_a_wrongly_answered_handshake_never_runs_an_episode_twice(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster(dict(AGENT_SANDBOX, kubectlProxy={"wrongAccept": True}))
+    done = warm_run(run_tool, cluster, "warm", "--count", "4")
+    counts = episode_execs_per_pod(cluster)
+    assert set(counts.values()) == {1} and len(counts) == 4, counts  # once in each sandbox, never twice
+    assert "handshake was answered wrongly (Sec-WebSocket-Accept); falling back" in done.stderr
+    assert done.stderr.count("falling back") == 1
+    # the episodes that met the broken answer may have run: they are lost, never sent again
+    lost = [pod for pod in read(tmp_path / "warm" / "episodes.json")
+            if "not sent again" in (pod.get("status") or {}).get("message", "")]
+    assert lost and done.code == 4, done
+
+
 def test_an_exec_into_a_pod_that_has_gone_is_an_exec_failure_not_a_refusal(sandbox_cluster, tool, monkeypatch):
     import subprocess
     for key, value in sandbox_cluster.env().items():

@@ -6,9 +6,7 @@ Only the verbs and flags rl-batch-demo and its tests use are implemented; anythi
 fails loudly (exit 1, "fake kubectl: unsupported ...") so a gap is never silent.
 """
 
-import base64
 import datetime
-import hashlib
 import http.client
 import random
 import json
@@ -21,6 +19,9 @@ import stat
 import sys
 import threading
 import time
+
+import wsproto
+import wsproto.events
 
 ALIASES = {
     "ns": "namespaces", "namespace": "namespaces", "namespaces": "namespaces",
@@ -615,7 +616,6 @@ def parse_timeout(value):
 # through to the API server (UpgradeAwareHandler).
 PROXY_DEFAULTS = {"--accept-paths": "^.*", "--reject-paths": "^/api/.*/pods/.*/exec,^/api/.*/pods/.*/attach",
                   "--accept-hosts": "^localhost$,^127\\.0\\.0\\.1$,^\\[::1\\]$", "--reject-methods": "^$"}
-WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC11B85"  # RFC 6455 section 1.3
 # The remote-command subprotocols an API server of 1.30+ accepts for exec (v5 behind the
 # TranslateStreamCloseWebsocketRequests gate, beta and on since 1.30), newest first.
 EXEC_PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io", "v3.channel.k8s.io", "v2.channel.k8s.io",
@@ -678,8 +678,8 @@ def read_request(connection):
         if not chunk:
             return None
         data += chunk
-    head, body = data.split(b"\r\n\r\n", 1)
-    head = head.decode("latin-1").split("\r\n")
+    raw_head, body = data.split(b"\r\n\r\n", 1)
+    head = raw_head.decode("latin-1").split("\r\n")
     method, target, _ = head[0].split(" ", 2)
     headers = {}
     for line in head[1:]:
@@ -691,7 +691,7 @@ def read_request(connection):
         if not chunk:
             break
         body += chunk
-    return method, target, headers, body
+    return method, target, headers, body, raw_head + b"\r\n\r\n"
 
 
 def http_answer(connection, code, reason, body, content_type="application/json"):
@@ -700,24 +700,12 @@ def http_answer(connection, code, reason, body, content_type="application/json")
                         % (code, reason, content_type, len(payload))).encode() + payload)
 
 
-def websocket_message(payload):
-    """One unmasked binary frame (a server's frames are not masked, RFC 6455 5.1)."""
-    length = len(payload)
-    if length < 126:
-        header = bytes([0x82, length])
-    elif length < 65536:
-        header = bytes([0x82, 126]) + length.to_bytes(2, "big")
-    else:
-        header = bytes([0x82, 127]) + length.to_bytes(8, "big")
-    return header + payload
-
-
 def serve_proxied(connection, filters, behaviour):
     try:
         request = read_request(connection)
         if request is None:
             return
-        method, target, headers, request_body = request
+        method, target, headers, request_body, raw_head = request
         path = target.split("?", 1)[0]
         host = headers.get("host", "").rsplit(":", 1)[0] if not headers.get("host", "").startswith("[") \
             else headers["host"].split("]")[0] + "]"
@@ -751,7 +739,7 @@ def serve_proxied(connection, filters, behaviour):
                                                                   "only WebSocket exec", "reason": "NotFound",
                                                                   "code": 404}))
             return
-        serve_exec(connection, exec_path.group(1), exec_path.group(2), target, headers, behaviour)
+        serve_exec(connection, exec_path.group(1), exec_path.group(2), target, headers, behaviour, raw_head)
     except (OSError, ValueError):
         pass
     finally:
@@ -778,8 +766,9 @@ def serve_create(connection, namespace, resource, headers, body):
     http_answer(connection, 201, "Created", json.dumps(created))
 
 
-def serve_exec(connection, namespace, name, target, headers, behaviour):
-    """The API server's WebSocket exec (remote command) for one request."""
+def serve_exec(connection, namespace, name, target, headers, behaviour, raw_head):
+    """The API server's WebSocket exec (remote command) for one request. The handshake and the
+    framing are wsproto's (a test-only dependency), never the tool's own constants."""
     from urllib.parse import parse_qs, urlsplit
     query = parse_qs(urlsplit(target).query)
     offered = [p.strip() for p in headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
@@ -806,10 +795,15 @@ def serve_exec(connection, namespace, name, target, headers, behaviour):
     with open(state_dir() / "proxied.jsonl", "a") as proxied:  # for tests: each exec the proxy carried
         proxied.write(json.dumps(["exec", name, "-c", (query.get("container") or [""])[0], "--",
                                   *(query.get("command") or [])]) + "\n")
-    accept = base64.b64encode(hashlib.sha1((headers.get("sec-websocket-key", "") + WEBSOCKET_GUID).encode())
-                              .digest()).decode()
-    connection.sendall(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                        "Sec-WebSocket-Accept: %s\r\nSec-WebSocket-Protocol: %s\r\n\r\n" % (accept, chosen)).encode())
+    websocket = wsproto.WSConnection(wsproto.ConnectionType.SERVER)
+    websocket.receive_data(raw_head)
+    if not any(isinstance(event, wsproto.events.Request) for event in websocket.events()):
+        http_answer(connection, 400, "Bad Request", "not a WebSocket request", "text/plain; charset=utf-8")
+        return
+    handshake = websocket.send(wsproto.events.AcceptConnection(subprotocol=chosen))
+    if behaviour.get("wrongAccept"):  # a broken server (or middlebox): the upgrade is answered wrongly
+        handshake = re.sub(rb"(?i)(sec-websocket-accept: )[^\r]+", rb"\1AAAAAAAAAAAAAAAAAAAAAAAAAAA=", handshake)
+    connection.sendall(handshake)
     try:
         answer = call({"verb": "exec", "namespace": namespace, "name": name,
                        "container": (query.get("container") or [None])[0], "command": query.get("command") or [],
@@ -818,16 +812,17 @@ def serve_exec(connection, namespace, name, target, headers, behaviour):
         if answer["code"]:
             status = {"metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
                       "message": "command terminated with non-zero exit code: exit status %d" % answer["code"],
-                      "details": {"causes": [{"type": "ExitCode", "message": str(answer["code"])}]}}
+                      "details": {"causes": [{"reason": "ExitCode", "message": str(answer["code"])}]}}
         streams = [(1, answer["stdout"].encode("utf-8", "surrogateescape")),
                    (2, answer["stderr"].encode("utf-8", "surrogateescape"))]
     except ApiFailure as failure:
         status, streams = dict(failure.status, metadata={}), []
     for channel, data in streams:
         for start in range(0, len(data), FRAME_CHUNK):
-            connection.sendall(websocket_message(bytes([channel]) + data[start:start + FRAME_CHUNK]))
-    connection.sendall(websocket_message(bytes([3]) + json.dumps(status).encode()))
-    connection.sendall(bytes([0x88, 2]) + (1000).to_bytes(2, "big"))  # close, normal closure
+            connection.sendall(websocket.send(wsproto.events.BytesMessage(
+                data=bytes([channel]) + data[start:start + FRAME_CHUNK])))
+    connection.sendall(websocket.send(wsproto.events.BytesMessage(data=bytes([3]) + json.dumps(status).encode())))
+    connection.sendall(websocket.send(wsproto.events.CloseConnection(code=1000)))
 
 
 def main(argv):
