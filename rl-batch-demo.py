@@ -139,6 +139,7 @@ EPISODE_REQUESTS = {"cpu": "100m", "memory": "64Mi"}
 EPISODE_LIMITS = {"cpu": "500m", "memory": "128Mi"}
 CLEANUP_WAIT_SECONDS = 120  # for the Job (and its pods), then again for the namespace
 KUBECTL_REQUEST_TIMEOUT = "30s"  # passed to kubectl: one API request
+STDERR_NOTE_SECONDS = 10  # a background kubectl's stderr lines: at most one note this often
 KUBECTL_PROCESS_TIMEOUT_SECONDS = 60  # one kubectl process, all its requests
 RETRY_DELAYS_SECONDS = (0.5, 1, 2, 4, 8)  # a transient kubectl failure: then give up, about 15 s of trying
 
@@ -440,8 +441,12 @@ class Kubectl:
         finally:
             self.stopping.clear()
 
-    def start_background(self, argv):
-        """A long-running kubectl (a proxy): stdout piped, stopped by stop_background at the latest."""
+    def start_background(self, argv, what="kubectl"):
+        """A long-running kubectl (a proxy): stdout piped, stopped by stop_background at the latest.
+        Its stderr is read all the time (a pipe nobody reads fills after ~64 KiB, and a real `kubectl
+        proxy` logs a line for every request it fails, so it would hang after a few hundred): each
+        line is kept in `process.stderr_lines` (the last 200) and said as a note, at most one
+        every STDERR_NOTE_SECONDS with the count of those passed over."""
         if self.stopping.is_set():
             raise DemoError("interrupted")
         try:
@@ -449,8 +454,31 @@ class Kubectl:
                                        stderr=subprocess.PIPE)
         except OSError as error:
             raise DemoError("cannot run kubectl %r: %s" % (self.program, error.strerror or error)) from None
+        process.stderr_lines = collections.deque(maxlen=200)
+        process.stderr_done = threading.Thread(target=self.drain_stderr, args=(process, what), daemon=True)
+        process.stderr_done.start()
         self.background.append(process)
         return process
+
+    def drain_stderr(self, process, what):
+        last_note, passed_over = 0.0, 0
+        for raw in iter(process.stderr.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            if not line.strip():
+                continue
+            process.stderr_lines.append(line)
+            now = time.monotonic()
+            if now - last_note >= STDERR_NOTE_SECONDS:
+                more = " (and %d more lines since the last)" % passed_over if passed_over else ""
+                self.console.note("%s: %s%s" % (what, line.strip(), more))
+                last_note, passed_over = now, 0
+            else:
+                passed_over += 1
+
+    def stderr_of(self, process):
+        """Everything a background kubectl wrote to stderr (kept lines), once it has exited."""
+        process.stderr_done.join(5)
+        return "\n".join(process.stderr_lines)
 
     def stop_process(self, process):
         if process in self.background:
@@ -5042,7 +5070,7 @@ class ProxyExecChannel:
                   "^/apis/%s/namespaces/%s/sandboxclaims$" % (re.escape(EXTENSIONS_API), namespace)]
         self.process = self.cluster.runner.start_background([
             "--context", self.cluster.context, "proxy", "--unix-socket=" + self.socket_path,
-            "--accept-paths=" + ",".join(accept), "--reject-paths="])
+            "--accept-paths=" + ",".join(accept), "--reject-paths="], what="kubectl proxy")
         deadline = time.monotonic() + PROXY_START_SECONDS
         while time.monotonic() < deadline:
             ready, _, _ = select.select([self.process.stdout], [], [], max(0.0, deadline - time.monotonic()))
@@ -5053,7 +5081,7 @@ class ProxyExecChannel:
                 if not line:  # kubectl exited
                     self.process.wait()
                     raise ExecRefused("`kubectl proxy` exited %s: %s" % (
-                        self.process.returncode, meaningful_line(self.process.stderr.read().decode("utf-8", "replace"))
+                        self.process.returncode, meaningful_line(self.cluster.runner.stderr_of(self.process))
                         or "no message"))
         raise ExecRefused("`kubectl proxy` did not start serving within %d s" % PROXY_START_SECONDS)
 

@@ -437,6 +437,31 @@ def test_a_wrongly_answered_handshake_never_runs_an_episode_twice(make_cluster, 
     assert lost and done.code == 4, done
 
 
+def test_a_background_kubectl_that_writes_much_to_stderr_is_read_and_keeps_serving(tool, tmp_path):
+    import io
+    import select
+    import sys
+    # a real `kubectl proxy` logs ~146 bytes for every request it fails; a pipe nobody reads is
+    # full after 64 KiB and the proxy then stops answering (issue 30, reproduced with kubectl 1.32.4)
+    program = tmp_path / "noisy-proxy"
+    program.write_text("#!%s\nimport sys, time\nfor i in range(2000):\n"
+                       "    sys.stderr.write('E1201 12:00:00.000000 1 proxy_server.go:147] Error while proxying "
+                       "request: dial tcp 127.0.0.1:6443: connect: connection refused %%d\\n' %% i)\n"
+                       "    sys.stderr.flush()\nprint('Starting to serve on x', flush=True)\ntime.sleep(60)\n"
+                       % sys.executable)
+    program.chmod(0o755)
+    notes = io.StringIO()
+    runner = tool.Kubectl(tool.Console(stderr=notes), program=str(program))
+    process = runner.start_background([], what="kubectl proxy")
+    try:
+        ready, _, _ = select.select([process.stdout], [], [], 30)
+        assert ready and process.stdout.readline() == b"Starting to serve on x\n"
+    finally:
+        runner.stop_background()
+    assert "Error while proxying request" in tool.Kubectl.stderr_of(runner, process).splitlines()[-1]
+    assert notes.getvalue().count("kubectl proxy: E1201") == 1  # one note, not 2,000
+
+
 def test_an_exec_into_a_pod_that_has_gone_is_an_exec_failure_not_a_refusal(sandbox_cluster, tool, monkeypatch):
     import subprocess
     for key, value in sandbox_cluster.env().items():
