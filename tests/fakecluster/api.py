@@ -10,7 +10,7 @@ import kueue
 
 
 DEFAULT_CONFIG = {
-    "kubernetesVersion": "v1.34.3",
+    "kubernetesVersion": "v1.32.4",
     "nodes": [
         {"name": "kind-worker", "cpu": "8", "memory": "16Gi"},
         {"name": "kind-worker2", "cpu": "8", "memory": "16Gi"},

@@ -25,8 +25,11 @@ class ApiServer:
 
     def put(self, resource, obj):
         obj["metadata"]["resourceVersion"] = self.next_rv()
-        self.objects.setdefault(resource, {})[(obj["metadata"].get("namespace", ""), obj["metadata"]["name"])] = obj
-        self.remember(resource, obj)
+        stored = self.objects.setdefault(resource, {})
+        key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+        event = "MODIFIED" if key in stored else "ADDED"
+        stored[key] = obj
+        self.remember(resource, obj, event)
 
     def get(self, resource, namespace, name):
         return self.objects.get(resource, {}).get((namespace or "", name))
@@ -39,11 +42,12 @@ class ApiServer:
     def remove(self, resource, obj):
         self.objects.get(resource, {}).pop((obj["metadata"].get("namespace", ""), obj["metadata"]["name"]), None)
         obj["metadata"]["resourceVersion"] = self.next_rv()
-        self.remember(resource, obj)
+        self.remember(resource, obj, "DELETED")
 
-    def remember(self, resource, obj):
-        """Every state an object passes through, as a watch delivers them (not only the latest)."""
-        self.history.append((int(obj["metadata"]["resourceVersion"]), resource, json.loads(json.dumps(obj))))
+    def remember(self, resource, obj, event):
+        """Every state an object passes through, as a watch delivers them (not only the latest),
+        with the watch event's type (ADDED, MODIFIED, DELETED)."""
+        self.history.append((int(obj["metadata"]["resourceVersion"]), resource, json.loads(json.dumps(obj)), event))
         if len(self.history) > 200000:
             del self.history[:50000]
         self.changed.notify_all()

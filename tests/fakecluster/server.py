@@ -23,7 +23,9 @@ import threading
 import time
 
 import agentsandbox
-from api import ApiError, DEFAULT_CONFIG, PROFILES, RESOURCES, client_rate_limiters
+from api import ApiError, DEFAULT_CONFIG, PROFILES, client_rate_limiters
+from faults import CONNECTION_REFUSED, fault_error, inject_fault
+from httpapi import HttpApi
 from apiserver import ApiServer
 from jobcontroller import JobController
 from kubelet import Kubelet, pod_mount_namespaces_available, remove_pod_cgroups
@@ -48,7 +50,7 @@ class Cluster(ApiServer, JobController, Scheduler, Kubelet, NamespaceLifecycle):
         self.resource_version = 1000
         self.processes = {}  # pod uid -> runtime record
         self.job_books = {}  # job uid -> {"succeeded": set(), "failed": set(), ...}
-        self.history = []  # (resourceVersion, resource, state) of every write and removal, for watches
+        self.history = []  # (resourceVersion, resource, state, event type) of every write and removal, for watches
         self.evicted_nodes = set()
         self.event_index = {}  # (namespace, object uid, reason, message) -> event, to aggregate repeats
         self.namespace_born = {}  # namespace -> when it was created (its ServiceAccount comes later)
@@ -106,56 +108,6 @@ class Cluster(ApiServer, JobController, Scheduler, Kubelet, NamespaceLifecycle):
                             pass
             if self.mount_namespaces:
                 remove_pod_cgroups(self.pod_cgroups, patience=2.0)  # no pod cgroup outlives the cluster
-
-
-FAULTS = {
-    # kind: (HTTP code, Status reason, message); "" reason prints as `Error from server: ...`
-    "internal": (500, "InternalError", 'an error on the server ("") has prevented the request from succeeding'),
-    "timeout": (504, "Timeout", "the server was unable to return a response in the time allotted, but may still "
-                                "be processing the request"),
-    "etcd-leader-changed": (500, "", "etcdserver: leader changed"),
-    "etcd-timeout": (500, "", "etcdserver: request timed out"),
-    "etcd-too-many-requests": (429, "", "etcdserver: too many requests"),
-    # Not a Status: the connection broke before the answer (a load balancer, an API server
-    # restart); kubectl prints the transport error (kubectl.py, TRANSPORT_REASON).
-    "connection-lost": (502, "TransportError", "unexpected EOF"),
-}
-
-
-def inject_fault(cluster, request):
-    """Transient failures configured in cluster.json (`transientFailures`), consumed in order:
-    {"verb": "get", "resource": "jobs", "times": 2, "kind": "etcd-leader-changed",
-     "afterCommit": false, "afterJobComplete": false}. afterCommit: a write is carried out and
-    then answered with the error (the client cannot tell). afterJobComplete: armed only once a
-    Job has its Complete or Failed condition. Kind "hang" with "seconds": the answer comes that
-    late. Returns (kind, after_commit, seconds) or None."""
-    for fault in cluster.faults:
-        if fault.get("times", 0) <= 0 or fault.get("verb") not in (None, request["verb"]) or \
-                fault.get("resource") not in (None, request.get("resource")):
-            continue
-        if fault.get("afterJobComplete") and not any(
-                c.get("type") in ("Complete", "Failed") for job in cluster.items("jobs")
-                for c in job.get("status", {}).get("conditions", [])):
-            continue
-        fault["times"] -= 1
-        kind = fault.get("kind", "internal")
-        if kind == "timeout-after-commit":  # the original spelling
-            return "timeout", True, 0
-        return kind, bool(fault.get("afterCommit")), fault.get("seconds", 0)
-    return None
-
-
-def fault_error(kind, request):
-    code, reason, message = FAULTS[kind]
-    if kind == "timeout" and request.get("resource"):
-        message += " (%s %s%s)" % ({"create": "post", "delete": "delete"}.get(request["verb"], "get"),
-                                   request["resource"], RESOURCES[request["resource"]][3])
-    return ApiError(code, reason, message)
-
-
-# The API server's listener is down: not a Status. The fake kubectl prints what kubectl prints
-# when its TCP connection is refused (kubectl.py, call()).
-CONNECTION_REFUSED = "ConnectionRefused"
 
 
 def dispatch(cluster, request):
@@ -267,13 +219,17 @@ def serve(state_dir):
 
     threading.Thread(target=control_loop, daemon=True).start()
 
+    http_api = HttpApi(cluster)
+    api_port = http_api.start()
+
     def stop(*_):
         cluster.stop.set()
+        http_api.stop()
         cluster.shutdown()
         threading.Thread(target=server.shutdown, daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
-    info = {"port": server.server_address[1], "pid": os.getpid()}
+    info = {"port": server.server_address[1], "api_port": api_port, "pid": os.getpid()}
     partial = state_dir / "server.json.partial"
     partial.write_text(json.dumps(info))
     os.replace(partial, state_dir / "server.json")

@@ -15,7 +15,7 @@ def watch(cluster, request):
 
     def matching():
         found = []
-        for rv, res, obj in reversed(cluster.history):
+        for rv, res, obj, _ in reversed(cluster.history):
             if rv <= since:
                 break
             meta = obj["metadata"]
