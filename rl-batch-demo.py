@@ -272,6 +272,9 @@ class Terminated(KeyboardInterrupt):
 TRANSIENT_MARKERS = ("(InternalError)", "(ServiceUnavailable)", "(Timeout)", "(ServerTimeout)",
                      "(TooManyRequests)", "etcdserver: ", "connection to the server", "Unable to connect to the server",
                      "i/o timeout", "TLS handshake timeout", "connection reset", "unexpected EOF", "http2:",
+                     # Go's io.EOF: the connection closed before any answer (`Post "URL": EOF`, checked
+                     # with the real kubectl 1.32.4 against a server that drops the connection)
+                     '": EOF',
                      "context deadline exceeded", "did not finish within")
 # A create answered with one of these was refused: nothing was made. Any other failure leaves
 # its outcome unknown, so the tool looks before it tries again.

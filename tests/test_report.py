@@ -95,12 +95,16 @@ def test_results_carry_every_phase_with_quantiles_clocks_and_precision(two_runs)
 
 
 def test_results_carry_the_run_metadata(two_runs):
+    import subprocess
+    from fakecluster import REAL_KUBECTL
     run = read(two_runs[0] / "results.json")["run"]
     assert run["tool_version"] == "0.1.0"
-    assert run["kubectl_client_version"] == "v1.34.3" and run["server_version"] == "v1.34.3"
+    client = json.loads(subprocess.run([REAL_KUBECTL, "version", "--client", "-o", "json"], capture_output=True,
+                                       text=True).stdout)["clientVersion"]["gitVersion"]
+    assert run["kubectl_client_version"] == client and run["server_version"] == "v1.32.4"
     assert run["runtime_class"] == {"name": "cube", "handler": "cube", "overhead": None, "scheduling": None}
     assert {node["name"] for node in run["nodes"]} == {"kind-worker", "kind-worker2"}
-    assert all(node["kubelet"] == "v1.34.3" and node["container_runtime"].startswith("containerd://")
+    assert all(node["kubelet"] == "v1.32.4" and node["container_runtime"].startswith("containerd://")
                and node["kernel"] and node["os"] for node in run["nodes"])
     assert run["flags"]["count"] == 10 and run["flags"]["parallelism"] == 10 and run["flags"]["image"]
     assert run["started_at"].endswith("Z")

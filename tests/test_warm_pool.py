@@ -265,7 +265,10 @@ def test_an_exec_refused_by_an_etcd_error_before_it_starts_is_sent_again(make_cl
     # etcd's leader change); nothing ran, so the episode is a sample, not an infrastructure failure.
     proxy = {"refuseUpgrade": True} if channel == "kubectl-exec" else {}
     cluster = make_cluster(dict(AGENT_SANDBOX, kubectlProxy=proxy, transientFailures=[
-        {"verb": "get", "resource": "pods", "times": 2, "kind": "etcd-leader-changed"}]))
+        {"verb": "get", "resource": "pods", "times": 2, "kind": "etcd-leader-changed"}]),
+        # the fallback needs `kubectl exec` to work where WebSocket is refused: the real kubectl then
+        # speaks SPDY, which the simulated API server does not serve
+        kubectl="fake" if channel == "kubectl-exec" else None)
     done = warm_run(run_tool, cluster, "warm", "--count", "2")
     assert done.code == 0, done
     assert read(tmp_path / "warm" / "results.json")["successful_episodes"] == 2
@@ -491,7 +494,9 @@ def test_an_exec_into_a_pod_that_has_gone_is_an_exec_failure_not_a_refusal(sandb
 ])
 def test_a_channel_that_cannot_be_opened_falls_back_to_kubectl_exec_with_one_line(make_cluster, run_tool, tmp_path,
                                                                                   behaviour, line):
-    cluster = make_cluster(dict(AGENT_SANDBOX, kubectlProxy=behaviour))
+    # The fake kubectl: a `kubectl proxy` that exits at once, and a `kubectl exec` that works where
+    # WebSocket is refused (the real one then speaks SPDY, which the simulated API server does not serve).
+    cluster = make_cluster(dict(AGENT_SANDBOX, kubectlProxy=behaviour), kubectl="fake")
     done = warm_run(run_tool, cluster, "warm", "--count", "3")
     assert done.code == 0, done
     assert line in done.stderr and done.stderr.count("falling back") == 1
@@ -585,7 +590,8 @@ def test_a_lagging_watch_never_puts_an_older_claim_state_back(tool):
 
 @pytest.mark.parametrize("behaviour", [None, {"fails": "error: unknown flag: --unix-socket"}])
 def test_exec_output_that_is_not_utf8_is_kept_byte_for_byte(make_cluster, run_tool, tmp_path, behaviour):
-    cluster = make_cluster(dict(AGENT_SANDBOX, kubectlProxy=behaviour or {}))
+    # a proxy that fails to start is the fake kubectl's (the real one cannot be made to)
+    cluster = make_cluster(dict(AGENT_SANDBOX, kubectlProxy=behaviour or {}), kubectl="fake" if behaviour else None)
     write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok", "reward": 1, "binary": True}] * 2)
     done = warm_run(run_tool, cluster, "warm", "--episode", EPISODE, "--tasks", "tasks.jsonl")
     assert done.code == 0, done
