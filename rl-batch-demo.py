@@ -5049,6 +5049,10 @@ def websocket_accept(key):
 # "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="; tests/test_warm_pool.py checks it against wsproto).
 WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 EXEC_PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
+# A real `kubectl proxy` whose API server cannot be reached answers 500, text/plain: "dial tcp
+# HOST: connect: connection refused", and "error dialing backend: ..." for an upgrade (checked
+# with kubectl 1.32.4; tests/fakecluster/ASSUMPTIONS.md). Nothing was started.
+PROXY_BACKEND_DOWN = ("connect: connection refused", "error dialing backend")
 PROXY_START_SECONDS = 15  # for `kubectl proxy` to say it serves
 
 
@@ -5118,8 +5122,10 @@ class ProxyExecChannel:
                 if answer.status in (400, 403, 405, 426, 501):
                     raise ExecRefused("the API server (through `kubectl proxy`) refused the exec stream: HTTP %d: %s"
                                       % (answer.status, last_line(message)))
-                # a 500 also says "container not found" of a finished pod: only etcd's own errors pass
-                passing = answer.status in (429, 503, 504) or message.startswith("etcdserver: ")
+                # a 500 also says "container not found" of a finished pod: only etcd's own errors, and
+                # the proxy's word that the API server cannot be reached, pass
+                passing = (answer.status in (429, 503, 504) or message.startswith("etcdserver: ")
+                           or any(marker in message for marker in PROXY_BACKEND_DOWN))
                 return ExecResult(None, error="HTTP %d: %s" % (answer.status, last_line(message)), sent_at=sent_at,
                                   refused_in_passing=passing)
             if answer.getheader("Sec-WebSocket-Accept") != websocket_accept(key):
@@ -5137,8 +5143,8 @@ class ProxyExecChannel:
                 return ExecResult(None, error="the exec did not finish within %.0f s" % seconds_left,
                                   reason="ExecTimedOut", sent_at=sent_at, opened_at=opened_at)
             except (OSError, ValueError) as error:
-                return ExecResult(None, error="the exec stream broke: %s" % error, sent_at=sent_at,
-                                  opened_at=opened_at)
+                return ExecResult(None, error="the exec stream was cut after it opened (%s); the command may have "
+                                  "run, so it is not sent again" % error, sent_at=sent_at, opened_at=opened_at)
         finally:
             connection.close()
 
@@ -5250,7 +5256,9 @@ def exec_outcome(status, stdout, stderr, sent_at, opened_at):
     """The exit code from the v4/v5 Status (client-go errorDecoderV4): Success is 0; a Failure with
     reason NonZeroExitCode carries the code in its ExitCode cause; any other Failure is an error."""
     if status is None:
-        return ExecResult(None, stdout, stderr, error="the exec stream ended without a status", sent_at=sent_at,
+        return ExecResult(None, stdout, stderr, error="the exec stream was cut before the command's status came (the "
+                          "API server or `kubectl proxy` closed it: an outage, a restart); the command may have run, so "
+                          "it is not sent again", sent_at=sent_at,
                           opened_at=opened_at)
     if status.get("status") == "Success":
         return ExecResult(0, stdout, stderr, sent_at=sent_at, opened_at=opened_at)

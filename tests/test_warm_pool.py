@@ -484,6 +484,53 @@ def test_an_exec_into_a_pod_that_has_gone_is_an_exec_failure_not_a_refusal(sandb
     assert subprocess.run(["pgrep", "-f", channel.socket_path], capture_output=True).returncode == 1
 
 
+def open_channel_on(cluster, tool, monkeypatch, namespace):
+    """The tool's exec channel (a real `kubectl proxy`) on the cluster, in-process."""
+    for key, value in cluster.env().items():
+        if os.environ.get(key) != value:
+            monkeypatch.setenv(key, value)
+    runner = tool.Kubectl(tool.Console(quiet=True))
+    return runner, tool.ProxyExecChannel(tool.Cluster(runner, "kind-rl"), namespace).open()
+
+
+def test_an_exec_the_proxy_cannot_deliver_because_the_api_server_is_down_may_be_sent_again(
+        sandbox_cluster, tool, monkeypatch):
+    # a real proxy answers 500 "error dialing backend: dial tcp ...: connect: connection refused"
+    runner, channel = open_channel_on(sandbox_cluster, tool, monkeypatch, "default")
+    try:
+        sandbox_cluster.stop()  # the API server's listener is gone: connections refused
+        result = channel.run("any-pod", ["true"], 10)
+    finally:
+        channel.close()
+        runner.stop_background()
+    assert result.refused_in_passing and result.opened_at is None, result.error
+    assert "connection refused" in result.error
+
+
+def test_an_exec_stream_the_api_server_cuts_is_named_and_never_sent_again(sandbox_cluster, tool, monkeypatch):
+    import threading
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "long", "namespace": "default"},
+           "spec": {"containers": [{"name": tool.CONTAINER_NAME, "image": "python:3.12-alpine",
+                                    "command": ["python", "-c", "import time; time.sleep(120)"]}]}}
+    sandbox_cluster.kubectl("create", "-f", "-", stdin=json.dumps(pod))
+    wait_for("the pod to run", lambda: sandbox_cluster.get_json("-n", "default", "pod", "long")["status"].get(
+        "phase") == "Running")
+    runner, channel = open_channel_on(sandbox_cluster, tool, monkeypatch, "default")
+    results = []
+    try:
+        thread = threading.Thread(target=lambda: results.append(channel.run("long", ["sleep", "60"], 90)))
+        thread.start()
+        wait_for("the exec to start", lambda: sandbox_cluster.execs())
+        sandbox_cluster.stop()  # an outage: the API server's open streams are cut
+        thread.join(60)
+    finally:
+        channel.close()
+        runner.stop_background()
+    [result] = results
+    assert result.code is None and result.opened_at is not None and not result.refused_in_passing
+    assert "was cut" in result.error and "not sent again" in result.error, result.error
+
+
 @pytest.mark.parametrize("behaviour, line", [
     ({"fails": "error: unknown flag: --unix-socket\nSee 'kubectl proxy --help' for usage."},
      "warning: `kubectl proxy` exited 1: error: unknown flag: --unix-socket; falling back to one `kubectl exec` "
