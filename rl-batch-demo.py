@@ -4546,6 +4546,9 @@ AGENT_SANDBOX_VERSION = "v0.5.6"  # the release the install hint and the kind wo
 AGENT_SANDBOX_INSTALL = ("kubectl --context %s apply -f https://github.com/kubernetes-sigs/agent-sandbox/releases/"
                          "download/" + AGENT_SANDBOX_VERSION + "/sandbox-with-extensions.yaml")
 EXTENSIONS_API = "extensions.agents.x-k8s.io/v1beta1"
+# The plural resource names (the CRDs' spec.names.plural) of what the exec channel creates or
+# lists through `kubectl proxy`.
+PROXIED_RESOURCES = {"SandboxClaim": "sandboxclaims"}
 CONTROLLER_NAMESPACE, CONTROLLER_DEPLOYMENT = "agent-sandbox-system", "agent-sandbox-controller"
 TEMPLATE_NAME, POOL_NAME, CLAIM_PREFIX = "episode", "episodes", "episode-"
 LAUNCH_TYPE_LABEL = "agents.x-k8s.io/launch-type"  # on the Sandbox: warm (from the pool) or cold
@@ -5149,9 +5152,10 @@ class ProxyExecChannel:
             connection.close()
 
     def create(self, obj):
-        """POST one object of the run's namespace through the proxy: (HTTP status, decoded body)."""
-        return self.request("POST", "/apis/%s/namespaces/%s/%ss" % (obj["apiVersion"], self.namespace,
-                                                                  obj["kind"].lower()), obj)
+        """POST one object of the run's namespace through the proxy: (HTTP status, decoded body). The
+        collection's name is the CRD's plural (PROXIED_RESOURCES), never made up from the kind."""
+        return self.request("POST", "/apis/%s/namespaces/%s/%s" % (obj["apiVersion"], self.namespace,
+                                                                 PROXIED_RESOURCES[obj["kind"]]), obj)
 
     def list_claims(self, selector):
         """The run's claims through the proxy (as `get sandboxclaims -l SELECTOR` would list them)."""

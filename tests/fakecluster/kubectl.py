@@ -128,7 +128,46 @@ def kubeconfig():
     return json.loads(path.read_text()) if path.exists() else {"contexts": [], "current-context": ""}
 
 
+class ClientThrottle:
+    """client-go's default client-side limit, as the real kubectl has it: a token bucket of 5
+    requests a second with a burst of 10 (k8s.io/client-go rest/config.go DefaultQPS, DefaultBurst),
+    discovery apart (kubectl lifts it to 50/300 for discovery, pkg/cmd/cmd.go). A wait of more than a
+    second is logged as client-go logs it, at most once every 10 s (request.go)."""
+
+    def __init__(self, qps=5.0, burst=10):
+        self.qps, self.tokens, self.last, self.logged = qps, float(burst), time.monotonic(), 0.0
+        self.burst = burst
+
+    def take(self, request, count=1):
+        """`count` requests sent together (a `logs -l` of N pods): the last waits for its token."""
+        if self.qps is None:  # `kubectl proxy`: proxied requests are not limited
+            return
+        now = time.monotonic()
+        self.tokens = min(float(self.burst), self.tokens + (now - self.last) * self.qps)
+        self.last = now
+        wait = max(0.0, (count - self.tokens) / self.qps)
+        if wait:
+            time.sleep(wait)
+            self.last = time.monotonic()
+        self.tokens = max(0.0, self.tokens - count) if not wait else 0.0
+        if wait > 1.0 and time.monotonic() - self.logged >= 10.0:
+            self.logged = time.monotonic()
+            sys.stderr.write("I%s %7d request.go:729] Waited for %.2fs due to client-side throttling, not "
+                             "priority and fairness, request: %s:%s\n" % (
+                                 time.strftime("%m%d %H:%M:%S.000000"), os.getpid(), wait,
+                                 "GET" if request["verb"] in ("get", "list", "logs", "logs_many", "watch")
+                                 else request["verb"].upper(), request.get("resource") or request["verb"]))
+            sys.stderr.flush()
+
+
+THROTTLE = ClientThrottle()
+UNTHROTTLED_VERBS = ("discovery", "config", "version")
+
+
 def call(request, timeout):
+    if request["verb"] not in UNTHROTTLED_VERBS:
+        # a `logs -l` of N pods makes N log requests on one bucket
+        THROTTLE.take(request, len(request.get("names") or ()) or 1)
     info = json.loads((state_dir() / "server.json").read_text())
     host = "127.0.0.1:%d" % info["port"]
     connection = http.client.HTTPConnection("127.0.0.1", info["port"], timeout=timeout)
@@ -634,6 +673,7 @@ def cluster_config():
 
 def cmd_proxy(flags, out):
     """`kubectl proxy --unix-socket PATH [filter flags]`: serves until SIGTERM or SIGINT."""
+    THROTTLE.qps = None  # what a proxy forwards is not limited (issue 31: 1,000 GETs in 1.88 s)
     behaviour = (cluster_config().get("kubectlProxy") or {})
     if behaviour.get("fails"):
         raise Failure(behaviour["fails"])  # e.g. an old or locked-down kubectl's own error line

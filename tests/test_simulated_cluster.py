@@ -1,0 +1,33 @@
+"""The simulated cluster's own fidelity: what it must do as the real parts do, checked in-process
+or through the real kubectl (the tool's tests rely on it)."""
+
+import io
+import json
+import sys
+
+from fakecluster import REAL_KUBECTL
+
+
+def test_the_fake_kubectl_throttles_each_process_at_five_requests_a_second_after_a_burst_of_ten(monkeypatch):
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent / "fakecluster"))
+    import kubectl as fake
+    clock = [100.0]
+    monkeypatch.setattr(fake.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(fake.time, "sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds))
+    stderr = io.StringIO()
+    monkeypatch.setattr(fake.sys, "stderr", stderr)
+    throttle = fake.ClientThrottle()
+    throttle.take({"verb": "logs_many", "names": ["p%d" % i for i in range(30)]}, 30)
+    assert abs(clock[0] - 104.0) < 1e-6  # 10 at once, then 20 at 5 a second
+    assert stderr.getvalue().count("due to client-side throttling, not priority and fairness") == 1
+
+
+def test_the_real_kubectl_pages_a_long_list_and_prints_it_whole(cluster):
+    # 520 ConfigMaps: kubectl asks limit=500 and follows metadata.continue
+    items = [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c%03d" % i}} for i in range(520)]
+    cluster.kubectl("create", "-n", "default", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                                            "items": items}))
+    listed = cluster.get_json("-n", "default", "configmaps")
+    assert len(listed["items"]) == 520
+    lists = [r["target"] for r in cluster.requests() if r["method"] == "GET" and "/configmaps?" in r["target"]]
+    assert any("continue=" in target for target in lists) and REAL_KUBECTL
