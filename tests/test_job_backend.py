@@ -143,14 +143,16 @@ def test_image_that_cannot_be_pulled_times_out_with_saved_events(cluster, run_to
                       cluster=cluster)
     assert result.code == 3, result
     assert "ErrImagePull" in (tmp_path / "out" / "events.txt").read_text()
-    assert (tmp_path / "out").glob("rollout-*.log")
+    # the pod went with the Job's deadline, before its log could be read: logs.json says so
+    [source] = read(tmp_path / "out" / "logs.json").values()
+    assert source.startswith("not available: the pod was gone from the API")
 
 
 def log_calls(cluster):
     return [call for call in cluster.calls() if "logs" in call]
 
 
-def test_every_log_comes_from_one_kubectl_process_byte_for_byte(make_cluster, run_tool, tmp_path):
+def test_every_log_comes_through_one_proxy_byte_for_byte(make_cluster, run_tool, tmp_path):
     cluster = make_cluster()
     # more output than a termination message holds, a crash, a last line without a newline
     tasks = write_tasks(tmp_path / "tasks.jsonl", [
@@ -164,17 +166,19 @@ def test_every_log_comes_from_one_kubectl_process_byte_for_byte(make_cluster, ru
     for name in pods:
         direct = cluster.kubectl("-n", read(out / "receipt.json")["namespace"], "logs", name, "-c", "episode").stdout
         assert (out / (name + ".log")).read_text() == direct, name
-    # the run made two: the four logs that validation needs (no termination message), in one
-    # process before results.json, then the fifth
-    assert before == 2, log_calls(cluster)
-    assert sum("-l" in call for call in log_calls(cluster)) == 1
+    # the four logs that validation needs (no termination message) came through one `kubectl
+    # proxy` before results.json (one GET each, unthrottled), then the fifth by `kubectl logs POD`
+    assert before == 1 and "-l" not in log_calls(cluster)[0], log_calls(cluster)
+    proxies = [call for call in cluster.calls() if "proxy" in call]
+    assert len(proxies) == 1 and any(arg.endswith("/log$") for arg in proxies[0])
+    assert len([r for r in cluster.requests() if r["target"].split("?")[0].endswith("/log")]) == 5 + len(pods)
     assert any("no newline at the end" in (out / (name + ".log")).read_text() for name in pods)
     assert max(len((out / (name + ".log")).read_text()) for name in pods) > 4096
     sources = read(out / "logs.json")
     assert set(sources) == set(pods)
     first = [name for name in pods if name.startswith("rollout-0-")][0]
     assert sources.pop(first) == "kubectl logs POD"
-    assert set(sources.values()) == {"kubectl logs -l job-name=JOB --prefix (one process for the Job)"}
+    assert set(sources.values()) == {"GET pods/NAME/log through the run's kubectl proxy"}
     assert read(out / "results.json")["log_archive"]["logs"] == 5
 
 
@@ -190,17 +194,6 @@ def test_a_pod_gone_before_its_log_was_read_is_recorded_as_such(make_cluster, ru
     assert read(out / "logs.json")[gone[0]].startswith("not available: the pod was gone from the API")
     assert not (out / (gone[0] + ".log")).exists()
     assert read(out / "results.json")["log_archive"]["sources"]["not available"] == 1
-
-
-def test_split_prefixed_logs_keeps_each_pods_bytes(tool):
-    raw = (b"[pod/a/episode] one\n[pod/b/episode] x\n[pod/a/episode] two without newline"
-           b"[pod/b/episode] y\n[pod/a/episode] [pod/zzz/episode] is content\n[pod/d/episode] not asked for\n")
-    assert tool.split_prefixed_logs(raw, ["a", "b", "c"], "episode", ["a", "b", "c", "d"]) == {
-        "a": b"one\ntwo without newline[pod/zzz/episode] is content\n", "b": b"x\ny\n", "c": b""}
-
-
-def test_output_that_does_not_start_with_a_prefix_is_not_split(tool):
-    assert tool.split_prefixed_logs(b"error: something\n", ["a"], "episode") is None
 
 
 def test_prewarm_on_many_nodes_uses_two_watches_in_all(make_cluster, run_tool, tmp_path):

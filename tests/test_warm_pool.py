@@ -114,6 +114,10 @@ def test_cleanup_of_a_warm_pool_run_leaves_nothing(sandbox_cluster, run_tool, tm
     done = run_tool("cleanup", "--output", "warm", cluster=sandbox_cluster)
     assert done.code == 0, done
     assert "Deleting 3 SandboxClaims" in done.stderr
+    # by the run's label, so that the real kubectl deletes them unthrottled (by name: 5 a second)
+    run_id = read(tmp_path / "warm" / "receipt.json")["run_id"]
+    [deletion] = [call for call in sandbox_cluster.calls() if "delete" in call and "sandboxclaims" in call]
+    assert deletion[deletion.index("sandboxclaims") + 1:] == ["-l", "agc-demo-run=" + run_id, "--wait=false"]
     for resource in ("sandboxclaims", "sandboxwarmpools", "sandboxtemplates", "sandboxes", "pods"):
         assert sandbox_cluster.get_json("-A", resource)["items"] == [] or all(
             item["metadata"]["namespace"] != namespace for item in sandbox_cluster.get_json("-A", resource)["items"])

@@ -807,8 +807,7 @@ class HttpApi:
                     written += len(data)
             if done or (limit is not None and written >= limit) or self.stopped.is_set():
                 break
-            with cluster.lock:
-                cluster.changed.wait(0.2)
+            self.stopped.wait(0.1)  # the kubelet's log is a file: read it again a moment later
         self.send(conn, sock, h11.EndOfMessage())
         return True
 
