@@ -5,8 +5,11 @@ exits? rl-batch-demo against the tutorial's approach, on the same simulated clus
 Both run against the simulated cluster (tests/fakecluster) in its SYNTHETIC-EPISODE mode:
 the simulated kubelet runs no process, it completes each pod after --episode-seconds with
 made-up ready/reward events (labelled "synthetic" in every event) in its log and its
-termination message. Every kubectl invocation is delayed by --delay seconds (default 0.1)
-to model API latency and kubectl's own start-up. For each approach and batch size:
+termination message. Every API request is answered --delay seconds late (default 0.1, the
+simulated API server's apiLatencySeconds), and every kubectl is the real one on PATH (as the
+suite runs it; --kubectl fake for the fake, whose invocations are delayed instead). The real
+kubectl limits each process to 5 requests a second after a burst of 10. For each approach and
+batch size:
 
   complete->results  the Job controller setting Complete -> results.json first on disk
                      (seconds; watched for every 10 ms)
@@ -16,7 +19,7 @@ to model API latency and kubectl's own start-up. For each approach and batch siz
                      per start)
   peak MB            peak resident memory of the command plus its kubectl children, summed
                      (sampled every 50 ms from /proc; the fake kubectl is a Python program,
-                     about 20 MB, where the real one is a Go program of 40-50 MB)
+                     about 20 MB, the real one a Go program of 40-50 MB)
   run total          the command's wall time, start to exit
 
 "tutorial" is the tutorial's approach (benchmarks/tutorial_approach.py): poll the Job every
@@ -24,7 +27,7 @@ second, one `get pods`, then one `kubectl logs` process per episode, four at a t
 validate from the logs and write results.json. Its 20-episode bound is lifted here.
 
 Usage: python3 benchmarks/collection.py [--sizes 20 200 1000 10000] [--delay 0.1]
-                                         [--approaches rl-batch-demo tutorial]
+                                         [--approaches rl-batch-demo tutorial] [--kubectl real|fake]
 """
 
 import argparse
@@ -69,13 +72,15 @@ def tree_rss_mb(root_pid):
     return total / 2 ** 20
 
 
-def measure(approach, size, delay, episode_seconds, workdir):
+def measure(approach, size, delay, episode_seconds, workdir, kubectl="real"):
     nodes = [{"name": "bench-%03d" % i, "cpu": "64", "memory": "256Gi", "pods": 110}
              for i in range(max(2, -(-size // 100)))]
-    cluster = FakeCluster(workdir / ("k8s-%s-%d" % (approach, size)), {
-        "nodes": nodes, "syntheticEpisodes": {"seconds": episode_seconds}}).start()
+    config = {"nodes": nodes, "syntheticEpisodes": {"seconds": episode_seconds}}
+    if kubectl == "real":
+        config["apiLatencySeconds"] = delay
+    cluster = FakeCluster(workdir / ("k8s-%s-%d" % (approach, size)), config, kubectl=kubectl).start()
     output = workdir / ("out-%s-%d" % (approach, size))
-    env = cluster.env(FAKE_K8S_DELAY=str(delay))
+    env = cluster.env(FAKE_K8S_DELAY=str(delay)) if kubectl == "fake" else cluster.env()
     peak = [0.0]
     try:
         started = time.time()
@@ -123,21 +128,27 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[20, 200, 1000, 10000])
     parser.add_argument("--approaches", nargs="+", default=list(COMMANDS), choices=list(COMMANDS))
-    parser.add_argument("--delay", type=float, default=0.1, help="seconds added to every kubectl call")
+    parser.add_argument("--delay", type=float, default=0.1, help="seconds added to every API request")
+    parser.add_argument("--kubectl", choices=["real", "fake"], default="real")
+    parser.add_argument("--tool", help="another rl-batch-demo.py to measure (e.g. an earlier commit's, for before/after)")
     parser.add_argument("--episode-seconds", type=float, default=2.0, help="synthetic episode duration")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.tool:
+        COMMANDS["rl-batch-demo"][0] = str(Path(args.tool).resolve())
     rows = []
     with tempfile.TemporaryDirectory(prefix="rl-bench-") as tmp:
         for size in args.sizes:
             for approach in args.approaches:
-                rows.append(measure(approach, size, args.delay, args.episode_seconds, Path(tmp)))
+                rows.append(measure(approach, size, args.delay, args.episode_seconds, Path(tmp), args.kubectl))
                 print("measured %s at %d episodes" % (approach, size), file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print("synthetic episodes (%.1f s each), %.0f ms per kubectl call, %s" % (
-        args.episode_seconds, args.delay * 1000, time.strftime("%Y-%m-%d")))
+    version = subprocess.run(["kubectl", "version", "--client"], capture_output=True, text=True).stdout.split("\n")[0]
+    print("synthetic episodes (%.1f s each), %.0f ms per %s, %s kubectl (%s), %s" % (
+        args.episode_seconds, args.delay * 1000, "API request" if args.kubectl == "real" else "kubectl call",
+        args.kubectl, version if args.kubectl == "real" else "tests/fakecluster/kubectl.py", time.strftime("%Y-%m-%d")))
     header = ("episodes", "approach", "complete->results s", "complete->exit s", "kubectl procs",
               "peak MB (with kubectl)", "run total s")
     print("| " + " | ".join(header) + " |")
