@@ -671,9 +671,12 @@ class ApiProxy:
         self.socket_path = str(self.folder / "api.sock")
         self.process = None
         self.in_flight = threading.BoundedSemaphore(API_PROXY_IN_FLIGHT)
+        self.reviving = threading.Lock()
+        self.starts = 0  # how often the proxy was started (revive() starts it again)
 
     def open(self):
         """Start the proxy; raise ProxyUnavailable with kubectl's own line when it does not serve."""
+        self.starts += 1
         self.process = self.cluster.runner.start_background([
             "--context", self.cluster.context, "proxy", "--unix-socket=" + self.socket_path,
             "--accept-paths=" + ",".join(self.accept_paths), "--reject-paths="], what="kubectl proxy")
@@ -690,6 +693,20 @@ class ApiProxy:
                         self.process.returncode, meaningful_line(self.cluster.runner.stderr_of(self.process))
                         or "no message"))
         raise ProxyUnavailable("`kubectl proxy` did not start serving within %d s" % PROXY_START_SECONDS)
+
+    def revive(self):
+        """Start the proxy again if it has exited (once per exit, whoever asks first): True when it
+        was started again, False when it runs; ProxyUnavailable when it will not serve."""
+        with self.reviving:
+            if self.process is not None and self.process.poll() is None:
+                return False
+            if self.process is not None:
+                said = last_line(self.cluster.runner.stderr_of(self.process)) or "no message"
+                self.cluster.console.note("`kubectl proxy` exited (%s: %s); starting it again"
+                                          % (self.process.returncode, said))
+                self.cluster.runner.stop_process(self.process)
+            self.open()
+            return True
 
     def request(self, method, path, obj=None, retry=True, timeout=KUBECTL_PROCESS_TIMEOUT_SECONDS):
         """(HTTP status, body bytes). With retry, a refusal that passes (429 after its Retry-After,
@@ -710,6 +727,8 @@ class ApiProxy:
             except (OSError, http.client.HTTPException) as error:
                 if delay is None:
                     raise ProxyUnavailable("the request through `kubectl proxy` failed: %s" % error) from None
+                if self.process is not None and self.process.poll() is not None:
+                    self.revive()  # the proxy died: start it again, then send the request again
                 time.sleep(delay)
                 continue
             if delay is None or not refusal_passes(status, body):
@@ -5160,6 +5179,7 @@ def websocket_accept(key):
 # "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="; tests/test_warm_pool.py checks it against wsproto).
 WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 EXEC_PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
+EXEC_PING_SECONDS = 5.0  # client-go's WebSocket executor pings this often (PingPeriod)
 
 
 
@@ -5190,7 +5210,7 @@ class ProxyExecChannel:
     def record(self):
         return {"kind": self.kind, "detail": "one `kubectl proxy --unix-socket` for the run; each exec a WebSocket "
                                              "stream from this process", "protocols": dict(self.protocols),
-                "fallback_reason": None}
+                "proxy_restarts": max(0, self.proxy.starts - 1), "fallback_reason": None}
 
     def run(self, pod_name, command, seconds_left):
         query = urllib.parse.urlencode([("container", CONTAINER_NAME), ("stdout", "true"), ("stderr", "true")] +
@@ -5201,6 +5221,16 @@ class ProxyExecChannel:
         connection = UnixHTTPConnection(self.socket_path, max(1.0, seconds_left))
         try:
             sent_at = time.time()
+            try:
+                connection.connect()
+            except OSError as error:
+                # nothing was sent: the proxy is gone (it is started again) or not reachable
+                try:
+                    self.proxy.revive()
+                except ProxyUnavailable as unavailable:
+                    raise ExecRefused(str(unavailable)) from None
+                return ExecResult(None, error="`kubectl proxy` could not be reached (%s); nothing was sent" % error,
+                                  sent_at=sent_at, refused_in_passing=True)
             try:
                 connection.request("GET", target, headers={
                     "Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
@@ -5285,8 +5315,29 @@ def websocket_frame(opcode, payload):
     return header + mask + bytes(byte ^ mask[i % 4] for i, byte in enumerate(payload))
 
 
+def keep_alive(connection, writing, stopped):
+    """Ping the server every EXEC_PING_SECONDS while an exec stream is open, as client-go does
+    (its WebSocket executor's PingPeriod, 5 s): an episode may print nothing for minutes, and a
+    silent connection is what proxies and load balancers cut."""
+    while not stopped.wait(EXEC_PING_SECONDS):
+        try:
+            with writing:
+                connection.sendall(websocket_frame(0x9, b""))
+        except OSError:
+            return
+
+
 def read_exec_stream(connection, stream, deadline, sent_at, opened_at):
     """Read messages until the server closes: stdout, stderr, and the Status with the exit code."""
+    writing, stopped = threading.Lock(), threading.Event()
+    threading.Thread(target=keep_alive, args=(connection, writing, stopped), daemon=True).start()
+    try:
+        return read_exec_messages(connection, stream, deadline, sent_at, opened_at, writing)
+    finally:
+        stopped.set()
+
+
+def read_exec_messages(connection, stream, deadline, sent_at, opened_at, writing):
     out, err, status, message = bytearray(), bytearray(), None, bytearray()
     while True:
         connection.settimeout(max(0.05, deadline - time.monotonic()))
@@ -5304,12 +5355,14 @@ def read_exec_stream(connection, stream, deadline, sent_at, opened_at):
             payload = bytes(byte ^ mask[i % 4] for i, byte in enumerate(payload))
         if opcode == 0x8:  # close: answer it, then the stream is over
             try:
-                connection.sendall(websocket_frame(0x8, payload[:2]))
+                with writing:
+                    connection.sendall(websocket_frame(0x8, payload[:2]))
             except OSError:
                 pass
             break
         if opcode == 0x9:  # ping
-            connection.sendall(websocket_frame(0xA, payload))
+            with writing:
+                connection.sendall(websocket_frame(0xA, payload))
             continue
         if opcode == 0xA:
             continue

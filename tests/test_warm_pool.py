@@ -513,12 +513,7 @@ def test_an_exec_the_proxy_cannot_deliver_because_the_api_server_is_down_may_be_
 
 def test_an_exec_stream_the_api_server_cuts_is_named_and_never_sent_again(sandbox_cluster, tool, monkeypatch):
     import threading
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "long", "namespace": "default"},
-           "spec": {"containers": [{"name": tool.CONTAINER_NAME, "image": "python:3.12-alpine",
-                                    "command": ["python", "-c", "import time; time.sleep(120)"]}]}}
-    sandbox_cluster.kubectl("create", "-f", "-", stdin=json.dumps(pod))
-    wait_for("the pod to run", lambda: sandbox_cluster.get_json("-n", "default", "pod", "long")["status"].get(
-        "phase") == "Running")
+    run_a_long_pod(sandbox_cluster, tool)
     runner, channel = open_channel_on(sandbox_cluster, tool, monkeypatch, "default")
     results = []
     try:
@@ -533,6 +528,62 @@ def test_an_exec_stream_the_api_server_cuts_is_named_and_never_sent_again(sandbo
     [result] = results
     assert result.code is None and result.opened_at is not None and not result.refused_in_passing
     assert "was cut" in result.error and "not sent again" in result.error, result.error
+
+
+def run_a_long_pod(cluster, tool):
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "long", "namespace": "default"},
+           "spec": {"containers": [{"name": tool.CONTAINER_NAME, "image": "python:3.12-alpine",
+                                    "command": ["python", "-c", "import time; time.sleep(120)"]}]}}
+    cluster.kubectl("create", "-f", "-", stdin=json.dumps(pod))
+    wait_for("the pod to run", lambda: cluster.get_json("-n", "default", "pod", "long")["status"].get(
+        "phase") == "Running")
+
+
+def test_a_proxy_that_died_is_started_again_and_the_exec_it_never_carried_may_be_sent_again(
+        sandbox_cluster, tool, monkeypatch):
+    run_a_long_pod(sandbox_cluster, tool)
+    runner, channel = open_channel_on(sandbox_cluster, tool, monkeypatch, "default")
+    try:
+        channel.proxy.process.kill()
+        channel.proxy.process.wait()
+        first = channel.run("long", ["true"], 30)
+        second = channel.run("long", ["true"], 30)
+    finally:
+        channel.close()
+        runner.stop_background()
+    assert first.refused_in_passing and first.opened_at is None and "nothing was sent" in first.error
+    assert second.code == 0, second.error
+    assert channel.record()["proxy_restarts"] == 1
+    assert len(sandbox_cluster.execs()) == 1  # the first never reached the API server
+
+
+def test_a_silent_exec_stream_is_pinged_every_few_seconds_as_client_go_pings(tool, monkeypatch):
+    import socket
+    import threading
+    import wsproto.connection
+    import wsproto.events
+    monkeypatch.setattr(tool, "EXEC_PING_SECONDS", 0.05)
+    client, server = socket.socketpair()
+    websocket = wsproto.connection.Connection(wsproto.connection.ConnectionType.SERVER)
+    pings = []
+
+    def serve():  # a command that prints nothing until three pings came
+        while len(pings) < 3:
+            websocket.receive_data(server.recv(4096))
+            for event in websocket.events():
+                if isinstance(event, wsproto.events.Ping):
+                    pings.append(event)
+                    server.sendall(websocket.send(event.response()))
+        status = json.dumps({"metadata": {}, "status": "Success"}).encode()
+        server.sendall(websocket.send(wsproto.events.BytesMessage(data=b"\x03" + status)))
+        server.sendall(websocket.send(wsproto.events.CloseConnection(code=1000)))
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    result = tool.read_exec_stream(client, client.makefile("rb"), time.monotonic() + 60, 1.0, 2.0)
+    thread.join(10)
+    client.close()
+    server.close()
+    assert result.code == 0 and len(pings) >= 3
 
 
 @pytest.mark.parametrize("behaviour, line", [
