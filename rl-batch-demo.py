@@ -259,6 +259,10 @@ class DemoError(Exception):
     exit_code = EXIT_ERROR
 
 
+class NoSuchFolder(DemoError):
+    """An output folder named on the command line does not exist (the message names it)."""
+
+
 class BatchTimeout(DemoError):
     exit_code = EXIT_TIMEOUT
 
@@ -6235,7 +6239,8 @@ def cmd_cleanup(args, console):
         try:
             cleanup_one(Path(folder), console, args.delete_foreign)
         except DemoError as error:
-            console.tell("Error: %s: %s" % (folder, error))
+            # the folder named once: a missing folder's message names it already
+            console.tell("Error: %s" % (error if isinstance(error, NoSuchFolder) else "%s: %s" % (folder, error)))
             first_failure = first_failure or error.exit_code
     return first_failure
 
@@ -6257,7 +6262,7 @@ def read_receipt_file(name):
 def cleanup_one(output, console, delete_foreign=False):
     """Delete one run's objects and namespace, after proving each is the one the receipt names."""
     if not output.is_dir():
-        raise DemoError("no such folder: %s (give the output folder of a run, or --receipt FILE)" % output)
+        raise NoSuchFolder("no such folder: %s (give the output folder of a run, or --receipt FILE)" % output)
     return cleanup_receipt(read_json(output / "receipt.json", "the receipt"), output / "receipt.json", output,
                            console, delete_foreign)
 
@@ -6419,8 +6424,6 @@ def wait_for_namespace(cluster, namespace):
 
 def cmd_report(args, console):
     labels = args.label or [Path(folder).name or str(folder) for folder in args.folders]
-    if len(labels) != len(args.folders):
-        raise DemoError("give one --label per folder (%d folders, %d labels)" % (len(args.folders), len(labels)))
     columns = []
     for label, folder in zip(labels, args.folders):
         path = Path(folder) / "results.json"
@@ -6446,12 +6449,22 @@ def cmd_report(args, console):
 RESULT_KEYS = ("episodes", "successful_episodes", "reward_sum", "phases", "pods", "parallelism", "runtime")
 
 
+RECEIPT_SEARCH_DEPTH = 4  # `list --search DIR`: DIR and its subfolders this many levels down
+
+
 def find_receipts(folders):
-    """{namespace: (folder, receipt)} for every receipt.json in the folders or one level below."""
+    """{namespace: (folder, receipt)} for every receipt.json in the folders and their subfolders
+    (RECEIPT_SEARCH_DEPTH levels down, hidden folders skipped: a training loop's steps/step-N)."""
     found = {}
     for folder in folders:
         folder = Path(folder)
-        for path in [folder / "receipt.json", *sorted(folder.glob("*/receipt.json"))]:
+        paths = []
+        for root, dirs, files in os.walk(folder):
+            depth = len(Path(root).relative_to(folder).parts)
+            dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if depth < RECEIPT_SEARCH_DEPTH else []
+            if "receipt.json" in files:
+                paths.append(Path(root) / "receipt.json")
+        for path in sorted(paths):
             try:
                 receipt = json.loads(path.read_text())
                 found[receipt["namespace"]] = (path.parent, receipt)
@@ -6790,6 +6803,13 @@ def parse_args(argv):
         if bool(folders) == bool(args.receipt):
             args.subparser.error("give the runs' output folders (DIR ...) or --receipt FILE, one of the two")
         args.output = folders
+    if args.command == "list":
+        missing = [folder for folder in args.search or () if not os.path.isdir(folder)]
+        if missing:
+            args.subparser.error("--search %s: no such folder" % missing[0])
+    if args.command == "report" and args.label and len(args.label) != len(args.folders):
+        args.subparser.error("give one --label per folder (%d folders, %d labels)"
+                             % (len(args.folders), len(args.label)))
     return run_spec(args) if args.command == "run" else args
 
 

@@ -28,10 +28,14 @@ Figures:
                        getrusage(RUSAGE_CHILDREN) around the command; and per episode, in ms
   pool fill            pool created -> all replicas Ready (setup, not in the batch figures)
   command              the whole `run` command, start to exit (includes pool fill)
+  cleanup              the `cleanup` command after it, start to exit (claims, pool, template,
+                       the namespace and its wait)
+
+Every kubectl is the real one on PATH (5 requests a second per process, burst 10), against the
+simulated cluster's HTTP API, each request answered --delay seconds late (apiLatencySeconds).
 
 CAVEAT: these are the simulated cluster's timings, not a cluster's. Its controllers run every
-20 ms under one lock, its kubectl is a Python program (about 0.1 s to start), and its API server
-answers in microseconds; a real API server, real kubectl (a Go program) and a real network differ.
+20 ms under one lock; a real API server, its etcd and a real network differ.
 
 Usage: python3 benchmarks/warm_pool.py [--sizes 20 200 1000] [--profiles default fast]
        [--episode-seconds 0.5] [--arms job warm cold]
@@ -75,20 +79,24 @@ def measure(arm, size, profile, episode_seconds, delay, workdir, tool):
              for i in range(max(2, -(-2 * size // 100) + 1))]
     cluster = FakeCluster(workdir / ("k8s-%s-%s-%d" % (profile, arm, size)), dict(PROFILES[profile], **{
         "nodes": nodes, "syntheticEpisodes": {"seconds": episode_seconds},
-        "agentSandbox": {"version": "v0.5.6", "extensions": True}})).start()
+        "agentSandbox": {"version": "v0.5.6", "extensions": True}, "apiLatencySeconds": delay})).start()
     output = workdir / ("out-%s-%s-%d" % (profile, arm, size))
     try:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
         done = subprocess.run([sys.executable, tool, "run", "--allow-large", "--quiet",
                                "--no-runtime-class", "--count", str(size), "--output", str(output), *ARMS[arm]],
-                              env=cluster.env(FAKE_K8S_DELAY=str(delay)), capture_output=True, text=True)
+                              env=cluster.env(), capture_output=True, text=True)
         command = time.monotonic() - started
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         if done.returncode != 0:
             return {"error": done.stderr.strip().splitlines()[-1]}
         results = json.loads((output / "results.json").read_text())
+        started = time.monotonic()
+        cleaned = subprocess.run([sys.executable, tool, "cleanup", "--output", str(output)], env=cluster.env(),
+                                 capture_output=True, text=True)
+        cleanup = time.monotonic() - started if cleaned.returncode == 0 else None
         waits = [row["times"]["process_start"] - row["times"]["claim_ready"] for row in results["pods"]
                  if row["times"].get("claim_ready") and row["times"].get("process_start")]
         return {"create->all rewards": results["batch_to_all_rewards_seconds"],
@@ -97,7 +105,7 @@ def measure(arm, size, profile, episode_seconds, delay, workdir, tool):
                 "pool fill": (results.get("pool") or {}).get("fill_seconds"),
                 "channel": ((json.loads((output / "warm-pool.json").read_text()).get("exec_channel") or {}).get("kind")
                             if (output / "warm-pool.json").exists() else "-"),
-                "launch types": results.get("launch_types"), "command": command}
+                "launch types": results.get("launch_types"), "command": command, "cleanup": cleanup}
     finally:
         cluster.stop()
 
@@ -107,15 +115,16 @@ def main():
     parser.add_argument("--sizes", type=int, nargs="+", default=[20, 200, 1000])
     parser.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=list(PROFILES))
     parser.add_argument("--episode-seconds", type=float, default=0.5)
-    parser.add_argument("--delay", type=float, default=0.0, help="extra seconds per kubectl call")
+    parser.add_argument("--delay", type=float, default=0.1, help="seconds added to every API request")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--tool", default=str(ROOT / "rl-batch-demo.py"),
                         help="the rl-batch-demo.py to measure (another version, for a before/after)")
     args = parser.parse_args()
-    print("simulated cluster, synthetic episodes of %.1f s, kubectl delay %.2f s; NOT a real cluster's timings"
-          % (args.episode_seconds, args.delay))
+    version = subprocess.run(["kubectl", "version", "--client"], capture_output=True, text=True).stdout.split("\n")[0]
+    print("simulated cluster, synthetic episodes of %.1f s, %.0f ms per API request, real kubectl (%s); NOT a real "
+          "cluster's timings" % (args.episode_seconds, args.delay * 1000, version))
     columns = ("create->all rewards", "ready->stmt p99", "kubectl", "client cpu", "cpu/episode ms", "pool fill",
-               "command")
+               "command", "cleanup")
     print("| profile | size | arm | %s | channel | launch types |" % " | ".join(columns))
     print("|---|---:|---|%s---|---|" % ("---:|" * len(columns)))
 

@@ -132,17 +132,31 @@ def test_two_cleanups_at_once_both_succeed(make_cluster, tmp_path):
 
 
 def test_list_finds_a_leftover_run_and_cleanup_removes_it(cluster, run_tool, tmp_path):
-    assert run_tool("run", "--count", "2", "--output", "runs/a", cluster=cluster).code == 0
-    namespace = read(tmp_path / "runs" / "a" / "receipt.json")["namespace"]
+    # two levels below the searched folder, as the README's training loop writes its steps
+    assert run_tool("run", "--count", "2", "--output", "runs/steps/step-1", cluster=cluster).code == 0
+    namespace = read(tmp_path / "runs" / "steps" / "step-1" / "receipt.json")["namespace"]
     listed = run_tool("list", "--search", "runs", cluster=cluster)
     assert listed.code == 0, listed
     header, line = listed.stdout.splitlines()
     assert header.split() == ["NAMESPACE", "AGE", "STATE", "EPISODES", "RECEIPT"]
     assert line.startswith(namespace)
-    assert "Complete" in line and "2/2 done, 0 failed" in line and line.endswith("runs/a")
-    assert run_tool("cleanup", "--output", "runs/a", cluster=cluster).code == 0
+    assert "Complete" in line and "2/2 done, 0 failed" in line and line.endswith("runs/steps/step-1")
+    assert run_tool("cleanup", "--output", "runs/steps/step-1", cluster=cluster).code == 0
     after = run_tool("list", "--search", "runs", cluster=cluster)
     assert after.stdout == "No runs of rl-batch-demo on context kind-rl.\n"
+
+
+def test_cleanup_of_several_missing_folders_names_each_once(run_tool):
+    done = run_tool("cleanup", "does-not-exist", "other-missing")
+    assert done.code == 1
+    assert done.stderr.splitlines() == [
+        "Error: no such folder: %s (give the output folder of a run, or --receipt FILE)" % name
+        for name in ("does-not-exist", "other-missing")]
+
+
+def test_list_refuses_a_search_folder_that_does_not_exist(run_tool):
+    listed = run_tool("list", "--search", "no-such-folder")
+    assert listed.code == 2 and "error: --search no-such-folder: no such folder" in listed.stderr
 
 
 def test_list_shows_runs_that_no_local_receipt_names(cluster, run_tool, tmp_path):

@@ -163,7 +163,7 @@ def test_report_needs_results(run_tool, tmp_path):
 
 def test_report_wants_one_label_per_folder(two_runs, run_tool):
     result = run_tool("report", str(two_runs[0]), str(two_runs[1]), "--label", "only one")
-    assert result.code == 1
+    assert result.code == 2  # a bad command line (README's table of exit codes)
     assert "one --label per folder (2 folders, 1 labels)" in result.stderr
 
 
