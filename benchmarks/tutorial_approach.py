@@ -13,7 +13,6 @@ Usage: tutorial_approach.py run --count N --output DIR
 
 import argparse
 import concurrent.futures
-import importlib.util
 import json
 from pathlib import Path
 import subprocess
@@ -25,11 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_tool():
-    spec = importlib.util.spec_from_file_location("rl_batch_demo", ROOT / "rl-batch-demo.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["rl_batch_demo"] = module
-    spec.loader.exec_module(module)
-    return module
+    """The tool as a module (rl_batch_demo.py is a symlink to rl-batch-demo.py)."""
+    sys.path.insert(0, str(ROOT))
+    import rl_batch_demo
+    return rl_batch_demo
 
 
 def main():

@@ -1,4 +1,3 @@
-import importlib.util
 import json
 from pathlib import Path
 import subprocess
@@ -13,14 +12,9 @@ SCRIPT = ROOT / "rl-batch-demo.py"
 
 
 def load_tool():
-    """Import the dashed script as a module (registered first, as importlib requires)."""
-    if "rl_batch_demo" in sys.modules:
-        return sys.modules["rl_batch_demo"]
-    spec = importlib.util.spec_from_file_location("rl_batch_demo", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["rl_batch_demo"] = module
-    spec.loader.exec_module(module)
-    return module
+    """The tool as a module: rl_batch_demo.py is a symlink to the script."""
+    import rl_batch_demo
+    return rl_batch_demo
 
 
 @pytest.fixture(scope="session")

@@ -90,7 +90,7 @@ def test_the_wheel_installs_the_rl_batch_demo_command_and_the_example(built, tmp
                    check=True, timeout=300)
     version = subprocess.run([str(bin_dir / "rl-batch-demo"), "--version"], capture_output=True, text=True)
     assert (version.returncode, version.stdout.strip()) == (0, "rl-batch-demo 0.1.0"), version
-    examples = tmp_path / "venv" / "share" / "rl-batch-demo" / "examples"
+    examples = ROOT / "examples"  # shipped in the source package (MANIFEST.in), not installed
     run = subprocess.run([str(bin_dir / "rl-batch-demo"), "run", "--backend", "local", "--episode",
                           str(examples / "sum_episode.py"), "--tasks", str(examples / "sum_tasks.jsonl"),
                           "--output", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
@@ -116,9 +116,9 @@ def test_an_editable_install_runs_the_checkouts_script(tmp_path):
     Path(site, "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                     "--no-index", "-e", str(ROOT)], check=True, timeout=600, capture_output=True)
-    where = subprocess.run([str(bin_dir / "python"), "-c", "import rl_batch_demo_cli; "
-                            "print(rl_batch_demo_cli.script_path())"], capture_output=True, text=True, cwd=str(tmp_path))
-    assert Path(where.stdout.strip()) == ROOT / "rl-batch-demo.py", where
+    where = subprocess.run([str(bin_dir / "python"), "-c", "import rl_batch_demo; print(rl_batch_demo.__file__)"],
+                           capture_output=True, text=True, cwd=str(tmp_path))
+    assert Path(where.stdout.strip()).resolve() == ROOT / "rl-batch-demo.py", where
 
 
 def test_the_source_package_carries_what_its_tests_and_example_need(tmp_path):
@@ -129,7 +129,7 @@ def test_the_source_package_carries_what_its_tests_and_example_need(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     with tarfile.open(next(tmp_path.glob("*.tar.gz"))) as sdist:
         names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
-    for needed in ("rl-batch-demo.py", "rl_batch_demo_cli.py", "rl_batch_demo.py", "tests/conftest.py", "tests/fakecluster/server.py",
+    for needed in ("rl-batch-demo.py", "rl_batch_demo.py", "tests/conftest.py", "tests/fakecluster/server.py",
                    "tests/fakecluster/kubectl.py", "tests/episodes/scripted.py", "examples/sum_episode.py",
                    "examples/sum_tasks.jsonl", "benchmarks/collection.py"):
         assert needed in names, needed
