@@ -114,14 +114,26 @@ def test_cleanup_of_a_warm_pool_run_leaves_nothing(sandbox_cluster, run_tool, tm
     done = run_tool("cleanup", "--output", "warm", cluster=sandbox_cluster)
     assert done.code == 0, done
     assert "Deleting 3 SandboxClaims" in done.stderr
-    # by the run's label, so that the real kubectl deletes them unthrottled (by name: 5 a second)
+    # by the run's label, in one deletecollection request through a proxy (kubectl would send one
+    # DELETE after another, and by name at 5 a second)
     run_id = read(tmp_path / "warm" / "receipt.json")["run_id"]
-    [deletion] = [call for call in sandbox_cluster.calls() if "delete" in call and "sandboxclaims" in call]
-    assert deletion[deletion.index("sandboxclaims") + 1:] == ["-l", "agc-demo-run=" + run_id, "--wait=false"]
+    assert not [call for call in sandbox_cluster.calls() if "delete" in call and "sandboxclaims" in call]
+    [collection] = [r for r in sandbox_cluster.requests() if r["method"] == "DELETE" and "/sandboxclaims?" in r["target"]]
+    assert collection["target"].endswith("?labelSelector=agc-demo-run%3D" + run_id)
     for resource in ("sandboxclaims", "sandboxwarmpools", "sandboxtemplates", "sandboxes", "pods"):
         assert sandbox_cluster.get_json("-A", resource)["items"] == [] or all(
             item["metadata"]["namespace"] != namespace for item in sandbox_cluster.get_json("-A", resource)["items"])
     assert namespace not in sandbox_cluster.kubectl("get", "namespaces").stdout
+
+
+def test_cleanup_deletes_the_claims_one_by_one_where_deletecollection_is_forbidden(make_cluster, run_tool,
+                                                                                    tmp_path):
+    cluster = make_cluster(dict(AGENT_SANDBOX, forbid=[{"verb": "deletecollection", "resource": "sandboxclaims"}]))
+    assert warm_run(run_tool, cluster, "warm", "--count", "2").code == 0
+    done = run_tool("cleanup", "--output", "warm", cluster=cluster)
+    assert done.code == 0, done
+    assert "deleting the claims as a collection failed (HTTP 403); one by one with kubectl instead" in done.stderr
+    assert cluster.get_json("-A", "sandboxclaims")["items"] == []
 
 
 def test_cleanup_refuses_a_pool_whose_uid_is_not_the_receipts(sandbox_cluster, run_tool, tmp_path):

@@ -609,6 +609,7 @@ class HttpApi:
             if name is None:  # deletecollection
                 def delete_all():
                     with cluster.lock:
+                        cluster.check_rbac("deletecollection", resource, namespace)
                         matches = label_matcher(query.get("labelSelector"))
                         doomed = [o for o in cluster.api_list(resource, namespace if namespace else "*", None)
                                   if matches(o["metadata"].get("labels"))]
