@@ -259,6 +259,17 @@ class DemoError(Exception):
     exit_code = EXIT_ERROR
 
 
+def with_context(error, more, joiner="; "):
+    """`error` with `more` added to its message: the same type where its constructor takes just
+    the message, else a DemoError with the same exit code (a KubectlError's constructor takes
+    kubectl's argv and stderr: `type(error)(message)` raised a TypeError there)."""
+    message = "%s%s%s" % (str(error).rstrip(".") if joiner.startswith(".") else error, joiner, more)
+    plain = type(error).__init__ is DemoError.__init__
+    wrapped = type(error)(message) if plain else DemoError(message)
+    wrapped.exit_code = error.exit_code
+    return wrapped
+
+
 class NoSuchFolder(DemoError):
     """An output folder named on the command line does not exist (the message names it)."""
 
@@ -2734,7 +2745,7 @@ def start_run(spec, console):
         return backend.run(run)
     except DemoError as error:
         if backend.uses_cluster:
-            error.args = ("%s. Clean up with: %s" % (str(error).rstrip("."), run.cleanup_advice()),)
+            raise with_context(error, "Clean up with: %s" % run.cleanup_advice(), ". ") from None
         raise
     except OSError as error:
         # The output folder failed (a full disk, a read-only mount, the folder removed): one
@@ -3719,9 +3730,7 @@ class JobRound:
                     kept.append("the logs of the %d pod(s) the API still had" % still_listed)
             except DemoError as late:
                 kept.append("not the events or logs (%s)" % late)
-        error_type = type(error) if type(error) in (DemoError, BatchTimeout, BatchFailed, ObjectDeleted) \
-            else DemoError
-        return error_type("%s; what the run saw is saved in %s: %s" % (error, folder, ", ".join(kept)))
+        return with_context(error, "what the run saw is saved in %s: %s" % (folder, ", ".join(kept)))
 
     def save_what_is_known(self):
         """After Ctrl-C or SIGTERM: keep the Job, its pods, events and logs, as far as they can be had."""
@@ -5818,7 +5827,7 @@ class WarmPoolBackend(Backend):
             try:
                 live_pool = wait_for_pool(cluster, namespace, spec.pool_size, spec.timeout)
             except DemoError as error:
-                raise type(error)("%s; %s" % (error, save_pool_state(cluster, namespace, output))) from None
+                raise with_context(error, save_pool_state(cluster, namespace, output)) from None
             pool_record = {"name": POOL_NAME, "template": TEMPLATE_NAME, "size": spec.pool_size,
                            "fill_seconds": time.monotonic() - fill_started,
                            "fill_definition": "client monotonic clock: pool created -> readyReplicas = replicas "
@@ -5842,7 +5851,7 @@ class WarmPoolBackend(Backend):
             if not batch.names:
                 raise  # no claim was fired: what the pool held is saved already
             batch.save_state()
-            raise type(error)("%s; %s" % (error, WARM_DIAGNOSTICS % output)) from None
+            raise with_context(error, WARM_DIAGNOSTICS % output) from None
         finally:
             claim_watch.stop()
             sandbox_watch.stop()

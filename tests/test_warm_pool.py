@@ -136,6 +136,18 @@ def test_cleanup_deletes_the_claims_one_by_one_where_deletecollection_is_forbidd
     assert cluster.get_json("-A", "sandboxclaims")["items"] == []
 
 
+def test_a_kubectl_failure_while_the_pool_fills_ends_in_one_line_and_the_cleanup_hint(make_cluster, run_tool,
+                                                                                       tmp_path):
+    # listing Sandboxes forbidden and a slow image pull: the pool never fills in time, and what
+    # the tool reads to explain it fails with a kubectl error (it once ended in a TypeError)
+    cluster = make_cluster(dict(AGENT_SANDBOX, imagePullSeconds=60,
+                                forbid=[{"verb": "list", "resource": "sandboxes"}]))
+    done = warm_run(run_tool, cluster, "warm", "--count", "2", "--timeout", "3")
+    assert done.code != 0 and "Traceback" not in done.stderr, done
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: ") and "Clean up with: " in last, last
+
+
 def test_cleanup_refuses_a_pool_whose_uid_is_not_the_receipts(sandbox_cluster, run_tool, tmp_path):
     assert warm_run(run_tool, sandbox_cluster, "warm", "--count", "2").code == 0
     receipt_path = tmp_path / "warm" / "receipt.json"
