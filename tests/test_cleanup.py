@@ -260,6 +260,9 @@ def test_cleanup_names_objects_it_did_not_create_and_refuses(cluster, run_tool, 
     assert "`kubectl --context kind-rl -n %s delete configmap notes`" % namespace in line
     assert line.endswith("or run cleanup again with --delete-foreign to delete them with the run")
     assert not [call for call in cluster.calls() if "delete" in call]
+    # every kind listed through the proxy, metadata only, not one `kubectl get k1,k2,...` after another
+    assert "listing the namespace through" not in result.stderr
+    assert not [call for call in cluster.calls() if "get" in call and any("," in arg for arg in call)]
 
 
 def test_cleanup_with_delete_foreign_deletes_them_with_the_run(cluster, run_tool, tmp_path):

@@ -586,7 +586,7 @@ class HttpApi:
         if method == "GET" and name is None and query.get("watch") in ("true", "1"):
             return self.serve_watch(conn, sock, resource, namespace, query)
         if method == "GET" and name is None:
-            return self.serve_list(conn, sock, resource, namespace, query, wants_table)
+            return self.serve_list(conn, sock, resource, namespace, query, headers.get("accept", ""))
         if method == "GET":
             obj = self.call("get", resource, lambda: locked(cluster, cluster.api_get, resource, namespace, name))
             if wants_table:
@@ -650,7 +650,7 @@ class HttpApi:
             return self.answer(conn, sock, 200, self.call("patch", resource, patched))
         raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
 
-    def serve_list(self, conn, sock, resource, namespace, query, wants_table):
+    def serve_list(self, conn, sock, resource, namespace, query, accept):
         cluster = self.cluster
         matches = label_matcher(query.get("labelSelector"))
         fields = query.get("fieldSelector") or ""
@@ -675,11 +675,17 @@ class HttpApi:
         if limit and start + limit < len(items):
             meta["continue"] = base64.b64encode(json.dumps({"start": start + limit}).encode()).decode()
             meta["remainingItemCount"] = len(items) - start - limit
-        if wants_table:
+        if "as=Table" in accept:
             table = as_table(resource, page, resource_version, query.get("includeObject"))
             table["metadata"].update(meta)
             return self.answer(conn, sock, 200, table)
         api_version, kind, _, _ = RESOURCES[resource]
+        if "as=PartialObjectMetadataList" in accept:
+            # metadata only, as a metadata informer asks for it
+            return self.answer(conn, sock, 200, {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
+                                                 "metadata": meta, "items": [
+                {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]}
+                for o in page]})
         built_in = group_version(resource)[0] in BUILT_IN_GROUPS
         shown = [{k: v for k, v in o.items() if k not in ("apiVersion", "kind")} if built_in else o for o in page]
         return self.answer(conn, sock, 200, {"kind": kind + "List", "apiVersion": api_version, "metadata": meta,
