@@ -340,10 +340,11 @@ def test_an_interrupted_queued_run_leaves_what_cleanup_needs(busy_cluster, run_t
 
 def test_a_pods_ready_timeout_evicts_and_requeues_with_back_off_then_the_batch_completes(make_cluster, run_tool,
                                                                                         tmp_path):
-    # The first pods wait 6 s for their image, longer than the 3 s PodsReady timeout; after a
-    # 2 s back-off the second admission finds the image cached and has 3 s to get ready.
-    cluster = make_cluster(dict(kueue(waitForPodsReady={"timeoutSeconds": 3, "backoffBaseSeconds": 2}),
-                                imagePullSeconds=6))
+    # The first pods wait 10 s for their image, longer than the 5 s PodsReady timeout; after a
+    # 2 s back-off the second admission finds the image cached and has 5 s to get ready (3 s was
+    # not always enough on a busy machine: a third cycle).
+    cluster = make_cluster(dict(kueue(waitForPodsReady={"timeoutSeconds": 5, "backoffBaseSeconds": 2}),
+                                imagePullSeconds=10))
     done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "team", "--queue-timeout", "60",
                       "--timeout", "60")
     assert done.code == 0, done
