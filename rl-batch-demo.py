@@ -6503,19 +6503,25 @@ def cleanup_receipt(receipt, source, output, console, delete_foreign=False):
 def delete_recorded_jobs(cluster, namespace, receipt, output, job_json):
     """Every Job in the namespace must be one the receipt (or, with job_json, the saved
     job.json) names by UID; then each is deleted with its pods, and waited for."""
-    recorded = dict(receipt.get("jobs") or {})
+    # Every key that names a Job's UID must agree with the live Job, each said by name (Helm's
+    # ownership check): `jobs` (every Job of the run) and `job_uid` (the tutorial's key, rollout).
+    recorded = {name: {"uid (receipt jobs.%s)" % name: uid} for name, uid in (receipt.get("jobs") or {}).items()}
     if receipt.get("job_uid"):
-        recorded.setdefault(JOB_NAME, receipt["job_uid"])
+        recorded.setdefault(JOB_NAME, {})["uid (receipt job_uid)"] = receipt["job_uid"]
     if job_json and JOB_NAME not in recorded and output is not None and (output / "job.json").exists():
-        recorded[JOB_NAME] = read_json(output / "job.json", "the saved Job").get("metadata", {}).get("uid")
+        recorded[JOB_NAME] = {"uid (job.json)": read_json(output / "job.json", "the saved Job").get(
+            "metadata", {}).get("uid")}
     live_jobs = cluster.read_items("-n", namespace, "get", "jobs")
     problems = []
     for live_job in live_jobs:
         name = live_job["metadata"]["name"]
-        if not recorded.get(name):
+        if not any((recorded.get(name) or {}).values()):
             raise DemoError("Job %s exists in %s but neither receipt.json nor job.json records its uid; "
                             "refusing cleanup" % (name, namespace))
-        problems += ownership_mismatches("job " + name, live_job, {"uid": recorded[name]})
+        for key, want in recorded[name].items():
+            have = live_job["metadata"].get("uid")
+            if have != want:
+                problems.append("job %s %s must equal %s: current value is %s" % (name, key, want, have))
     if problems:
         raise DemoError("ownership check failed, refusing cleanup: " + "; ".join(problems))
     for live_job in live_jobs:

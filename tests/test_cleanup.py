@@ -72,8 +72,22 @@ def test_cleanup_refuses_a_job_whose_uid_differs(cluster, run_tool, tmp_path):
     cluster.kubectl("create", "-f", "-", stdin=json.dumps(other))
     result = run_tool("cleanup", "--output", "out", cluster=cluster)
     assert result.code == 1
-    assert "job rollout uid must equal %s: current value is " % receipt["job_uid"] in result.stderr
+    assert "job rollout uid (receipt job_uid) must equal %s: current value is " % receipt["job_uid"] in result.stderr
     assert cluster.kubectl("-n", namespace, "get", "job", "rollout", "-o", "name").stdout.strip() == "job.batch/rollout"
+
+
+def test_cleanup_refuses_a_receipt_whose_job_uid_alone_was_changed(cluster, run_tool, tmp_path):
+    assert run_tool("run", "--count", "1", "--output", "out", cluster=cluster).code == 0
+    receipt_path = tmp_path / "out" / "receipt.json"
+    receipt = read(receipt_path)
+    real_uid, receipt["job_uid"] = receipt["job_uid"], "00000000-0000-0000-0000-000000000000"
+    receipt_path.write_text(json.dumps(receipt))
+    result = run_tool("cleanup", "--output", "out", cluster=cluster)
+    assert result.code == 1, result
+    assert ("job rollout uid (receipt job_uid) must equal 00000000-0000-0000-0000-000000000000: current value is %s"
+            % real_uid) in result.stderr
+    assert "uid (receipt jobs.rollout)" not in result.stderr  # the key that agrees is not named
+    assert not [call for call in cluster.calls() if "delete" in call]
 
 
 def test_cleanup_takes_the_job_uid_from_job_json_when_the_receipt_lacks_it(cluster, run_tool, tmp_path):
