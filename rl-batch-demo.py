@@ -2173,7 +2173,8 @@ def pool_round_folders(output, run_info, rounds):
 # ============================================================================
 
 # Report rows: (label, kind, key). kind "phase": P50 / P95 of a phase; "batch": a batch time
-# in seconds (with a ratio against the first column); "count": episodes / rewards; "launch":
+# in seconds (with a ratio against the first column); "count": passed episodes, reward sum,
+# infrastructure failures (count_cell); "launch":
 # launch types; "number": a count, by key; "quantity": an amount (3 significant digits, with a
 # ratio); "share": a fraction shown in percent. Runs of different backends side by side: rows a
 # backend does not have are n/a in its column, and dropped when no column has them.
@@ -2182,7 +2183,8 @@ def pool_round_folders(output, run_info, rounds):
 REPORT_SLOTS = ("count", "setup", "startup", "episode_start", "ready", "startup_metric", "episode_run", "rewards",
                 "finish", "after", "client", "cost")
 SHARED_REPORT_ROWS = {
-    "count": [("tasks / rewards", "count", None)],
+    "count": [("episodes passed / run", "count", "passed"), ("reward sum", "count", "reward_sum"),
+              ("infrastructure failures", "count", "infrastructure_failures")],
     "episode_start": [(PHASES[name][2] + " P50 / P95", "phase", name) for name in EPISODE_PHASES[:2]],
     "ready": [("batch all ready", "batch", "batch_to_all_ready_seconds")],
     "episode_run": [(PHASES[name][2] + " P50 / P95", "phase", name) for name in EPISODE_PHASES[2:]],
@@ -2241,6 +2243,16 @@ def lookup(results, key):
     return value
 
 
+def count_cell(results, key):
+    """The report's counts: episodes that passed of those run, the sum of their rewards (as
+    results.json has it), and the infrastructure failures (custom episodes; 0 otherwise)."""
+    if key == "passed":
+        return "%d/%d" % (results["successful_episodes"], results["episodes"])
+    if key == "reward_sum":
+        return "%g" % results["reward_sum"]
+    return str(len(results.get("infrastructure_failures") or []))
+
+
 def report_table(columns):
     """columns: [(label, results)] -> {"columns": [...], "rows": [{"measure", "values", "ratios"}]}."""
     rows = []
@@ -2253,7 +2265,7 @@ def report_table(columns):
             key in COARSE_BATCH_KEYS) for _, results in columns)
         for _, results in columns:
             if kind == "count":
-                values.append("%d/%d" % (results["successful_episodes"], results["reward_sum"]))
+                values.append(count_cell(results, key))
                 ratios.append(None)
             elif kind == "launch":
                 launch = results.get("launch_types")

@@ -133,7 +133,8 @@ def test_report_prints_the_side_by_side_table_with_ratios(two_runs, run_tool):
     lines = result.stdout.splitlines()
     assert lines[0] == "| measure | 10 parallel | sequential |"
     rows = {line.split(" | ")[0].lstrip("| ").rstrip(" *"): line for line in lines[2:] if line.startswith("|")}
-    assert rows["tasks / rewards"] == "| tasks / rewards | 10/10 | 10/10 |"
+    assert rows["episodes passed / run"] == "| episodes passed / run | 10/10 | 10/10 |"
+    assert rows["reward sum"] == "| reward sum | 10 | 10 |"
     for measure in ("batch all ready", "batch all rewards", "client sees Job complete"):
         assert "x) |" in rows[measure], measure
     assert "Python module import P50 / P95" in rows and "import done -> ready P50 / P95" in rows
@@ -200,7 +201,7 @@ def test_report_shows_batch_times_per_round(cluster, run_tool, tmp_path):
     table = json.loads(run_tool("report", "out", "--json").stdout)
     rows = {row["measure"]: row for row in table["rows"]}
     assert rows["batch all rewards"]["values"][0].count(" / ") == 2
-    assert rows["tasks / rewards"]["values"] == ["6/6"]
+    assert rows["episodes passed / run"]["values"] == ["6/6"]
 
 
 # ---------------------------------------------------------------- in-process: the table and the picture
@@ -228,7 +229,17 @@ def test_report_table_gives_ratios_against_the_first_column_for_batch_times(tool
     assert table["columns"] == ["a", "b"]
     assert rows["batch all ready"]["values"] == ["2.00 s", "3.00 s"]
     assert rows["batch all ready"]["ratios"] == [1.0, 1.5]
-    assert rows["tasks / rewards"]["values"] == ["2/2", "2/2"]
+    assert rows["episodes passed / run"]["values"] == ["2/2", "2/2"]
+
+
+def test_report_counts_say_what_they_count_infrastructure_failures_apart(tool):
+    # 16 tasks, 2 of them infrastructure failures, rewards summing to 9 (once shown as "14/9")
+    failing = results(episodes=16, successful_episodes=14, reward_sum=9.0,
+                      infrastructure_failures=[{"index": 3}, {"index": 7}])
+    rows = {row["measure"]: row for row in tool.report_table([("a", failing)])["rows"]}
+    assert rows["episodes passed / run"]["values"] == ["14/16"]
+    assert rows["reward sum"]["values"] == ["9"]
+    assert rows["infrastructure failures"]["values"] == ["2"]
 
 
 def test_report_table_shows_whole_second_rows_in_seconds_and_episode_rows_in_milliseconds(tool):
