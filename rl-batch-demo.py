@@ -1496,7 +1496,7 @@ def episode_row(pod, ready, reward, job_created, observed, source, job_finished=
         **scheme.identity(pod),
         "node": pod["spec"].get("nodeName"),
         "image_id": status.get("imageID"),
-        "reward": reward["reward"],
+        "reward": float(reward["reward"]),  # one type for every episode (the built-in one emits 1)
         # The tutorial's metrics (seconds; api-server clock, whole seconds, vs episode clock),
         # null when this episode's clock is provably skewed (clock_skew says by how much):
         scheme.startup_metric + "_seconds": None if episode_skewed else ready_at - pod_created,
