@@ -3748,8 +3748,10 @@ class JobRound:
     def save_what_is_known(self):
         """After Ctrl-C or SIGTERM: keep the Job, its pods, events and logs, as far as they can be had."""
         folder = self.folder
-        self.console.tell("Interrupted: saving what is known in %s (Ctrl-C again to stop at once)..." % folder)
+        # Ctrl-C or SIGTERM alike: a second one stops at once (on_sigterm resets the handler)
+        self.console.tell("Interrupted: saving what is known in %s (interrupt again to stop at once)..." % folder)
         watched = self.progress.pods
+        write_json(folder / "observed.json", self.progress.observed)  # what only the watch saw, first
         try:
             _, self.pods, self.gone = save_state(self.cluster, self.namespace, self.name, folder, watched=watched)
             save_events(self.cluster, self.namespace, folder)

@@ -224,6 +224,7 @@ def test_interrupt_exits_130_and_leaves_a_folder_cleanup_finishes(make_cluster, 
     cluster, code, stderr = interrupt_a_run(make_cluster, tmp_path)
     assert code == 130, stderr
     assert "cleanup --output out" in stderr
+    assert (tmp_path / "out" / "observed.json").exists()  # the sandbox-ready times only the watch saw
     assert "Traceback" not in stderr
     cleanup = run_tool("cleanup", "--output", "out", cluster=cluster)
     assert cleanup.code == 0, cleanup

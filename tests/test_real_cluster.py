@@ -228,6 +228,9 @@ def test_sigterm_saves_what_is_known_and_exits_143(make_cluster, tmp_path):
     assert "Error: terminated (SIGTERM)" in stderr
     assert "Clean up with:" in stderr
     assert len(read(tmp_path / "out" / "pods.json")) == 2
+    # what only the watch saw is kept on this way out too, and the line says what stops it at once
+    assert (tmp_path / "out" / "observed.json").exists()
+    assert "(interrupt again to stop at once)" in stderr and "Ctrl-C again" not in stderr
 
 
 POD_PATHS_EPISODE = '''import json, os, time
