@@ -1534,8 +1534,10 @@ def pod_index(pod):
     return int(index) if index is not None and str(index).isdigit() else None
 
 
-def attempt_failure(pod, log):
-    """Why a finished custom-episode attempt is not a sample, or None when it is one."""
+def attempt_failure(pod, log, cut_short=None):
+    """Why a finished custom-episode attempt is not a sample, or None when it is one. `cut_short`:
+    what ended the batch before its episodes could finish (the Job's deadline), named first for
+    an attempt that never finished."""
     status = pod.get("status", {})
     phase = status.get("phase")
     if phase == "Succeeded":
@@ -1548,10 +1550,14 @@ def attempt_failure(pod, log):
     container = (status.get("containerStatuses") or [{}])[0]
     state = container.get("state") or {}
     if "terminated" in state:
+        code = state["terminated"].get("exitCode")
+        if cut_short and (pod["metadata"].get("deletionTimestamp") or code in (128 + 9, 128 + 15)):
+            return "%s (exit code %s at its deletion)" % (cut_short, code)  # SIGTERM or SIGKILL, as its pod went
         detail = last_line(log)
-        return "crashed: exit code %s%s" % (state["terminated"].get("exitCode"), " (%s)" % detail if detail else "")
+        return "crashed: exit code %s%s" % (code, " (%s)" % detail if detail else "")
     waiting = (state.get("waiting") or {}).get("reason")
-    return "did not finish: pod phase %s%s" % (phase, ", container %s" % waiting if waiting else "")
+    unfinished = "pod phase %s%s" % (phase, ", container %s" % waiting if waiting else "")
+    return "%s (%s)" % (cut_short, unfinished) if cut_short else "did not finish: " + unfinished
 
 
 def sample_events(pod, log):
@@ -1605,7 +1611,7 @@ def sample_events(pod, log):
     return found["ready"][0], found["reward"][0], source
 
 
-def index_verdict(index, tried, job_created, job_finished, observed, scheme):
+def index_verdict(index, tried, job_created, job_finished, observed, scheme, cut_short=None):
     """One custom episode's verdict from its attempts so far ([(pod, log)], any order): (its
     sample row or None, [{"pod", "reason"}] of every attempt that is not its sample). The
     batch's validation and the stream (--stream) both ask this, so they agree."""
@@ -1614,7 +1620,7 @@ def index_verdict(index, tried, job_created, job_finished, observed, scheme):
     # a second is unknown, and a failed attempt must be listed whatever its place.
     reasons, sample = [], None
     for pod, log in tried:
-        reason = attempt_failure(pod, log)
+        reason = attempt_failure(pod, log, cut_short)
         if reason is None:
             try:
                 ready, reward, source = sample_events(pod, log)
@@ -1649,13 +1655,19 @@ def collect_samples(pods, logs, job, count, observed=None, scheme=None):
     """
     job_created = parse_k8s_time(job["metadata"]["creationTimestamp"])
     job_finished = job_finished_time(job)
+    cut_short = None
+    # FailureTarget comes first (the Job controller then ends the pods, and only then sets Failed)
+    if "DeadlineExceeded" in (job_condition(job, "Failed").get("reason"), job_condition(job, "FailureTarget").get("reason")):
+        cut_short = "cut short by the deadline (the Job's activeDeadlineSeconds, %s s, from --timeout)" % (
+            job.get("spec", {}).get("activeDeadlineSeconds"))
     attempts = collections.defaultdict(list)
     for position, (pod, log) in enumerate(zip(pods, logs)):
         index = pod_index(pod)
         attempts[position if index is None else index].append((pod, log))
     samples, failures = [], []
     for index in range(count):
-        sample, reasons = index_verdict(index, attempts.get(index, []), job_created, job_finished, observed, scheme)
+        sample, reasons = index_verdict(index, attempts.get(index, []), job_created, job_finished, observed, scheme,
+                                        cut_short)
         if sample is not None:
             samples.append(sample)
         else:

@@ -166,3 +166,6 @@ def test_an_episode_the_deadline_cut_short_is_streamed_at_the_end_before_the_sum
     assert episodes[1]["infrastructure_failure"] == read(tmp_path / "out" / "results.json")["tasks"][1][
         "infrastructure_failure"]
     assert episodes[1]["streamed_after_seconds"] > 8 and summary["type"] == "summary"
+    # named by what cut it short, not as a crash or a pod that did not finish
+    assert "cut short by the deadline (the Job's activeDeadlineSeconds, 8 s, from --timeout)" in json.dumps(
+        episodes[1]["infrastructure_failure"]), episodes[1]
