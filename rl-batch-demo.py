@@ -4980,6 +4980,13 @@ def check_agent_sandbox(cluster):
     return {"controller": {"image": [c.get("image") for c in containers], "args": args}, "served": wanted}
 
 
+def pool_filled(pool, size):
+    """The pool is reconciled (observedGeneration) and `size` replicas are there and Ready."""
+    status = (pool or {}).get("status") or {}
+    return (status.get("observedGeneration") == (pool or {}).get("metadata", {}).get("generation")
+            and status.get("readyReplicas", 0) >= size and status.get("replicas", 0) >= size)
+
+
 def wait_for_pool(cluster, namespace, size, wait_seconds):
     """Until the pool is reconciled (observedGeneration) and every replica is Ready. Stops early
     when a pool Sandbox reports a refusal that cannot pass. Returns the pool as last seen."""
@@ -4996,7 +5003,7 @@ def wait_for_pool(cluster, namespace, size, wait_seconds):
             reconciled = status.get("observedGeneration") == (pool or {}).get("metadata", {}).get("generation")
             console.progress("warm pool: %d of %d ready, %.0f s" % (status.get("readyReplicas", 0), size,
                                                                     time.monotonic() - started))
-            if reconciled and status.get("readyReplicas", 0) >= size and status.get("replicas", 0) >= size:
+            if pool_filled(pool, size):
                 return pool
             elapsed = time.monotonic() - started
             if not reconciled and elapsed > EXTENSIONS_WAIT_SECONDS:
@@ -5005,6 +5012,12 @@ def wait_for_pool(cluster, namespace, size, wait_seconds):
                                     EXTENSIONS_WAIT_SECONDS, AGENT_SANDBOX_INSTALL % cluster.context))
             if time.monotonic() - checked >= STALL_CHECK_SECONDS:
                 checked = time.monotonic()
+                # a watch may stall or miss a change (a dead watch costs latency, never
+                # correctness): the pool as the API has it now
+                pool = cluster.get_json("-n", namespace, "sandboxwarmpools", POOL_NAME) or pool
+                if pool_filled(pool, size):
+                    return pool
+                status = pool.get("status") or {}
                 progressed, last_ready = status.get("readyReplicas", 0) != last_ready, status.get("readyReplicas", 0)
                 if progressed and elapsed <= wait_seconds:
                     continue  # filling: the Sandboxes are read only when it stalls
@@ -6700,7 +6713,8 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 RUN_EXAMPLES = """examples:
-  %(prog)s --count 10 --output kind-10                       one Job, 10 episodes
+  %(prog)s --count 10 --output cube-10                       one Job, 10 episodes on RuntimeClass cube
+  %(prog)s --no-runtime-class --count 10 --output kind-10    the same on kind (its default runtime)
   %(prog)s --backend warm-pool --count 20 --output warm-20   a claim per episode from a warm pool
   %(prog)s --backend local --count 4 --output local-4        local processes, no cluster
   %(prog)s --count 20 --queue team --cluster-queue team-cq --output queued-20   through Kueue

@@ -108,6 +108,14 @@ def test_report_puts_job_warm_and_cold_runs_side_by_side(sandbox_cluster, run_to
     assert 'data-launch-type="cold"' in svg and "claim created -&gt; bound" in svg
 
 
+def test_a_pool_whose_watch_delivers_nothing_is_still_seen_full(make_cluster, run_tool, tmp_path):
+    # the watch stays open and silent: the pool is read again when the fill seems to stall
+    cluster = make_cluster(dict(AGENT_SANDBOX, watchStalls=["sandboxwarmpools"]))
+    done = warm_run(run_tool, cluster, "warm", "--count", "2", "--timeout", "60")
+    assert done.code == 0, done
+    assert read(tmp_path / "warm" / "results.json")["successful_episodes"] == 2
+
+
 def test_cleanup_of_a_warm_pool_run_leaves_nothing(sandbox_cluster, run_tool, tmp_path):
     assert warm_run(run_tool, sandbox_cluster, "warm", "--count", "3").code == 0
     namespace = read(tmp_path / "warm" / "receipt.json")["namespace"]

@@ -56,6 +56,9 @@ DEFAULT_CONFIG = {
     # HOST was refused"), open watches break, and the controllers, which reach etcd only through
     # the API server, stand still until it is back.
     "apiOutage": None,
+    # Watches of these resources stay open and deliver nothing (a watch stuck behind a broken
+    # proxy or load balancer): ["sandboxwarmpools"].
+    "watchStalls": [],
 }
 
 # client-go token buckets (qps, burst) of each simulated controller's API client, by profile.

@@ -715,6 +715,12 @@ class HttpApi:
         def event(kind, obj):
             self.send(conn, sock, h11.Data(data=json.dumps({"type": kind, "object": obj}).encode() + b"\n"))
 
+        if resource in (cluster.config.get("watchStalls") or ()):
+            # a watch that stays open and delivers nothing (stuck behind a broken intermediary)
+            while not self.stopped.wait(1.0) and not cluster.stop.is_set():
+                pass
+            return False
+
         with cluster.lock:
             if since in ("", "0"):  # every object as ADDED first
                 for obj in cluster.api_list(resource, namespace if namespace is not None else "*", None):
