@@ -3588,6 +3588,7 @@ class JobRound:
         self.cluster, self.console, self.namespace = run.cluster, run.console, run.namespace
         self.started = None  # client monotonic clock, just before the create call
         self.pods, self.gone = [], None  # the Job's pods as saved; those the API no longer has, once known
+        self.created = None  # the Job as its create returned it
         self.measured = "prewarm_node" not in run_info  # a prewarm Job's episode is no sample: not streamed
         progress.feed = JobEpisodeFeed(self) if run.spec.stream and self.measured else None
 
@@ -3598,6 +3599,7 @@ class JobRound:
         if self.measured:
             self.run.stream.begin(self.started, self.run_info.get("round"))
         created = self.cluster.create_owned(self.job, self.run.run_id)
+        self.created = created  # as the API server returned it: job.json never depends on the watch
         self.run.receipt.setdefault("jobs", {})[self.name] = created["metadata"]["uid"]
         if self.name == JOB_NAME:
             self.run.receipt["job_uid"] = created["metadata"]["uid"]  # the tutorial's key
@@ -3736,7 +3738,9 @@ class JobRound:
         write_json(folder / "observed.json", progress.observed)
         self.admission.save(folder, self.run_info)
         pods = sorted(progress.pods.values(), key=by_creation)
-        job = progress.watches.jobs.get(self.name)
+        # the Job's last watched state, else as its create returned it (the watch may not have
+        # delivered it before the API server went away)
+        job = progress.watches.jobs.get(self.name) or self.created
         if job is not None:
             write_json(folder / "job.json", job)
         write_json(folder / "pods.json", pods)
