@@ -2835,14 +2835,24 @@ def usable_nodes(nodes, runtime_class):
     return usable
 
 
+# resource.Quantity's suffixes (kubernetes/apimachinery pkg/api/resource/quantity.go): binary SI,
+# decimal SI, and a decimal exponent ("1e3", "1E3"; "1E" alone is exa).
+QUANTITY_SUFFIXES = {"Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "Pi": 2 ** 50, "Ei": 2 ** 60,
+                     "n": 1e-9, "u": 1e-6, "m": 1e-3, "": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
+                     "E": 1e18}
+
+
 def parse_quantity(value):
-    """Kubernetes quantity -> float ('100m' -> 0.1 CPU, '64Mi' -> bytes)."""
-    value = str(value)
-    for suffix, factor in (("Ki", 2 ** 10), ("Mi", 2 ** 20), ("Gi", 2 ** 30), ("Ti", 2 ** 40), ("m", 1e-3),
-                           ("k", 1e3), ("M", 1e6), ("G", 1e9), ("T", 1e12)):
-        if value.endswith(suffix):
-            return float(value[: -len(suffix)]) * factor
-    return float(value)
+    """Kubernetes quantity -> float ('100m' -> 0.1 CPU, '64Mi' -> bytes, '2Pi', '500u', '1e3')."""
+    match = re.match(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]+|[A-Za-z]*)$", str(value).strip())
+    if not match:
+        raise ValueError("not a Kubernetes quantity: %r" % (value,))
+    number, suffix = match.groups()
+    if re.match(r"^[eE][+-]?[0-9]+$", suffix):
+        return float(number + suffix)
+    if suffix not in QUANTITY_SUFFIXES:
+        raise ValueError("not a Kubernetes quantity: %r (unknown suffix %r)" % (value, suffix))
+    return float(number) * QUANTITY_SUFFIXES[suffix]
 
 
 def mebibytes(value):

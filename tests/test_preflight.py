@@ -99,3 +99,12 @@ def test_a_forced_run_that_no_node_can_run_is_not_said_to_queue(make_cluster, ru
     assert ("warning: preflight: no usable node can run even one episode pod, submitted anyway (--force): the pods "
             "stay Pending until capacity appears or the deadline passes: " in result.stderr)
     assert "will queue" not in result.stderr and "only 0 of" not in result.stderr
+
+
+def test_quantities_parse_as_the_api_writes_them(tool):
+    # every suffix resource.Quantity accepts, the exponent form, and "1E" alone as exa
+    for text, value in (("100m", 0.1), ("64Mi", 64 * 2 ** 20), ("2Pi", 2 * 2 ** 50), ("1Ei", 2 ** 60),
+                        ("500u", 5e-4), ("3n", 3e-9), ("1E", 1e18), ("2P", 2e15), ("1e3", 1000.0), ("1.5E2", 150.0),
+                        ("8", 8.0), (".5", 0.5), (4, 4.0)):
+        assert abs(tool.parse_quantity(text) - value) <= 1e-9 * abs(value), text
+
