@@ -315,7 +315,6 @@ class KubectlError(DemoError):
     so that no caller matches stderr text."""
 
     def __init__(self, args, returncode, stderr, stdout=None):
-        self.args_list = list(args)
         self.returncode = returncode
         self.stderr = (stderr or "").strip()
         self.stdout = stdout
@@ -4522,14 +4521,11 @@ class AdmissionCycles:
         self.job_created, self.job_created_server = job_created, job_created_server
         self.cycles = []
         self.workload = None
-        self.seen_first = None  # client time of the first Workload state seen
         self.evictions_accounted = {}  # (reason, underlyingCause) -> count already in self.cycles
 
     def update(self, arrival, workload):
         first = self.workload is None
         self.workload = workload
-        if first:
-            self.seen_first = arrival
         admitted = workload_condition(workload, "Admitted")
         evicted = workload_condition(workload, "Evicted")
         counts = eviction_counts(workload)
@@ -5161,6 +5157,7 @@ def episode_command(claim_name, index, spec):
     return ["env", *env, "python", "-B", "/demo/episode.py"]
 
 
+@dataclasses.dataclass
 class ExecResult:
     """What one exec returned: the exit code (None when the exec itself failed), stdout and
     stderr as bytes, the failure's reason and message, and when the request was sent and the
@@ -5169,10 +5166,14 @@ class ExecResult:
     reason that passes on its own (etcd, an overloaded or unreachable API server; fact 27):
     nothing ran, so the exec may be sent again."""
 
-    def __init__(self, code, stdout=b"", stderr=b"", error=None, reason="ExecFailed", sent_at=None, opened_at=None,
-                 refused_in_passing=False):
-        self.code, self.stdout, self.stderr, self.error, self.reason = code, stdout, stderr, error, reason
-        self.sent_at, self.opened_at, self.refused_in_passing = sent_at, opened_at, refused_in_passing
+    code: "int | None"
+    stdout: bytes = b""
+    stderr: bytes = b""
+    error: "str | None" = None
+    reason: str = "ExecFailed"
+    sent_at: "float | None" = None
+    opened_at: "float | None" = None
+    refused_in_passing: bool = False
 
 
 class KubectlExecChannel:
