@@ -1132,6 +1132,7 @@ def run_manifests(spec, namespace, run_id):
 # A delta between two clocks is good to about one second and needs synchronised clocks.
 
 
+@dataclasses.dataclass(eq=False)  # compared and hashed by identity: each backend names its own
 class PhaseScheme:
     """How one kind of episode record is timed, and so measured and drawn: its time points
     (name -> (clock, resolution in seconds, source)), its phases (name -> (from point, to
@@ -1141,14 +1142,17 @@ class PhaseScheme:
     only where their split is unknown, and the report's phase rows (slot -> phases). Each backend
     names its scheme; nothing else tells schemes apart."""
 
-    def __init__(self, points, phases, startup_metric, times_of, created_point, identity, row_key,
-                 timeline_colours, report_phases, timeline_fallbacks=None):
-        self.points, self.phases, self.startup_metric = points, phases, startup_metric
-        self.times_of, self.created_point = times_of, created_point
-        self.identity, self.row_key = identity, row_key
-        self.timeline_colours, self.report_phases = timeline_colours, report_phases
-        # phase -> point: a combined phase drawn only when that point (which splits it) is unknown
-        self.timeline_fallbacks = timeline_fallbacks or {}
+    points: dict
+    phases: dict
+    startup_metric: str
+    times_of: "collections.abc.Callable"
+    created_point: str
+    identity: "collections.abc.Callable"
+    row_key: str
+    timeline_colours: dict
+    report_phases: dict
+    # phase -> point: a combined phase drawn only when that point (which splits it) is unknown
+    timeline_fallbacks: dict = dataclasses.field(default_factory=dict)
 
 
 # A pod's points (the Job and local backends), in order.
