@@ -58,7 +58,8 @@ Sections of this file, in order (each under a banner of the same name)
     Constants and defaults             what every backend shares (each backend keeps its own)
     The episode program                the built-in episode, shipped in a ConfigMap
     Errors                             one exception type per exit code; kubectl's failure kinds
-    kubectl                            the one subprocess wrapper, a context-bound Cluster, watches
+    kubectl                            the one subprocess wrapper, a context-bound Cluster, watches,
+                                       and ApiProxy: the API over one `kubectl proxy`, unthrottled
     Console and output files           where people's lines go; atomic JSON files
     Manifests                          pure functions: the objects every backend creates
     Metrics and validation             pure: time points, phases, percentiles, episode checks,
@@ -392,7 +393,8 @@ def meaningful_line(text):
     return (plain or lines or [""])[-1]
 
 # ============================================================================
-# kubectl: the one subprocess wrapper, a Cluster bound to one context, watches
+# kubectl: the one subprocess wrapper, a Cluster bound to one context, watches, and ApiProxy
+# (the API's HTTP channel through one `kubectl proxy`, for what grows with the batch)
 # ============================================================================
 
 
