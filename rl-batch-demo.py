@@ -929,11 +929,13 @@ def write_json(path, obj):
         else:
             partial.write_text(json.dumps(obj, indent=2) + "\n")
         os.replace(partial, path)
-    except OSError:
+    except OSError as error:
         try:
             partial.unlink()  # a full disk must not leave half a file behind
         except OSError:
             pass
+        if error.filename is None:  # a failed write() names no file: say which one it was
+            raise OSError(error.errno, error.strerror, str(path)) from None
         raise
 
 
@@ -2781,9 +2783,9 @@ def start_run(spec, console):
         # The output folder failed (a full disk, a read-only mount, the folder removed): one
         # line, and a way to clean up even when the receipt itself is lost.
         where = " (%s)" % error.filename if error.filename else ""
-        raise DemoError("cannot write to the output folder %s: %s%s. %s" % (
-            output, error.strerror or error, where,
-            "Clean up with: %s" % run.cleanup_advice() if backend.uses_cluster else "")) from None
+        advice = ". Clean up with: %s" % run.cleanup_advice() if backend.uses_cluster else ""
+        raise DemoError("cannot write to the output folder %s: %s%s%s" % (
+            output, error.strerror or error, where, advice)) from None
     except KeyboardInterrupt:
         if backend.uses_cluster:
             console.tell("Interrupted. Clean up with: %s" % run.cleanup_advice())

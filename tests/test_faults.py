@@ -140,7 +140,7 @@ cp -r out "{kept}/out"
     stderr = (kept / "stderr").read_text()
     assert (kept / "rc").read_text().strip() == "1", stderr
     line = error_line(stderr)
-    assert line.startswith("Error: cannot write to the output folder out: %s" % message), stderr
+    assert line.startswith("Error: cannot write to the output folder out: %s (out/" % message), stderr  # the file
     assert line.endswith("cleanup --output out") and "Traceback" not in stderr
     assert not [name for name in (kept / "listing").read_text().split() if name.endswith(".partial")]
     assert run_tool("cleanup", "--output", str(kept / "out"), cluster=cluster).code == 0
