@@ -7112,6 +7112,23 @@ def run_arguments(options):
     return argv, scratch and scratch.name
 
 
+def refuse_bad_arguments(argv, output):
+    """A bad option value is RunFailed (exit code 2) with `run`'s own words, raised before any
+    process starts, not the command's usage text on the caller's stderr."""
+    import contextlib
+    import io
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            parse_args(["run", *argv, "--stream"])
+    except SystemExit:
+        line = next((text.split(": error: ", 1)[1] for text in said.getvalue().splitlines() if ": error: " in text),
+                    said.getvalue().strip())
+        raise RunFailed(line, EXIT_USAGE, output) from None
+    except DemoError:
+        pass  # not a usage error: the run says it, as the command would
+
+
 class BatchStream:
     """stream_batch(...): each episode's line (a dict: task, reward, episode, attempts,
     infrastructure_failure, phases, streamed_after_seconds) as soon as the batch verified it;
@@ -7123,8 +7140,14 @@ class BatchStream:
             raise TypeError("stream_batch() needs output=DIR: the new folder the run keeps its receipt and results in")
         self.output = Path(options["output"])
         argv, self.scratch = run_arguments(options)
+        try:
+            refuse_bad_arguments(argv, self.output)
+        except RunFailed:
+            self.forget_scratch()
+            raise
         self.result, self.streamed, self.last = None, [], None
         self.errors = []  # stderr's lines, passed on as they come
+        self.leaving = False  # the caller left its `with` block early: the batch's lines are not news
         self.process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "run", *argv, "--stream"],
                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True, bufsize=1, start_new_session=True)
@@ -7140,8 +7163,9 @@ class BatchStream:
     def pass_stderr(self):
         for line in self.process.stderr:
             self.errors.append(line.rstrip("\n"))
-            sys.stderr.write(line)
-            sys.stderr.flush()
+            if not self.leaving:
+                sys.stderr.write(line)
+                sys.stderr.flush()
 
     def __iter__(self):
         return self
@@ -7196,6 +7220,9 @@ class BatchStream:
 
     def __exit__(self, kind, error, traceback):
         if self.result is None and self.process.poll() is None:
+            # leaving early is the caller's choice: no "Interrupted ... clean up" line for a batch
+            # this block cleans up itself
+            self.leaving = True
             try:
                 self.interrupt()
             except RunInterrupted:

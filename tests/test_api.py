@@ -62,6 +62,24 @@ def test_a_refused_run_raises_run_failed_with_the_commands_line_and_exit_code(to
     assert usage.value.exit_code == 2 and usage.value.message.startswith("--count must be between 1 and 20")
 
 
+def test_a_bad_option_value_raises_before_anything_runs_and_prints_no_usage(tool, tmp_path, capfd):
+    with pytest.raises(tool.RunFailed) as usage:
+        tool.run_batch(backend="local", count=0, output=str(tmp_path / "none"))
+    assert usage.value.exit_code == 2 and usage.value.message.startswith("--count must be between 1 and 20")
+    assert capfd.readouterr().err == ""  # no argparse usage, no "see 'rl-batch-demo.py run --help'"
+    assert not (tmp_path / "none").exists()
+
+
+def test_leaving_a_stream_early_says_nothing_on_stderr(tool, tmp_path, capfd):
+    tasks = [{"id": 0, "reward": 1}, {"id": 1, "sleep": 60}]
+    with tool.stream_batch(backend="local", episode=EPISODE, tasks=tasks, output=str(tmp_path / "early"),
+                           quiet=True) as batch:
+        for episode in batch:
+            break  # the loop has what it wants
+    err = capfd.readouterr().err
+    assert "Interrupted" not in err and "Error:" not in err, err
+
+
 def test_an_unknown_option_is_a_type_error_that_names_the_close_one(tool, tmp_path):
     with pytest.raises(TypeError, match="unexpected keyword argument 'cout'; did you mean 'count'"):
         tool.run_batch(backend="local", cout=2, output=str(tmp_path / "out"))
