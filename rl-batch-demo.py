@@ -6079,7 +6079,7 @@ def delete_warm_pool_objects(cluster, namespace, run_id, receipt):
 LOCAL_KIND = "LocalEpisode"  # the local backend's stand-in for a pod in pods.json
 
 
-def local_record(name, index, created, finished, code, message, timed_out):
+def local_record(name, index, created, finished, code, message, timed_out, interrupted=False):
     """A local episode in the shape of a pod (kind LocalEpisode), so one validator serves both."""
     terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
                   "startedAt": iso_micro(created), "finishedAt": iso_micro(finished)}
@@ -6090,6 +6090,8 @@ def local_record(name, index, created, finished, code, message, timed_out):
                                      "imageID": "local:%s (Python %s)" % (sys.executable, platform.python_version())}]}
     if timed_out:
         status["reason"], status["message"] = "DeadlineExceeded", "killed at the run's --timeout"
+    elif interrupted:
+        status["reason"], status["message"] = "Interrupted", "killed when the run was interrupted (Ctrl-C or SIGTERM)"
     return {"apiVersion": "rl-batch-demo/local", "kind": LOCAL_KIND,
             "metadata": {"name": name, "creationTimestamp": iso_micro(created), "annotations": {INDEX_KEY: str(index)}},
             "spec": {"nodeName": "local:" + socket.gethostname()}, "status": status}
@@ -6182,8 +6184,9 @@ class LocalBatch:
                         self.running.discard(process)
             message = log_text(termination.read_bytes()[-4096:]) if termination.exists() else ""
             with self.lock:
+                interrupted = self.stopping.is_set() and code != 0  # killed by interrupted() below
                 self.records.append(local_record(name, index, created, time.time(), 137 if timed_out else code,
-                                                 message, timed_out))
+                                                 message, timed_out, interrupted))
             last = code == 0 or timed_out or not spec.episode or attempt == spec.retries
             if not self.stopping.is_set():  # an episode cut short by Ctrl-C has no verdict
                 self.offer(index, name, last)
@@ -6219,7 +6222,10 @@ class LocalBatch:
         write_json(self.folder / "job.json", {"apiVersion": "rl-batch-demo/local", "kind": "LocalBatch",
                                               "metadata": {"name": "local",
                                                            "creationTimestamp": iso_micro(self.created)},
-                                              "status": {"interrupted": True, "finished_episodes": len(records)}})
+                                              "status": {"interrupted": True, "finished_episodes": len(
+                                                  [r for r in records if r["status"].get("reason") != "Interrupted"]),
+                                                  "interrupted_episodes": len(
+                                                      [r for r in records if r["status"].get("reason") == "Interrupted"])}})
         self.console.tell("Interrupted: stopped the running episodes; job.json, pods.json and the episode logs are "
                           "in %s" % self.folder)
 

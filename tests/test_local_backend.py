@@ -75,6 +75,10 @@ def test_ctrl_c_twice_on_a_local_batch_stops_every_episode_and_leaves_nothing(tm
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert (tmp_path / "out" / "pods.json").exists() and (tmp_path / "out" / "job.json").exists()
+    # none had finished: every record says it was interrupted, and job.json counts none finished
+    status = read(tmp_path / "out" / "job.json")["status"]
+    assert (status["finished_episodes"], status["interrupted_episodes"]) == (0, 6)
+    assert {record["status"]["reason"] for record in read(tmp_path / "out" / "pods.json")} == {"Interrupted"}
 
 
 @pytest.mark.parametrize("flags", [["--image", "python:3.13"], ["--runtime", "kata"], ["--no-runtime-class"],
