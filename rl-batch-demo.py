@@ -2366,13 +2366,15 @@ def batch_origin(results):
     return min(row["times"][scheme.created_point] for row in results["pods"])
 
 
-def timeline_legend(results_list):
-    """{label: colour} of everything the runs' timelines draw (queue spans, each scheme's phases)."""
+def timeline_legend(results_list, drawn=None):
+    """{label: colour} of everything the runs' timelines draw (queue spans, each scheme's phases;
+    with `drawn`, {(id(scheme), phase)}, only the phases that were drawn)."""
     legend = dict(KueueGate.timeline_legend(results_list))
     for results in results_list:
         scheme = backend_of(results).scheme
         for phase, colour in scheme.timeline_colours.items():
-            legend.setdefault(scheme.phases[phase][2], colour)
+            if drawn is None or (id(scheme), phase) in drawn:
+                legend.setdefault(scheme.phases[phase][2], colour)
     return legend
 
 
@@ -2380,8 +2382,19 @@ def timeline_svg(runs):
     """One SVG stacking each run: a row per episode in creation order, a segment per phase,
     x in seconds since the run's batch was created. runs: [(label, results)]."""
     from xml.sax.saxutils import escape
-    width, left, right = 1000, 40, 10  # the left margin holds the episode numbers
+
+    def title_of(label, results):
+        backend = backend_of(results)
+        return "%s: %d episodes, %s%s, %s" % (
+            label, results["episodes"],
+            "parallelism %s, " % results["parallelism"] if backend.takes_parallelism else "",
+            "runtime %s" % results["runtime"] if results["runtime"] else "no RuntimeClass (the nodes' default runtime)",
+            backend.timeline_where(results))
+    # wide enough for the longest title (bold 13 px text, about 7.5 px a character)
+    width = max(1000, 20 + int(7.5 * max(len(title_of(label, results)) for label, results in runs)))
+    left, right = 40, 10  # the left margin holds the episode numbers
     plot = width - left - right
+    drawn = set()  # (scheme, phase) drawn at least once: the legend shows only those
     spans = []
     for _, results in runs:
         origin = batch_origin(results)
@@ -2397,10 +2410,7 @@ def timeline_svg(runs):
         scheme = backend.scheme
         rows = sorted(results["pods"], key=lambda row: (row["times"].get(scheme.created_point), row[scheme.row_key]))
         height = max(2, min(14, 600 // max(1, len(rows))))
-        title = "%s: %d episodes, parallelism %s, %s, %s" % (
-            label, results["episodes"], results["parallelism"],
-            "runtime %s" % results["runtime"] if results["runtime"] else "no RuntimeClass (the nodes' default runtime)",
-            backend.timeline_where(results))
+        title = title_of(label, results)
         parts.append('<text x="%d" y="%d" font-size="13" font-weight="bold">%s</text>' % (10, y + 12, escape(title)))
         y += 22
         spans_drawn = KueueGate.timeline_spans(results, origin, scale, left, y)
@@ -2423,6 +2433,7 @@ def timeline_svg(runs):
                     continue
                 if times.get(start) is None or times.get(end) is None:
                     continue
+                drawn.add((id(scheme), phase))
                 x0 = left + (times[start] - origin) * scale
                 x1 = left + (times[end] - origin) * scale
                 parts.append('<rect x="%.2f" y="%d" width="%.2f" height="%d" fill="%s"><title>%s %s: %s</title></rect>'
@@ -2436,17 +2447,21 @@ def timeline_svg(runs):
             ticks.append('<line x1="%.2f" y1="%d" x2="%.2f" y2="%d" stroke="#e0e0e0"/>' % (x, top, x, y))
             ticks.append('<text x="%.2f" y="%d" font-size="10" text-anchor="middle">%g</text>' % (x, y + 12, index * step))
         parts.extend(ticks)
-        parts.append('<text x="%d" y="%d" font-size="10">seconds since the %s was created (API times are whole '
-                     'seconds); rows: episodes in creation order, numbered on the left</text>'
-                     % (left, y + 26, backend.timeline_origin))
+        parts.append('<text x="%d" y="%d" font-size="10">seconds since the %s was created%s; rows: episodes in '
+                     'creation order, numbered on the left</text>'
+                     % (left, y + 26, backend.timeline_origin,
+                        " (API times are whole seconds)" if backend.api_timestamps else ""))
         y += 40
-    legend = timeline_legend([results for _, results in runs])
+    legend = timeline_legend([results for _, results in runs], drawn)
+    # columns as wide as the longest label (11 px text, about 6.2 px a character), as many as fit
+    column_width = max(330, 30 + int(6.2 * max([len(text) for text in legend] or [0])))
+    columns = max(1, (width - 20) // column_width)
     for index, (text, colour) in enumerate(legend.items()):
-        column, line = index % 3, index // 3
-        x, ly = 10 + column * 330, y + line * 16
+        column, line = index % columns, index // columns
+        x, ly = 10 + column * column_width, y + line * 16
         parts.append('<rect x="%d" y="%d" width="12" height="10" fill="%s"/>' % (x, ly, colour))
         parts.append('<text x="%d" y="%d" font-size="11">%s</text>' % (x + 16, ly + 9, escape(text)))
-    y += 16 * math.ceil(len(legend) / 3) + 10
+    y += 16 * math.ceil(len(legend) / columns) + 10
     return ('<?xml version="1.0" encoding="UTF-8"?>\n'
             '<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" '
             'font-family="sans-serif">\n<rect width="100%%" height="100%%" fill="white"/>\n%s\n</svg>\n'
@@ -2588,6 +2603,7 @@ class Backend:
     uses_cluster = True
     api_timestamps = True  # some of its times are whole-second Kubernetes timestamps
     takes_queue = False  # --queue: the Kueue gate can admit its batch
+    takes_parallelism = True  # --parallelism limits its episodes at once (named in its timeline's title)
     own_flags = ()  # (flag, RunSpec field): options only this backend takes
     batch_origin = "Job was created"  # what its batch times count from, for people
     startup_label = None  # the human summary's name for the startup metric, when "Pod created -> ready" is wrong
@@ -5789,6 +5805,7 @@ class WarmPoolBackend(Backend):
     own_flags = (("--pool-size", "pool_size"), ("--exec-concurrency", "exec_concurrency"))
     batch_origin = "first claim was created"
     timeline_origin = "first claim"
+    takes_parallelism = False  # every claim is fired at once
     REPORT_ROWS = {
         "setup": [("launch types warm / cold", "launch", None),
                   ("warm pool fill (setup, not measured in the batch)", "batch", "pool.fill_seconds")],

@@ -292,6 +292,25 @@ def test_the_timeline_of_a_warm_run_names_claims_and_their_launch_type(tool):
     group = ET.fromstring(svg.encode()).find(".//%sg" % SVG)
     assert (group.get("data-claim"), group.get("data-launch-type")) == ("episode-0", "warm")
     assert "seconds since the first claim was created" in svg and "warm pool of 1, launch types warm 1" in svg
+    assert "parallelism" not in svg  # an option the warm pool does not take
+
+
+def test_a_timeline_says_only_what_its_run_has(tool):
+    # a local run: no whole-second API times on its axis, no legend entry for a phase it never drew
+    run = results("local", pods=[timeline_row("local-0", T0)], runtime="local-process")
+    svg = tool.timeline_svg([("local", run)])
+    assert "API times are whole seconds" not in svg
+    drawn = {title.text.split(" ")[1].rstrip(":") for title in ET.fromstring(svg.encode()).iter(SVG + "title")}
+    legend = [text.text for text in ET.fromstring(svg.encode()).iter(SVG + "text") if text.get("font-size") == "11"]
+    assert len(legend) == len(drawn), (legend, drawn)
+
+
+def test_a_long_timeline_title_widens_the_picture_and_long_legend_labels_their_columns(tool):
+    run = results(pods=[timeline_row("rollout-a", T0)], runtime="a-very-long-runtime-class-name-" * 6)
+    svg = tool.timeline_svg([("a long label for this run", run)])
+    root = ET.fromstring(svg.encode())
+    title = next(text.text for text in root.iter(SVG + "text") if text.get("font-weight") == "bold")
+    assert int(root.get("width")) >= 7.5 * len(title)
 
 
 # ---------------------------------------------------------------- a report that cannot mislead
