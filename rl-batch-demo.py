@@ -895,15 +895,20 @@ class Console:
     def note(self, message):
         """Progress for people (not with --quiet)."""
         if not self.quiet:
-            print(message, file=self.stderr, flush=True)
+            self.line(message)
 
     def warn(self, message):
         """Something the user must know even with --quiet."""
-        print("warning: " + message, file=self.stderr, flush=True)
+        self.line("warning: " + message)
 
     def tell(self, message):
         """A line for people that --quiet does not silence (interrupts, the human summary)."""
-        print(message, file=self.stderr, flush=True)
+        self.line(message)
+
+    def line(self, text):
+        """A line of its own on stderr: a progress line being rewritten ends first."""
+        self.end_progress()
+        print(text, file=self.stderr, flush=True)
 
     def progress(self, line):
         """Rewrite the progress line in place (a terminal only)."""

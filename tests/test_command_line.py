@@ -284,3 +284,17 @@ def test_a_local_runs_terminal_summary_names_its_own_startup(tmp_path):
 def test_the_readme_names_the_command_one_way():
     readme = (ROOT / "README.md").read_text()
     assert readme.count("python3 rl-batch-demo.py") == 1  # the one sentence on running it from a clone
+
+
+def test_a_line_for_people_never_shares_a_line_with_the_progress_text(tool):
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    terminal = Terminal()
+    console = tool.Console(stderr=terminal)
+    console.progress("warm pool: 1 of 2 ready, 3 s")
+    console.tell("Interrupted: saving what is known in out (interrupt again to stop at once)...")
+    assert terminal.getvalue().splitlines()[-1] == (
+        "Interrupted: saving what is known in out (interrupt again to stop at once)...")
