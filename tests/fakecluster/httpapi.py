@@ -766,18 +766,7 @@ class HttpApi:
         cluster = self.cluster
         container = query.get("container")
 
-        def pod_and_container():
-            with cluster.lock:
-                pod = cluster.api_get("pods", namespace, name)
-                names = [c["name"] for c in pod["spec"]["containers"]]
-                chosen = container or (names[0] if len(names) == 1 else None)
-                if chosen is None:
-                    raise ApiError(400, "BadRequest", "a container name must be specified for pod %s, choose one "
-                                   "of: [%s]" % (name, " ".join(names)))
-                if chosen not in names:
-                    raise ApiError(400, "BadRequest", "container %s is not valid for pod %s" % (chosen, name))
-                return pod, chosen
-        pod, chosen = self.call("logs", "pods", pod_and_container)
+        pod, chosen = self.call("logs", "pods", lambda: pod_container(cluster, namespace, name, container))
         if query.get("previous") == "true":
             raise ApiError(400, "BadRequest", 'previous terminated container "%s" in pod "%s" not found'
                            % (chosen, name))
@@ -844,18 +833,10 @@ class HttpApi:
 
         def located():
             # ExecREST.Connect -> pod.ExecLocation: the pod is read before any stream opens
-            with cluster.lock:
-                pod = cluster.api_get("pods", namespace, name)
-                names = [c["name"] for c in pod["spec"]["containers"]]
-                chosen = container or (names[0] if len(names) == 1 else None)
-                if chosen is None:
-                    raise ApiError(400, "BadRequest", "a container name must be specified for pod %s, choose one "
-                                   "of: [%s]" % (name, " ".join(names)))
-                if chosen not in names:
-                    raise ApiError(400, "BadRequest", "container %s is not valid for pod %s" % (chosen, name))
-                if not pod["spec"].get("nodeName"):
-                    raise ApiError(400, "BadRequest", "pod %s does not have a host assigned" % name)
-                return chosen
+            pod, chosen = pod_container(cluster, namespace, name, container)
+            if not pod["spec"].get("nodeName"):
+                raise ApiError(400, "BadRequest", "pod %s does not have a host assigned" % name)
+            return chosen
         chosen = self.call("get", "pods", located)  # a read of the pod, which can meet etcd's errors
         if headers.get("upgrade", "").lower() != "websocket":
             # SPDY (kubectl's fallback) is not served: the upgrade is refused
@@ -920,6 +901,20 @@ class HttpApi:
             if protocol != "v5.channel.k8s.io" and data:
                 return data.decode("utf-8", "surrogateescape")
         return data.decode("utf-8", "surrogateescape")
+
+
+def pod_container(cluster, namespace, name, container):
+    """(pod, container name) for pods/log and pods/exec, refused as the API server words it."""
+    with cluster.lock:
+        pod = cluster.api_get("pods", namespace, name)
+        names = [c["name"] for c in pod["spec"]["containers"]]
+        chosen = container or (names[0] if len(names) == 1 else None)
+        if chosen is None:
+            raise ApiError(400, "BadRequest", "a container name must be specified for pod %s, choose one of: [%s]"
+                           % (name, " ".join(names)))
+        if chosen not in names:
+            raise ApiError(400, "BadRequest", "container %s is not valid for pod %s" % (chosen, name))
+        return pod, chosen
 
 
 def locked(cluster, function, *args):
