@@ -748,7 +748,7 @@ class ApiProxy:
                     self.revive()  # the proxy died: start it again, then send the request again
                 time.sleep(delay)
                 continue
-            if delay is None or not refusal_passes(status, body):
+            if delay is None or not refusal_passes(status, answer_message(body)):
                 return status, body
             if status == 429 and wait and wait.isdigit():
                 delay = max(delay, min(float(wait), 10.0))
@@ -761,20 +761,25 @@ class ApiProxy:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def refusal_passes(status, body):
-    """Whether an answer through `kubectl proxy` is a refusal that passes on its own, before
-    anything was done: 429, 503, 504, etcd's own 500s (fact 27), or the proxy's word that the API
-    server cannot be reached. A 500 also says "container not found" of a finished pod: final."""
+def answer_message(body):
+    """What an answer through `kubectl proxy` says: its Status's message (the API server's), else
+    its text (the proxy's own, text/plain)."""
+    text = body.decode("utf-8", "replace").strip() if isinstance(body, bytes) else str(body)
+    try:
+        return json.loads(text).get("message") or text
+    except (ValueError, AttributeError):
+        return text
+
+
+def refusal_passes(status, message):
+    """Whether an answer through `kubectl proxy` (its answer_message) is a refusal that passes on
+    its own, before anything was done: 429, 503, 504, etcd's own 500s (fact 27), or the proxy's
+    word that the API server cannot be reached. A 500 also says "container not found" of a
+    finished pod: final."""
     if status in (429, 503, 504):
         return True
-    if status < 500:
-        return False
-    message = body.decode("utf-8", "replace").strip() if isinstance(body, bytes) else str(body)
-    try:
-        message = json.loads(message).get("message") or message
-    except (ValueError, AttributeError):
-        pass
-    return message.startswith("etcdserver: ") or any(marker in message for marker in PROXY_BACKEND_DOWN)
+    return status >= 500 and (message.startswith("etcdserver: ")
+                              or any(marker in message for marker in PROXY_BACKEND_DOWN))
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -5336,11 +5341,7 @@ class ProxyExecChannel:
             except (OSError, http.client.HTTPException) as error:
                 return ExecResult(None, error="the exec stream could not be opened: %s" % error, sent_at=sent_at)
             if answer.status != 101:
-                message = answer.read().decode("utf-8", "replace").strip()
-                try:
-                    message = json.loads(message).get("message") or message
-                except ValueError:
-                    pass
+                message = answer_message(answer.read())
                 if answer.status == 400 and pod_name in message:
                     # that pod's own refusal ("pod X does not have a host assigned"): the channel is fine
                     return ExecResult(None, error="HTTP 400: %s" % last_line(message), sent_at=sent_at)
@@ -6484,13 +6485,8 @@ class ProxyAnswer(Exception):
     """A request through the proxy was answered, but not with 200."""
 
     def __init__(self, status, body):
-        text = body.decode("utf-8", "replace").strip()
-        try:
-            text = json.loads(text).get("message") or text
-        except (ValueError, AttributeError):
-            pass
-        super().__init__("HTTP %d: %s" % (status, last_line(text)))
-        self.status, self.message = status, last_line(text)
+        self.status, self.message = status, last_line(answer_message(body))
+        super().__init__("HTTP %d: %s" % (status, self.message))
 
 
 def catching(function, argument):

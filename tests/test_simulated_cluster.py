@@ -5,8 +5,6 @@ import io
 import json
 import sys
 
-from fakecluster import REAL_KUBECTL
-
 
 def test_the_fake_kubectl_throttles_each_process_at_five_requests_a_second_after_a_burst_of_ten(monkeypatch):
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent / "fakecluster"))
@@ -30,4 +28,4 @@ def test_the_real_kubectl_pages_a_long_list_and_prints_it_whole(cluster):
     listed = cluster.get_json("-n", "default", "configmaps")
     assert len(listed["items"]) == 520
     lists = [r["target"] for r in cluster.requests() if r["method"] == "GET" and "/configmaps?" in r["target"]]
-    assert any("continue=" in target for target in lists) and REAL_KUBECTL
+    assert any("continue=" in target for target in lists)

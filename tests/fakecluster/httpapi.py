@@ -51,7 +51,6 @@ SUBRESOURCES = {"pods": ["log", "exec", "status", "eviction"], "jobs": ["status"
 VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 BUILT_IN_GROUPS = ("", "batch", "apps", "node.k8s.io", "networking.k8s.io")
 EXEC_PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
-LIST_PAGE_DEFAULT = None  # no limit unless the client asks (kubectl asks for 500)
 
 
 def group_version(resource):
@@ -317,12 +316,7 @@ class HttpApi:
             if down and self.listener is not None:
                 listener, self.listener = self.listener, None
                 listener.close()
-                with self.lock:
-                    for sock in list(self.connections):
-                        try:
-                            sock.shutdown(socket.SHUT_RDWR)
-                        except OSError:
-                            pass
+                self.cut_connections()
             elif not down and self.listener is None:
                 try:
                     self.listen()
@@ -333,6 +327,10 @@ class HttpApi:
         self.stopped.set()
         if self.listener is not None:
             self.listener.close()
+        self.cut_connections()
+
+    def cut_connections(self):
+        """Every open connection ends now (an outage, a stop): streams are cut, not finished."""
         with self.lock:
             for sock in list(self.connections):
                 try:
@@ -398,7 +396,7 @@ class HttpApi:
             *headers]), h11.Data(data=data), h11.EndOfMessage())
         return True
 
-    def record(self, method, target, headers, code_hint=None):
+    def record(self, method, target, headers):
         entry = {"at": time.time(), "method": method, "target": target,
                  "agent": headers.get("user-agent", ""), "command": headers.get("kubectl-command", ""),
                  "session": headers.get("kubectl-session", "")}
@@ -411,8 +409,8 @@ class HttpApi:
         target = request.target.decode()
         headers = {k.decode().lower(): v.decode() for k, v in request.headers}
         url = urllib.parse.urlsplit(target)
-        query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()}
-        multi = urllib.parse.parse_qs(url.query, keep_blank_values=True)
+        multi = urllib.parse.parse_qs(url.query, keep_blank_values=True)  # every value (exec's command)
+        query = {key: values[-1] for key, values in multi.items()}
         path = url.path.rstrip("/") or "/"
         self.record(method, target, headers)
         latency = float(self.cluster.config.get("apiLatencySeconds") or 0)
@@ -456,17 +454,13 @@ class HttpApi:
                 "buildDate": "2025-04-22T16:00:00Z", "goVersion": "go1.23.8", "compiler": "gc",
                 "platform": "linux/amd64"}
 
-    def served_resources(self):
-        return [resource for resource in self.cluster.discovery()]
-
     def discovery(self, path):
-        served = self.served_resources()
         if path == "/api":
             return {"kind": "APIVersions", "versions": ["v1"],
                     "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1:6443"}]}
         if path == "/apis":
             groups = {}
-            for resource in served:
+            for resource in self.cluster.discovery():
                 group, version = group_version(resource)
                 if group:
                     groups.setdefault(group, set()).add(version)
@@ -480,7 +474,7 @@ class HttpApi:
         if not match:
             return None
         group, version = ("", "v1") if match.group(1) else (match.group(2), match.group(3))
-        resources = [r for r in served if group_version(r) == (group, version)]
+        resources = [r for r in self.cluster.discovery() if group_version(r) == (group, version)]
         if not resources:
             if match.group(1):
                 return None
@@ -504,7 +498,7 @@ class HttpApi:
         """Just enough OpenAPI v3 for kubectl's --validate=strict (the default): kubectl asks whether
         each kind's PATCH operation takes the `fieldValidation` query parameter (cli-runtime
         query_param_verifier_v3.go), and when it does leaves validation to the server."""
-        served = self.served_resources()
+        served = self.cluster.discovery()
         versions = sorted({group_version(resource) for resource in served})
 
         def gv_path(group, version):
@@ -545,7 +539,7 @@ class HttpApi:
             namespace, parts = parts[1], parts[2:]
         resource = parts[0]
         if resource not in RESOURCES or RESOURCES[resource][0] != api_version or \
-                resource not in self.served_resources():
+                resource not in self.cluster.discovery():
             raise not_found
         if namespace is not None and not RESOURCES[resource][2]:
             raise not_found
@@ -861,12 +855,7 @@ class HttpApi:
             stdin = self.read_stdin(websocket, sock, protocol)
         try:
             answer = cluster.api_exec(namespace, name, chosen, command, stdin)
-            status = {"metadata": {}, "status": "Success"}
-            if answer["code"]:
-                status = {"metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
-                          "message": "command terminated with non-zero exit code: error executing command [%s], "
-                                     "exit code %d" % (" ".join(command), answer["code"]),
-                          "details": {"causes": [{"reason": "ExitCode", "message": str(answer["code"])}]}}
+            status = remote_command_status(answer["code"], command)
             streams = [(1, answer["stdout"].encode("utf-8", "surrogateescape")),
                        (2, answer["stderr"].encode("utf-8", "surrogateescape"))]
         except ApiError as error:
@@ -901,6 +890,18 @@ class HttpApi:
             if protocol != "v5.channel.k8s.io" and data:
                 return data.decode("utf-8", "surrogateescape")
         return data.decode("utf-8", "surrogateescape")
+
+
+def remote_command_status(code, command):
+    """The error channel's metav1.Status for a command that exited with `code` (the stream
+    translator's, streamtranslator.go: NonZeroExitCode with an ExitCode cause; the message's
+    wording after its prefix is **unverified**)."""
+    if not code:
+        return {"metadata": {}, "status": "Success"}
+    return {"metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
+            "message": "command terminated with non-zero exit code: error executing command [%s], exit code %d"
+                       % (" ".join(command), code),
+            "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]}}
 
 
 def pod_container(cluster, namespace, name, container):

@@ -848,11 +848,8 @@ def serve_exec(connection, namespace, name, target, headers, behaviour, raw_head
         answer = call({"verb": "exec", "namespace": namespace, "name": name,
                        "container": (query.get("container") or [None])[0], "command": query.get("command") or [],
                        "stdin": None}, 3600)
-        status = {"metadata": {}, "status": "Success"}
-        if answer["code"]:
-            status = {"metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
-                      "message": "command terminated with non-zero exit code: exit status %d" % answer["code"],
-                      "details": {"causes": [{"reason": "ExitCode", "message": str(answer["code"])}]}}
+        from httpapi import remote_command_status  # the simulated API server's own answer
+        status = remote_command_status(answer["code"], query.get("command") or [])
         streams = [(1, answer["stdout"].encode("utf-8", "surrogateescape")),
                    (2, answer["stderr"].encode("utf-8", "surrogateescape"))]
     except ApiFailure as failure:
