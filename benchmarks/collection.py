@@ -20,6 +20,7 @@ batch size:
   peak MB            peak resident memory of the command plus its kubectl children, summed
                      (sampled every 50 ms from /proc; the fake kubectl is a Python program,
                      about 20 MB, the real one a Go program of 40-50 MB)
+  tool's peak MB     the same, of the command's own process alone (the Python interpreter)
   run total          the command's wall time, start to exit
 
 "tutorial" is the tutorial's approach (benchmarks/tutorial_approach.py): poll the Job every
@@ -52,7 +53,8 @@ COMMANDS = {
 
 
 def tree_rss_mb(root_pid):
-    """Resident memory of a process and all its descendants, in MB (from /proc)."""
+    """Resident memory of a process and all its descendants, and of the process alone, in MB
+    (from /proc)."""
     children, rss = {}, {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -69,7 +71,7 @@ def tree_rss_mb(root_pid):
         pid = stack.pop()
         total += rss.get(pid, 0)
         stack.extend(children.get(pid, []))
-    return total / 2 ** 20
+    return total / 2 ** 20, rss.get(root_pid, 0) / 2 ** 20
 
 
 def measure(approach, size, delay, episode_seconds, workdir, kubectl="real"):
@@ -81,7 +83,7 @@ def measure(approach, size, delay, episode_seconds, workdir, kubectl="real"):
     cluster = FakeCluster(workdir / ("k8s-%s-%d" % (approach, size)), config, kubectl=kubectl).start()
     output = workdir / ("out-%s-%d" % (approach, size))
     env = cluster.env(FAKE_K8S_DELAY=str(delay)) if kubectl == "fake" else cluster.env()
-    peak = [0.0]
+    peak = [0.0, 0.0]
     try:
         started = time.time()
         process = subprocess.Popen([sys.executable, *COMMANDS[approach], "--count", str(size), "--output",
@@ -89,7 +91,8 @@ def measure(approach, size, delay, episode_seconds, workdir, kubectl="real"):
 
         def sample():
             while process.poll() is None:
-                peak[0] = max(peak[0], tree_rss_mb(process.pid))
+                tree, alone = tree_rss_mb(process.pid)
+                peak[0], peak[1] = max(peak[0], tree), max(peak[1], alone)
                 time.sleep(0.05)
 
         def spot_results():  # rl-batch-demo later adds the log archive's summary to the file
@@ -121,6 +124,7 @@ def measure(approach, size, delay, episode_seconds, workdir, kubectl="real"):
             "complete_to_exit_seconds": finished - complete_at,
             "kubectl_processes": len(cluster.calls()),
             "peak_mb_with_children": peak[0],
+            "peak_mb_tool": peak[1],
             "run_seconds": finished - started}
 
 
@@ -133,11 +137,16 @@ def main():
     parser.add_argument("--tool", help="another rl-batch-demo.py to measure (e.g. an earlier commit's, for before/after)")
     parser.add_argument("--episode-seconds", type=float, default=2.0, help="synthetic episode duration")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--keep", help="keep the simulated clusters and output folders in this folder (for their "
+                                       "requests.jsonl, the API server's log of every request)")
     args = parser.parse_args()
     if args.tool:
         COMMANDS["rl-batch-demo"][0] = str(Path(args.tool).resolve())
     rows = []
     with tempfile.TemporaryDirectory(prefix="rl-bench-") as tmp:
+        if args.keep:
+            tmp = Path(args.keep)
+            tmp.mkdir(parents=True, exist_ok=False)
         for size in args.sizes:
             for approach in args.approaches:
                 rows.append(measure(approach, size, args.delay, args.episode_seconds, Path(tmp), args.kubectl))
@@ -150,13 +159,13 @@ def main():
         args.episode_seconds, args.delay * 1000, "API request" if args.kubectl == "real" else "kubectl call",
         args.kubectl, version if args.kubectl == "real" else "tests/fakecluster/kubectl.py", time.strftime("%Y-%m-%d")))
     header = ("episodes", "approach", "complete->results s", "complete->exit s", "kubectl procs",
-              "peak MB (with kubectl)", "run total s")
+              "peak MB (with kubectl)", "tool's peak MB", "run total s")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for row in rows:
-        print("| %d | %s | %.2f | %.2f | %d | %.0f | %.1f |" % (
+        print("| %d | %s | %.2f | %.2f | %d | %.0f | %.0f | %.1f |" % (
             row["episodes"], row["approach"], row["complete_to_results_seconds"], row["complete_to_exit_seconds"],
-            row["kubectl_processes"], row["peak_mb_with_children"], row["run_seconds"]))
+            row["kubectl_processes"], row["peak_mb_with_children"], row["peak_mb_tool"], row["run_seconds"]))
 
 
 if __name__ == "__main__":
