@@ -179,8 +179,11 @@ import os  # loaded already by the interpreter's start: no cost
 
 def cgroup_cpu_usec():
     """This container's CPU time so far, in microseconds, from its cgroup (v2 cpu.stat, else v1
-    cpuacct.usage in ns); None where no cgroup is visible. One small file read."""
+    cpuacct.usage in ns); None where no cgroup is visible, or RL_CGROUP is empty (a process with
+    no cgroup of its own: what it would read is its machine's). One small file read."""
     root = os.environ.get('RL_CGROUP', '/sys/fs/cgroup')
+    if not root:
+        return None
     try:
         with open(root + '/cpu.stat') as stat:
             return int(stat.readline().split()[1])  # its first line: usage_usec N
@@ -6283,7 +6286,10 @@ class LocalBatch:
             termination = scratch / (name + ".termination")
             env = dict(os.environ, PATH="%s%s%s" % (scratch / "bin", os.pathsep, os.environ.get("PATH", "")),
                        EPISODE_ID=name, RL_WORKSPACE=str(workspace), RL_TERMINATION_LOG=str(termination),
-                       JOB_COMPLETION_INDEX=str(index))
+                       JOB_COMPLETION_INDEX=str(index),
+                       # a local process shares its machine's cgroup: its CPU counter is not the
+                       # episode's own, so the episode reports none (cpu_usec null)
+                       RL_CGROUP="")
             if spec.tasks_list is not None:
                 env.update(TASK_INDEX=str(index), TASK_FILE=str(scratch / ("task-%d.json" % index)))
             created, timed_out = time.time(), False

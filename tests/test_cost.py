@@ -160,3 +160,11 @@ def test_without_a_cgroup_of_its_own_no_cpu_time_is_made_up(make_cluster, run_to
     results = read(tmp_path / "out" / "results.json")
     assert [row["cpu_usec"] for row in results["pods"]] == [None, None]
     assert results["cost"]["used"] is None and results["cost"]["used_note"].startswith("not measured")
+
+
+def test_a_local_episode_reports_no_cpu_time_of_its_machine(run_tool, tmp_path):
+    # a local process has no cgroup of its own: /sys/fs/cgroup would count the whole machine's CPU
+    assert run_tool("run", "--backend", "local", "--count", "2", "--output", "out").code == 0
+    results = read(tmp_path / "out" / "results.json")
+    assert [row["cpu_usec"] for row in results["pods"]] == [None, None]
+    assert results["cost"]["used"] is None
