@@ -3514,15 +3514,19 @@ class LogArchive:
         self.cluster, self.namespace, self.folder = cluster, namespace, folder
         self.enabled = pod_count >= API_LOGS_FROM
         self.proxy, self.pool = None, None
+        self.finished = set()  # the pods offered finished: each is looked at once
         self.reads = {}  # pod name -> Future of its read (bytes, or None when not had)
+        self.recorded = set()  # the pods whose source settle() wrote into logs.json
 
     def offer(self, pods):
         """Start reading the log of every finished pod in {name: pod} not read or saved yet."""
         if not self.enabled:
             return
         for name, pod in pods.items():
-            if name in self.reads or pod.get("status", {}).get("phase") not in ("Succeeded", "Failed") \
-                    or (self.folder / (name + ".log")).exists():  # the stream's early read saved it
+            if name in self.finished or pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
+                continue
+            self.finished.add(name)
+            if (self.folder / (name + ".log")).exists():  # the stream's early read saved it
                 continue
             if self.proxy is None and not self.open():
                 return
@@ -3545,8 +3549,10 @@ class LogArchive:
         from in logs.json; the names whose log is saved."""
         wanted = [name for name in (self.reads if names is None else names) if name in self.reads]
         saved = [name for name in wanted if not self.reads[name].cancelled() and self.reads[name].result() is not None]
-        if saved:
-            record_log_sources(self.folder, {name: LOGS_SOURCE_PROXY for name in saved})
+        new = [name for name in saved if name not in self.recorded]
+        if new:
+            record_log_sources(self.folder, {name: LOGS_SOURCE_PROXY for name in new})
+            self.recorded.update(new)
         return saved
 
     def close(self):
