@@ -936,6 +936,22 @@ class Console:
             self.progress_shown = False
 
 
+class PrefixedConsole(Console):
+    """One of several things done at once (`cleanup A B`): each of its lines whole and prefixed
+    with what it is about ("A: Deleting namespace ..."), no progress line to be torn by another's."""
+
+    def __init__(self, console, prefix, lock):
+        super().__init__(console.quiet, console.stdout, console.stderr)
+        self.parent, self.prefix, self.lock = console, prefix, lock
+
+    def line(self, text):
+        with self.lock:
+            self.parent.line("%s: %s" % (self.prefix, text))
+
+    def progress(self, line):
+        pass
+
+
 def write_json(path, obj):
     """Write atomically, so an interrupted write never leaves half a receipt. A list of
     objects (pods.json) is written one object a line: greppable, and quick at 10,000 pods."""
@@ -2756,9 +2772,10 @@ class Backend:
     # --- cleanup and list -----------------------------------------------------------------
 
     @classmethod
-    def delete_objects(cls, cluster, namespace, run_id, receipt, output):
-        """Prove and delete what this backend made in the run's namespace, before the namespace goes."""
-        delete_recorded_jobs(cluster, namespace, receipt, output, job_json=False)
+    def delete_objects(cls, cluster, namespace, run_id, receipt, output, listing):
+        """Prove (and where it matters, delete) what this backend made in the run's namespace,
+        before the namespace goes; `listing` is what cleanup read of it (a NamespaceListing)."""
+        delete_recorded_jobs(cluster, namespace, receipt, output, listing, job_json=False)
 
     @classmethod
     def list_objects(cls, cluster, namespace):
@@ -4057,8 +4074,8 @@ class JobBackend(Backend):
                                            "jobs": [job_round.name for job_round in pending]})
 
     @classmethod
-    def delete_objects(cls, cluster, namespace, run_id, receipt, output):
-        delete_recorded_jobs(cluster, namespace, receipt, output, job_json=True)
+    def delete_objects(cls, cluster, namespace, run_id, receipt, output, listing):
+        delete_recorded_jobs(cluster, namespace, receipt, output, listing, job_json=True)
         KueueGate.after_jobs_deleted(cluster, namespace, receipt)
 
     @classmethod
@@ -5026,6 +5043,11 @@ def claim_manifests(namespace, run_id, count, shutdown_time):
             for index in range(count)]
 
 
+def launch_type_of(sandbox):
+    """A Sandbox's launch type (warm or cold, the controller's label), None when unlabelled or None."""
+    return (((sandbox or {}).get("metadata") or {}).get("labels") or {}).get(LAUNCH_TYPE_LABEL)
+
+
 def nearest_rank(values, p):
     """The agent-sandbox stress test's percentile (test/stress stats.go): the value at rank
     ceil(p/100 * n), 1-based. Not the tutorial's interpolation used everywhere else."""
@@ -5074,7 +5096,7 @@ def warm_pool_summary(output, report, observed):
     return {
         "backend": "warm-pool",
         "parallelism": report["episodes"],
-        "launch_types": dict(sorted(collections.Counter(launch.values()).items())),
+        "launch_types": dict(sorted(collections.Counter(kind or "unknown" for kind in launch.values()).items())),
         "launch_type_source": "the claimed Sandbox's label %s" % LAUNCH_TYPE_LABEL,
         "pool": {key: record.get(key) for key in ("name", "template", "size", "fill_seconds", "ready_at_fire")},
         "exec_channel": record.get("exec_channel"),
@@ -5640,7 +5662,7 @@ def warm_episode_record(claim, index, sandbox, pod, result, times):
             "spec": {"nodeName": (pod or {}).get("spec", {}).get("nodeName"),
                      "sandbox": (sandbox or {}).get("metadata", {}).get("name"),
                      "pod": (pod or {}).get("metadata", {}).get("name"),
-                     "launch_type": ((sandbox or {}).get("metadata", {}).get("labels") or {}).get(LAUNCH_TYPE_LABEL)},
+                     "launch_type": launch_type_of(sandbox)},
             "status": status}
 
 
@@ -5857,7 +5879,10 @@ class WarmPoolRun:
             bound = (claim.get("status") or {}).get("sandbox", {}).get("name")
             sandbox = by_name.get(bound) or self.sandboxes.get(bound)
             if sandbox is not None:
-                launch[name] = (sandbox["metadata"].get("labels") or {}).get(LAUNCH_TYPE_LABEL)
+                # The list's copy, else the watch's; a copy read before the controller labelled
+                # its adoption has no launch type yet: "unknown", never a guess.
+                launch[name] = launch_type_of(by_name.get(bound)) or launch_type_of(self.sandboxes.get(bound)) \
+                    or "unknown"
             if name in self.results:
                 result = self.results[name]
                 records.append(warm_episode_record(claim, self.position[name], sandbox or result["sandbox"],
@@ -6116,12 +6141,12 @@ class WarmPoolBackend(Backend):
             results["pool"]["size"], ", ".join("%s %d" % item for item in results["launch_types"].items()) or "none")
 
     @classmethod
-    def delete_objects(cls, cluster, namespace, run_id, receipt, output):
-        """Its claims (each must carry the run's label), then its pool and template (their UIDs
-        must equal the receipt's), then wait until no Sandbox (and so no sandbox pod) is left in
-        the namespace; then any Job, as for every run."""
-        delete_warm_pool_objects(cluster, namespace, run_id, receipt)
-        super().delete_objects(cluster, namespace, run_id, receipt, output)
+    def delete_objects(cls, cluster, namespace, run_id, receipt, output, listing):
+        """Its claims (each must carry the run's label) and its pool and template (their UIDs must
+        equal the receipt's) are proven, then deleted at once; the namespace's deletion takes their
+        Sandboxes and pods. Then any Job, as for every run."""
+        delete_warm_pool_objects(cluster, namespace, run_id, receipt, listing)
+        super().delete_objects(cluster, namespace, run_id, receipt, output, listing)
 
     @classmethod
     def list_objects(cls, cluster, namespace):
@@ -6141,65 +6166,95 @@ class WarmPoolBackend(Backend):
         return "warm pool: %d of %d claims Ready" % (ready, len(claims)) if claims else "warm pool: no claims"
 
 
-def delete_claims(cluster, namespace, selector):
-    """Delete the claims `selector` picks: one deletecollection request through a `kubectl proxy`
-    (kubectl has no such verb; `delete -l` sends one DELETE after another: 200 claims at 100 ms
-    a request took 20 s, and `delete NAME...` shares one 5-a-second bucket: 1,000 took 198 s and
-    outlived the process timeout, issue 31). Where the proxy cannot serve it or the user may not
-    deletecollection, `kubectl delete -l SELECTOR --wait=false`."""
-    path = "/apis/%s/namespaces/%s/sandboxclaims" % (EXTENSIONS_API, namespace)
-    proxy = ApiProxy(cluster, ["^%s$" % re.escape(path)])
+def warm_pool_parts(cluster, namespace, listing):
+    """(claims, {resource: the live pool or template, or None}) as cleanup found them: from its
+    listing of the namespace, or read here where the listing is incomplete. (None, None) when
+    agent-sandbox is no longer installed."""
+    parts = (("SandboxClaim", "sandboxclaims"), ("SandboxWarmPool", "sandboxwarmpools"),
+             ("SandboxTemplate", "sandboxtemplates"))
+    found = {resource: listing.of_kind(kind) for kind, resource in parts}
     try:
-        proxy.open()
-        status, body = proxy.request("DELETE", path + "?" + urllib.parse.urlencode({"labelSelector": selector}),
-                                     {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"})
-    except ProxyUnavailable as unavailable:
-        status, body = None, str(unavailable).encode()
-    finally:
-        proxy.close()
-    if status == 200:
-        return
-    cluster.console.note("deleting the claims as a collection failed (%s); one by one with kubectl instead"
-                         % (last_line(body.decode("utf-8", "replace")) if status is None else "HTTP %d" % status))
-    cluster.delete("-n", namespace, "delete", "sandboxclaims", "-l", selector, "--wait=false")
-
-
-def delete_warm_pool_objects(cluster, namespace, run_id, receipt):
-    """A warm-pool run: its claims (each must carry the run's label), then its pool and template
-    (their UIDs must equal the receipt's), then wait until no Sandbox (and so no sandbox pod)
-    is left in the namespace, before the namespace itself goes."""
-    console = cluster.console
-    try:
-        claims = cluster.read_items("-n", namespace, "get", "sandboxclaims")
+        for resource, items in found.items():
+            if items is None:
+                found[resource] = cluster.read_items("-n", namespace, "get", resource)
     except KubectlError as error:
         if not error.no_such_kind:
             raise
+        return None, None
+    named = {resource: next((item for item in found[resource] if item["metadata"]["name"] == name), None)
+             for resource, name in (("sandboxwarmpools", POOL_NAME), ("sandboxtemplates", TEMPLATE_NAME))}
+    return found["sandboxclaims"], named
+
+
+def delete_warm_pool_objects(cluster, namespace, run_id, receipt, listing):
+    """A warm-pool run: its claims (each must carry the run's label), its pool and template (their
+    UIDs must equal the receipt's); then all deleted at once, through one `kubectl proxy`, so that
+    their Sandboxes' pods start their grace period while the namespace controller waits to begin
+    (5 s on a default installation, ASSUMPTIONS.md "Namespace deletion"). Waiting for them is the
+    namespace's wait: no Sandbox or pod outlives the namespace."""
+    console = cluster.console
+    claims, live = warm_pool_parts(cluster, namespace, listing)
+    if claims is None:
         console.note("agent-sandbox is no longer installed: the namespace's deletion removes what is left")
         return
     problems = []
     for claim in claims:
         problems += ownership_mismatches("sandboxclaim " + claim["metadata"]["name"], claim,
                                          {"label " + RUN_LABEL: run_id})
-    live = {}
-    for resource, name, key in (("sandboxwarmpools", POOL_NAME, "pool_uid"),
-                                ("sandboxtemplates", TEMPLATE_NAME, "template_uid")):
-        live[resource] = cluster.get_json("-n", namespace, resource, name)
+    for resource, key in (("sandboxwarmpools", "pool_uid"), ("sandboxtemplates", "template_uid")):
         if live[resource] is not None:
+            name = live[resource]["metadata"]["name"]
             if not receipt.get(key):
                 raise DemoError("%s %s exists in %s but receipt.json records no uid for it; refusing cleanup"
                                 % (resource, name, namespace))
             problems += ownership_mismatches("%s %s" % (resource, name), live[resource], {"uid": receipt[key]})
     if problems:
         raise DemoError("ownership check failed, refusing cleanup: " + "; ".join(problems))
-    if claims:
-        # By the run's label, which every claim of the namespace was just shown to carry.
-        console.note("Deleting %d SandboxClaims..." % len(claims))
-        delete_claims(cluster, namespace, "%s=%s" % (RUN_LABEL, run_id))
-    for resource, name in (("sandboxwarmpools", POOL_NAME), ("sandboxtemplates", TEMPLATE_NAME)):
-        if live[resource] is not None:
-            cluster.delete("-n", namespace, "delete", resource, name, "--wait=false")
-    console.note("Deleting the warm pool and its template; waiting until no Sandbox of the run remains...")
-    cluster.wait_until_gone("Sandboxes in %s" % namespace, ("-n", namespace, "sandboxes"), CLEANUP_WAIT_SECONDS)
+    # The claims by the run's label, which every claim of the namespace was just shown to carry;
+    # the pool and template by name, on condition that their UIDs are still the ones proven.
+    base = "/apis/%s/namespaces/%s/" % (EXTENSIONS_API, namespace)
+    selector = "%s=%s" % (RUN_LABEL, run_id)
+    deletes = ([("sandboxclaims", ["-l", selector],
+                 base + "sandboxclaims?" + urllib.parse.urlencode({"labelSelector": selector}), None)]
+               if claims else [])
+    deletes += [(resource, [obj["metadata"]["name"]], base + resource + "/" + obj["metadata"]["name"],
+                 obj["metadata"]["uid"]) for resource, obj in live.items() if obj is not None]
+    if not deletes:
+        return
+    console.note("Deleting %d SandboxClaims, the warm pool and its template..." % len(claims))
+    for resource, kubectl_args, failure in delete_through_proxy(cluster, base, deletes):
+        console.note("deleting %s through `kubectl proxy` failed (%s); with kubectl instead" % (resource, failure))
+        cluster.delete("-n", namespace, "delete", resource, *kubectl_args, "--wait=false")
+
+
+def delete_through_proxy(cluster, base, deletes):
+    """Send the DELETEs [(resource, kubectl arguments, path, uid precondition or None)] at once
+    through one `kubectl proxy` (`delete NAME...` shares one 5-a-second bucket: 1,000 claims took
+    198 s, issue 31; kubectl has no deletecollection). [(resource, kubectl arguments, why)] of those
+    that failed, for kubectl to send; 404 is done (someone else's deletion went first)."""
+    proxy = ApiProxy(cluster, ["^%s[a-z]+(/[^/]+)?$" % re.escape(base)])
+
+    def send(delete):
+        resource, kubectl_args, path, uid = delete
+        options = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        try:
+            status, body = proxy.request("DELETE", path, options)
+        except ProxyUnavailable as unavailable:
+            return resource, kubectl_args, last_line(str(unavailable))
+        if status in (200, 202, 404):
+            return None
+        return resource, kubectl_args, "HTTP %d: %s" % (status, last_line(answer_message(body)))
+
+    try:
+        proxy.open()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(deletes)) as pool:
+            return [failed for failed in pool.map(send, deletes) if failed is not None]
+    except ProxyUnavailable as unavailable:
+        return [(resource, kubectl_args, last_line(str(unavailable))) for resource, kubectl_args, _, _ in deletes]
+    finally:
+        proxy.close()
 
 
 # ============================================================================
@@ -6458,21 +6513,33 @@ def ownership_mismatches(kind, live, expected):
     return problems
 
 
+CLEANUPS_AT_ONCE = 8  # `cleanup A B C ...`: folders cleaned at the same time (each waits mostly)
+
+
 def cmd_cleanup(args, console):
-    """Clean up each folder in turn; one folder's refusal does not stop the others."""
+    """Clean up the folders at once (most of a cleanup is waiting for the namespace controller:
+    five folders one after another took 2 minutes), each folder's lines prefixed with its name;
+    one folder's refusal does not stop the others. The exit code is the first failure's, in the
+    order the folders were given."""
     if args.receipt:
         return cleanup_receipt(read_receipt_file(args.receipt), args.receipt, None, console, args.delete_foreign)
     if len(args.output) == 1:
         return cleanup_one(Path(args.output[0]), console, args.delete_foreign)
-    first_failure = EXIT_OK
-    for folder in args.output:
+    lock = threading.Lock()
+
+    def clean(folder):
         try:
-            cleanup_one(Path(folder), console, args.delete_foreign)
+            cleanup_one(Path(folder), PrefixedConsole(console, folder, lock), args.delete_foreign)
+            return EXIT_OK
         except DemoError as error:
             # the folder named once: a missing folder's message names it already
-            console.tell("Error: %s" % (error if isinstance(error, NoSuchFolder) else "%s: %s" % (folder, error)))
-            first_failure = first_failure or error.exit_code
-    return first_failure
+            with lock:
+                console.tell("Error: %s" % (error if isinstance(error, NoSuchFolder) else "%s: %s" % (folder, error)))
+            return error.exit_code
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(CLEANUPS_AT_ONCE, len(args.output))) as pool:
+        codes = list(pool.map(clean, args.output))
+    return next((code for code in codes if code != EXIT_OK), EXIT_OK)
 
 
 def read_receipt_file(name):
@@ -6508,22 +6575,35 @@ EVERY_NAMESPACE_HAS = (("ServiceAccount", "default"), ("ConfigMap", "kube-root-c
 NAMESPACE_SETUP_SECONDS = 5
 
 
-def foreign_objects(cluster, namespace, run_id, live_namespace):
-    """[(kind, name, resource for kubectl delete)] of the objects in the run's namespace that the
-    run did not create: not labelled with its run id, not owned (through ownerReferences, at any
-    depth) by an object that is, not a record or what every namespace has, and created after the
-    namespace's setup. Every namespaced kind that can be listed is read in one call; kinds that
-    cannot be listed (RBAC) are named in a note and not checked."""
+class NamespaceListing:
+    """What cleanup read of a run's namespace: every object (its metadata at least, with kind and
+    apiVersion) of every namespaced kind it could list, records (RECORD_KINDS) left out; and
+    whether every kind could be listed. The foreign-object check and the backends' ownership
+    checks read it, so that cleanup lists each kind once."""
+
+    def __init__(self, items, complete):
+        self.items, self.complete = items, complete
+
+    def of_kind(self, kind):
+        """The objects of `kind` (e.g. "SandboxClaim"), or None when some kind could not be listed
+        (the caller then reads that kind itself)."""
+        return [item for item in self.items if item.get("kind") == kind] if self.complete else None
+
+
+def list_namespace(cluster, namespace):
+    """A NamespaceListing of the run's namespace: through one `kubectl proxy`, or where it cannot
+    serve, every kind in one kubectl call. Kinds that cannot be listed (RBAC) are named in a note
+    and not checked."""
     listed = list_namespace_through_proxy(cluster, namespace)
     if listed is not None:
         items, unlisted = listed
         if unlisted:
             cluster.console.note("could not check %d kind(s) for objects this run did not create: %s"
                                  % (len(unlisted), unlisted[0]))
-        return not_created_by_run(items, run_id, parse_k8s_time(live_namespace["metadata"]["creationTimestamp"]))
+        return NamespaceListing(items, complete=not unlisted)
     kinds = cluster.read("api-resources", "--verbs=list", "--namespaced=true", "-o", "name").split()
     try:
-        raw = cluster.read("-n", namespace, "get", ",".join(kinds), "-o", "json")
+        raw, unlisted = cluster.read("-n", namespace, "get", ",".join(kinds), "-o", "json"), []
     except KubectlError as error:
         if not (error.stdout or "").strip():
             raise
@@ -6532,16 +6612,17 @@ def foreign_objects(cluster, namespace, run_id, live_namespace):
         unlisted = [line for line in error.stderr.splitlines() if line.strip()]
         cluster.console.note("could not check %d kind(s) for objects this run did not create: %s"
                              % (len(unlisted), unlisted[0]))
-    return not_created_by_run(json.loads(raw)["items"], run_id,
-                              parse_k8s_time(live_namespace["metadata"]["creationTimestamp"]))
+    items = [item for item in json.loads(raw)["items"] if item.get("kind") not in RECORD_KINDS]
+    return NamespaceListing(items, complete=not unlisted)
 
 
 METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 
 
 def list_namespace_through_proxy(cluster, namespace):
-    """Every object of every namespaced kind the API lists, metadata only, through one `kubectl
-    proxy`: discovery and the lists in parallel, 500 a page (`kubectl get k1,k2,...` sends them
+    """Every object of every namespaced kind the API lists (records left out: a namespace of 1,000
+    claims holds some 8,000 Events, 17 pages read one after another), metadata only, through one
+    `kubectl proxy`: discovery and the lists in parallel, 500 a page (`kubectl get k1,k2,...` sends them
     one after another, whole objects: 12 s at 1,000 claims with 100 ms a request). (items with
     kind and apiVersion, lines for the kinds that could not be listed), or None when the proxy
     cannot serve (the caller then asks kubectl)."""
@@ -6565,7 +6646,7 @@ def list_namespace_through_proxy(cluster, namespace):
                 kinds += [(path, resource["name"], resource["kind"], listing["groupVersion"])
                           for resource in listing.get("resources") or []
                           if resource.get("namespaced") and "/" not in resource["name"]
-                          and "list" in (resource.get("verbs") or [])]
+                          and "list" in (resource.get("verbs") or []) and resource["kind"] not in RECORD_KINDS]
 
             def list_kind(kind):
                 path, resource, kind_name, api_version = kind
@@ -6608,7 +6689,10 @@ def catching(function, argument):
 
 
 def not_created_by_run(items, run_id, namespace_created):
-    """The foreign objects among `items` (see foreign_objects), sorted, each (kind, name, resource)."""
+    """[(kind, name, resource for kubectl delete)], sorted: the objects among `items` that the run
+    did not create: not labelled with its run id, not owned (through ownerReferences, at any
+    depth) by an object that is, not a record or what every namespace has, and created after the
+    namespace's setup."""
     owned = {item["metadata"].get("uid") for item in items
              if (item["metadata"].get("labels") or {}).get(RUN_LABEL) == run_id}
     while True:
@@ -6677,13 +6761,16 @@ def cleanup_receipt(receipt, source, output, console, delete_foreign=False):
         # deletion of this very namespace is under way, so waiting for it is the whole job.
         console.note("Namespace %s is already being deleted; waiting for it to go..." % namespace)
         return wait_for_namespace(cluster, namespace)
-    foreign = foreign_objects(cluster, namespace, run_id, live)
+    listing = list_namespace(cluster, namespace)
+    foreign = not_created_by_run(listing.items, run_id, parse_k8s_time(live["metadata"]["creationTimestamp"]))
     if foreign and not delete_foreign:
         raise DemoError(foreign_refusal(cluster.context, namespace, foreign))
     for kind, name, resource in foreign:
         console.note("Deleting %s %s, which this run did not create (--delete-foreign)..." % (kind, name))
         cluster.delete("-n", namespace, "delete", resource, name)
-    backend.delete_objects(cluster, namespace, run_id, receipt, output)
+    listing.items = [item for item in listing.items if (item.get("kind"), item["metadata"]["name"]) not in
+                     {(kind, name) for kind, name, _ in foreign}]
+    backend.delete_objects(cluster, namespace, run_id, receipt, output, listing)
     try:
         cluster.delete("delete", "namespace", namespace, "--wait=false")
     except KubectlError as error:
@@ -6696,7 +6783,7 @@ def cleanup_receipt(receipt, source, output, console, delete_foreign=False):
     return wait_for_namespace(cluster, namespace)
 
 
-def delete_recorded_jobs(cluster, namespace, receipt, output, job_json):
+def delete_recorded_jobs(cluster, namespace, receipt, output, listing, job_json):
     """Every Job in the namespace must be one the receipt (or, with job_json, the saved
     job.json) names by UID; then each is deleted with its pods, and waited for."""
     # Every key that names a Job's UID must agree with the live Job, each said by name (Helm's
@@ -6707,7 +6794,9 @@ def delete_recorded_jobs(cluster, namespace, receipt, output, job_json):
     if job_json and JOB_NAME not in recorded and output is not None and (output / "job.json").exists():
         recorded[JOB_NAME] = {"uid (job.json)": read_json(output / "job.json", "the saved Job").get(
             "metadata", {}).get("uid")}
-    live_jobs = cluster.read_items("-n", namespace, "get", "jobs")
+    live_jobs = listing.of_kind("Job")
+    if live_jobs is None:
+        live_jobs = cluster.read_items("-n", namespace, "get", "jobs")
     problems = []
     for live_job in live_jobs:
         name = live_job["metadata"]["name"]
@@ -6730,8 +6819,18 @@ def delete_recorded_jobs(cluster, namespace, receipt, output, job_json):
 
 
 def wait_for_namespace(cluster, namespace):
-    cluster.wait_until_gone("Namespace %s (inspect its finalizers)" % namespace, ("namespace", namespace),
-                            CLEANUP_WAIT_SECONDS)
+    """Until the namespace is gone: `kubectl wait --for=delete` watches it, so the wait ends when
+    the namespace does (a poll's back-off added up to 2 s to a 5 s deletion); where the watch
+    cannot serve (an outage, a watch refused), the poll finishes the wait and names the timeout."""
+    started = time.monotonic()
+    try:
+        cluster.kubectl("wait", "--for=delete", "namespace/" + namespace, "--timeout=%ds" % CLEANUP_WAIT_SECONDS,
+                        timeout=CLEANUP_WAIT_SECONDS + KUBECTL_PROCESS_TIMEOUT_SECONDS, request_timeout="0")
+    except KubectlError as error:
+        cluster.console.note("watching the namespace's deletion failed (%s); polling it instead"
+                             % (meaningful_line(error.stderr) or "no message"))
+        cluster.wait_until_gone("Namespace %s (inspect its finalizers)" % namespace, ("namespace", namespace),
+                                max(1.0, CLEANUP_WAIT_SECONDS - (time.monotonic() - started)))
     cluster.console.tell("Deleted the run's namespace: %s" % namespace)
     return EXIT_OK
 

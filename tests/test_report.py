@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import SCRIPT, T0, read
+from conftest import SCRIPT, SUITE_CLUSTER, T0, read
 from fakecluster import FakeCluster
 
 
@@ -59,7 +59,7 @@ def two_runs(tmp_path_factory):
     """A parallel and a sequential run of 10 episodes, as the tutorial compares them (made once;
     the tests only read them)."""
     root = tmp_path_factory.mktemp("two-runs")
-    cluster = FakeCluster(root / "k8s").start()
+    cluster = FakeCluster(root / "k8s", SUITE_CLUSTER).start()
     try:
         for args in (["--output", "par"], ["--parallelism", "1", "--output", "seq"]):
             done = subprocess.run([sys.executable, str(SCRIPT), "run", "--count", "10", *args], cwd=str(root),

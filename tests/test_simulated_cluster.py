@@ -29,3 +29,16 @@ def test_the_real_kubectl_pages_a_long_list_and_prints_it_whole(cluster):
     assert len(listed["items"]) == 520
     lists = [r["target"] for r in cluster.requests() if r["method"] == "GET" and "/configmaps?" in r["target"]]
     assert any("continue=" in target for target in lists)
+
+
+def test_a_deleted_namespace_keeps_its_contents_until_the_namespace_controller_begins(make_cluster):
+    # upstream's namespaceDeletionGracePeriod (5 s by default; 60 s here, so that a busy machine
+    # cannot make the check late): nothing in the namespace is deleted before it has passed
+    cluster = make_cluster({"namespaceDeletionSeconds": 60})
+    for obj in ({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "doomed"}},
+                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "notes", "namespace": "doomed"},
+                 "data": {"a": "b"}}):
+        cluster.kubectl("create", "-f", "-", stdin=json.dumps(obj))
+    cluster.kubectl("delete", "namespace", "doomed", "--wait=false")
+    assert cluster.get_json("namespace", "doomed")["status"]["phase"] == "Terminating"
+    assert cluster.get_json("-n", "doomed", "configmap", "notes")["data"] == {"a": "b"}
