@@ -96,9 +96,8 @@ SLEEPS_UNTIL_TERM = "#!/bin/sh\ntrap 'exit 143' TERM\nsleep 60 &\nwait\n"
 
 def interrupt_a_run(make_cluster, tmp_path, signal_number=None):
     """Start a run whose episodes never finish, interrupt it (Ctrl-C unless another signal is
-    given) once its Job exists; (cluster, exit code, stderr)."""
+    given) once its episodes run; (cluster, exit code, stderr)."""
     import signal
-    import time
     image = tmp_path / "image-slow"
     image.write_text(SLEEPS_UNTIL_TERM)
     image.chmod(0o755)
@@ -107,11 +106,10 @@ def interrupt_a_run(make_cluster, tmp_path, signal_number=None):
                                 "--output", "out"], cwd=str(tmp_path), env=cluster.env(),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     receipt = tmp_path / "out" / "receipt.json"
-    deadline = time.monotonic() + 30
-    while not (receipt.exists() and "job_uid" in receipt.read_text()):
-        assert time.monotonic() < deadline, "the run never created its Job"
-        time.sleep(0.1)
-    time.sleep(1.0)
+    wait_for("the run's Job", lambda: receipt.exists() and "job_uid" in receipt.read_text(), timeout=30)
+    namespace = json.loads(receipt.read_text())["namespace"]
+    wait_for("the run's episodes to be running", lambda: [
+        pod for pod in cluster.get_json("-n", namespace, "pods")["items"] if pod["status"].get("phase") == "Running"])
     process.send_signal(signal.SIGINT if signal_number is None else signal_number)
     _, stderr = process.communicate(timeout=60)
     return cluster, process.returncode, stderr
