@@ -28,6 +28,8 @@ class ApiServer:
         stored = self.objects.setdefault(resource, {})
         key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
         event = "MODIFIED" if key in stored else "ADDED"
+        if event == "ADDED":
+            self.sorted_keys.pop(resource, None)
         stored[key] = obj
         self.remember(resource, obj, event)
 
@@ -35,12 +37,19 @@ class ApiServer:
         return self.objects.get(resource, {}).get((namespace or "", name))
 
     def items(self, resource, namespace=None):
-        found = [obj for (ns, _), obj in self.objects.get(resource, {}).items()
-                 if namespace is None or ns == namespace]
-        return sorted(found, key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+        """The stored objects of `resource` (of one namespace), by namespace and name. The order is
+        kept between passes (sorted_keys, dropped when an object is added or removed): sorting
+        10,000 pods several times a pass made the simulated cluster slower than its rate limits."""
+        stored = self.objects.get(resource, {})
+        keys = self.sorted_keys.get(resource)
+        if keys is None:
+            keys = self.sorted_keys[resource] = sorted(stored)
+        return [stored[key] for key in keys if namespace is None or key[0] == namespace]
 
     def remove(self, resource, obj):
-        self.objects.get(resource, {}).pop((obj["metadata"].get("namespace", ""), obj["metadata"]["name"]), None)
+        if self.objects.get(resource, {}).pop((obj["metadata"].get("namespace", ""), obj["metadata"]["name"]),
+                                              None) is not None:
+            self.sorted_keys.pop(resource, None)
         obj["metadata"]["resourceVersion"] = self.next_rv()
         self.remember(resource, obj, "DELETED")
 

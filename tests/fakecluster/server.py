@@ -47,6 +47,7 @@ class Cluster(ApiServer, JobController, Scheduler, Kubelet, NamespaceLifecycle):
         self.changed = threading.Condition(self.lock)  # notified on every write, for watches
         self.faults = [dict(f) for f in config.get("transientFailures", [])]
         self.objects = {}  # resource -> {(namespace or "", name) -> object}
+        self.sorted_keys = {}  # resource -> its keys in self.objects, sorted (ApiServer.items)
         self.resource_version = 1000
         self.processes = {}  # pod uid -> runtime record
         self.job_books = {}  # job uid -> {"succeeded": set(), "failed": set(), ...}
