@@ -94,6 +94,18 @@ def wait_until_queued(cluster, process):
         time.sleep(0.1)
 
 
+def test_a_slow_job_create_is_not_counted_as_queue_wait(make_cluster, run_tool, tmp_path):
+    # the API server takes 6 s to create the Job (a loaded control plane); the queue is free,
+    # so the Workload is admitted within a tick of the Job existing: the wait starts there
+    cluster = make_cluster(dict(kueue(), transientFailures=[
+        {"verb": "create", "resource": "jobs", "times": 1, "kind": "hang", "seconds": 6}]))
+    done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "team")
+    assert done.code == 0, done
+    [cycle] = read(tmp_path / "out" / "results.json")["queue"]["cycles"]
+    assert cycle["queued_source"] in ("Job create call returned (client clock)", "Job creationTimestamp (API clock)")
+    assert cycle["queued_seconds"] < 4, cycle
+
+
 def test_a_batch_queued_behind_another_shows_the_wait_and_the_message(busy_cluster, tmp_path):
     start_blocker(busy_cluster)
     process = start_queued_run(busy_cluster, tmp_path)

@@ -135,7 +135,7 @@ def test_report_prints_the_side_by_side_table_with_ratios(two_runs, run_tool):
     rows = {line.split(" | ")[0].lstrip("| ").rstrip(" *"): line for line in lines[2:] if line.startswith("|")}
     assert rows["episodes passed / run"] == "| episodes passed / run | 10/10 | 10/10 |"
     assert rows["reward sum"] == "| reward sum | 10 | 10 |"
-    for measure in ("batch all ready", "batch all rewards", "client sees Job complete"):
+    for measure in ("batch all ready", "batch all rewards", "client sees the batch done"):
         assert "x) |" in rows[measure], measure
     assert "Python module import P50 / P95" in rows and "import done -> ready P50 / P95" in rows
     assert "pod created -> ready P50 / P95" in rows
@@ -362,3 +362,9 @@ def test_every_phase_a_combined_timeline_shows_has_a_colour_of_its_own(tool):
             {"backend": "local"}]
     legend = tool.timeline_legend(runs)
     assert len(legend) >= 18 and len(set(legend.values())) == len(legend)
+
+
+def test_report_rows_shared_by_every_backend_name_no_backends_object(tool):
+    # a warm-pool or local run has no Job: a shared row says what every backend measures
+    shared = [label for rows in tool.SHARED_REPORT_ROWS.values() for label, _, _ in rows]
+    assert [label for label in shared if "Job" in label or "claim" in label] == []
