@@ -66,7 +66,8 @@ Sections of this file, in order (each under a banner of the same name)
                                        reserved capacity per reward (the `cost` section)
     The results folder                 results.json from the saved files, and nothing else
     Presentation                       the comparison table and the timeline picture
-    Backend interface                  RunSpec, Run, Backend, the start of every run, the summary
+    Backend interface                  Admission, Gate, RunSpec, Run, Backend, the start of every
+                                       run, the summary
     The episode stream                 --stream: each episode on stdout once verified, and what a
                                        reader may rely on
     Job backend                        one batch/v1 Job: watches, logs, rounds, prewarm, what a
@@ -74,7 +75,8 @@ Sections of this file, in order (each under a banner of the same name)
     Kueue gate                         --queue: the Job's admission by Kueue, a plug-in of the Job backend
     Warm-pool backend                  agent-sandbox claims from a warm pool, episodes exec'd
     Local backend                      local processes, no cluster
-    Backend registry                   BACKENDS: the one place that lists the backends
+    Backend registry                   BACKENDS and GATES: the one place that lists the backends
+                                       and the admission gates
     Cleanup, report and list           the other subcommands; foreign objects, --receipt
     Command line                       argparse, the RunSpec built once, main()
     Python API                         run_batch(), stream_batch() for a training loop
@@ -2086,7 +2088,7 @@ def results_from_folder(output):
     flags = run_info["flags"]
     observed = read_saved(output / "observed.json") or {}
     expected = run_info.get("expected_episodes", flags["count"])
-    gate = KueueGate.saved(output)
+    gate = saved_admission(output)
     if gate is not None:
         pods, logs = gate.results_pods(pods, logs, expected, run_info.get("custom_episode"), observed)
     validate = collect_samples if run_info.get("custom_episode") else collect
@@ -2172,7 +2174,7 @@ def summary_view(report):
     view["phase_p50_seconds"] = {name: phase["p50"] for name, phase in report["phases"].items()}
     if "infrastructure_failures" in report:
         view["infrastructure_failures"] = len(report["infrastructure_failures"])
-    for part in (KueueGate, backend_of(report)):
+    for part in (*GATES, backend_of(report)):
         view.update(part.summary_view(report))
     return view
 
@@ -2270,7 +2272,7 @@ def report_rows():
         for scheme in phase_schemes():
             rows += [(scheme.phases[name][2] + " P50 / P95", "phase", name, scheme)
                      for name in scheme.report_phases.get(slot, ())]
-        for part in (*BACKENDS.values(), KueueGate):
+        for part in (*BACKENDS.values(), *GATES):
             rows += [(label, kind, key, None) for label, kind, key in part.REPORT_ROWS.get(slot, ())]
         rows += [(label, kind, key, POD_SCHEME if kind == "phase" else None)
                  for label, kind, key in SHARED_REPORT_ROWS.get(slot, ())]
@@ -2344,7 +2346,7 @@ def report_table(columns):
                 ratios.append(None)
             else:
                 per_round, base_rounds = batch_values(results, key), batch_values(columns[0][1], key)
-                whole = key.startswith("queue.") and KueueGate.from_api_seconds(results)
+                whole = any(gate.whole_seconds(key, results) for gate in GATES)
                 values.append(" / ".join(format_seconds(v, whole) for v in per_round) if per_round else None)
                 ratios.append(statistics.fmean(per_round) / statistics.fmean(base_rounds)
                               if per_round and base_rounds and statistics.fmean(base_rounds) else None)
@@ -2404,7 +2406,9 @@ def batch_origin(results):
 def timeline_legend(results_list, drawn=None):
     """{label: colour} of everything the runs' timelines draw (queue spans, each scheme's phases;
     with `drawn`, {(id(scheme), phase)}, only the phases that were drawn)."""
-    legend = dict(KueueGate.timeline_legend(results_list))
+    legend = {}
+    for gate in GATES:
+        legend.update(gate.timeline_legend(results_list))
     for results in results_list:
         scheme = backend_of(results).scheme
         for phase, colour in scheme.timeline_colours.items():
@@ -2448,7 +2452,8 @@ def timeline_svg(runs):
         title = title_of(label, results)
         parts.append('<text x="%d" y="%d" font-size="13" font-weight="bold">%s</text>' % (10, y + 12, escape(title)))
         y += 22
-        spans_drawn = KueueGate.timeline_spans(results, origin, scale, left, y)
+        spans_drawn = next((spans for spans in (gate.timeline_spans(results, origin, scale, left, y)
+                                                for gate in GATES) if spans is not None), None)
         if spans_drawn is not None:
             parts += spans_drawn
             y += 12
@@ -2504,9 +2509,138 @@ def timeline_svg(runs):
 
 
 # ============================================================================
-# Backend interface: the run specification, the run context, the Backend class, the start
-# of every run, what every cluster backend checks first, and the summary
+# Backend interface: a Job's Admission and the Gate that gives it, the run specification, the
+# run context, the Backend class, the start of every run, what every cluster backend checks
+# first, and the summary
 # ============================================================================
+
+
+class Admission:
+    """One Job's admission, handed to the Job's wait by its gate (Gate.admission): when its
+    deadline falls, what the progress line says of it, whether it can never be admitted, what
+    is saved of it. These defaults are a Job that no gate holds (Unqueued)."""
+
+    queued = False
+
+    def begin(self, started):
+        """The wait begins (client monotonic clock)."""
+        self.started = started
+
+    def follow(self, created, create_returned):
+        """The Job as its create returned it, and when (Unix seconds, client clock)."""
+
+    def deadline(self, wait_seconds):
+        return self.started + wait_seconds
+
+    def state_line(self):
+        """What the progress line adds, or None."""
+        return None
+
+    def blocked(self, started):
+        """Why the Job can never run (the wait then stops), or None."""
+        return None
+
+    def finish(self):
+        pass
+
+    def timeout_error(self, job_name, where):
+        """The DemoError a timed-out wait raises instead of the plain one, or None."""
+        return None
+
+    def save(self, folder, run_info):
+        pass
+
+    def stop(self):
+        pass
+
+
+class Gate:
+    """An admission gate: something that holds a backend's batch until it is admitted (Kueue's
+    queues, `--queue`). A gate is registered in GATES; shared code asks every registered gate
+    and never names one. A run has a gate instance when `chosen(spec)`; everything else is
+    asked of the class, about saved results, and answers "nothing" for a run it did not hold."""
+
+    REPORT_ROWS = {}  # slot -> [(label, kind, key)]: its rows of the comparison table
+    argument_group = None  # the title of its `run` options' group
+
+    def __init__(self, spec, console):
+        self.spec, self.console = spec, console
+
+    # --- the command line
+    @staticmethod
+    def add_arguments(parser):
+        pass
+
+    @staticmethod
+    def check_options(args, fail, backend):
+        pass
+
+    @staticmethod
+    def chosen(spec):
+        """Whether this gate holds the run `spec` describes."""
+        return False
+
+    # --- a run it holds (the backend calls these on its instance)
+    def receipt_fields(self):
+        return {}
+
+    def manifests(self, namespace, run_id):
+        return []
+
+    def decorate(self, job):
+        pass
+
+    def check(self, cluster, runtime_class):
+        return {}
+
+    def prepare(self, cluster, namespace, facts):
+        return {}
+
+    def admission(self, cluster, namespace, job_name):
+        return Unqueued()
+
+    # --- saved results (asked of the class, for any run)
+    @staticmethod
+    def saved(output):
+        """Its record of a saved run folder (what decides which pods are results), or None."""
+        return None
+
+    @staticmethod
+    def summary_view(report):
+        return {}
+
+    @staticmethod
+    def summary_lines(report):
+        return []
+
+    @staticmethod
+    def whole_seconds(key, results):
+        """Whether its batch figure `key` was read from whole-second API timestamps."""
+        return False
+
+    @staticmethod
+    def timeline_spans(results, origin, scale, left, y):
+        """Its SVG spans on a run's timeline (one row above the episodes), or None."""
+        return None
+
+    @staticmethod
+    def timeline_legend(results_list):
+        return {}
+
+    # --- cleanup
+    @staticmethod
+    def after_jobs_deleted(cluster, namespace, receipt):
+        pass
+
+
+def gate_for(spec, console):
+    """The registered gate that holds this run (an instance), or None."""
+    return next((gate(spec, console) for gate in GATES if gate.chosen(spec)), None)
+
+
+def saved_admission(output):
+    """A gate's record of a saved run folder, or None for a run no gate held."""
+    return next((record for record in (gate.saved(output) for gate in GATES) if record is not None), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -2965,7 +3099,9 @@ def human_summary(report, output):
     lines.append("%s: P50 %s, P95 %s." % (
         backend.startup_label or "%s created -> ready" % metric.split("_")[0].capitalize(),
         seconds(metric + "_p50_seconds"), seconds(metric + "_p95_seconds")))
-    lines += KueueGate.summary_lines(report) + backend.summary_lines(report) + cost_lines(report)
+    for gate in GATES:
+        lines += gate.summary_lines(report)
+    lines += backend.summary_lines(report) + cost_lines(report)
     lines.append("Results: %s (results.json, timeline.svg, one log per episode)." % (output / "results.json"))
     if backend.uses_cluster:
         lines.append("Clean up with: %s" % cleanup_command(output))
@@ -3388,38 +3524,9 @@ class JobProgress:
             self.watches.stop()
 
 
-class Unqueued:
+class Unqueued(Admission):
     """The Job's admission when no gate holds it: admitted from the start, its deadline the
-    client's wait from the create call."""
-
-    queued = False
-
-    def begin(self, started):
-        self.started = started
-
-    def follow(self, created, create_returned):
-        pass
-
-    def deadline(self, wait_seconds):
-        return self.started + wait_seconds
-
-    def state_line(self):
-        return None
-
-    def blocked(self, started):
-        return None
-
-    def finish(self):
-        pass
-
-    def timeout_error(self, job_name, where):
-        return None
-
-    def save(self, folder, run_info):
-        pass
-
-    def stop(self):
-        pass
+    client's wait from the create call (every method as Admission has it)."""
 
 
 def log_workers(count):
@@ -3964,7 +4071,7 @@ class JobBackend(Backend):
 
     def __init__(self, spec, console):
         super().__init__(spec, console)
-        self.gate = KueueGate(spec, console) if spec.queue else None
+        self.gate = gate_for(spec, console)
 
     def manifests(self, namespace, run_id):
         spec = self.spec
@@ -4079,7 +4186,8 @@ class JobBackend(Backend):
     @classmethod
     def delete_objects(cls, cluster, namespace, run_id, receipt, output, listing):
         delete_recorded_jobs(cluster, namespace, receipt, output, listing, job_json=True)
-        KueueGate.after_jobs_deleted(cluster, namespace, receipt)
+        for gate in GATES:
+            gate.after_jobs_deleted(cluster, namespace, receipt)
 
     @classmethod
     def list_state(cls, objects):
@@ -4107,6 +4215,9 @@ KUEUE_INSTALL = ("kubectl --context %s apply --server-side -f https://github.com
                  "download/" + KUEUE_VERSION + "/manifests.yaml")
 KUEUE_API = "kueue.x-k8s.io/v1beta2"  # served since v0.15, storage since v0.16
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Where an admission cycle's times come from (results.json's *_source), compared, not only shown.
+WATCH_ARRIVAL = "watch arrival (client clock)"
+REQUEUED_ARRIVAL = "Requeued=True as the watch delivered it (client clock)"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"  # on the Job's Workload
 # Kueue's kinds as kubectl arguments: RESOURCE.VERSION.GROUP, which kubectl maps from its discovery
 # cache. RESOURCE.GROUP with a dotted group (workloads.kueue.x-k8s.io) is first read as
@@ -4256,7 +4367,7 @@ def set_by(obj, field):
     return ""
 
 
-class KueueGate:
+class KueueGate(Gate):
     """--queue NAME: the Job is created suspended by Kueue's webhook and runs once its Workload
     is admitted. Checks the queue before anything is created, makes the run's LocalQueue
     (--cluster-queue), labels the Job, and hands each Job's wait a JobAdmission."""
@@ -4267,9 +4378,11 @@ class KueueGate:
                               "queue.total_draining_seconds"),
                              ("queued, all cycles: created or requeued -> admitted", "batch",
                               "queue.total_queued_seconds")]}
+    argument_group = "queue (Kueue, Job backend)"
 
-    def __init__(self, spec, console):
-        self.spec, self.console = spec, console
+    @staticmethod
+    def chosen(spec):
+        return bool(spec.queue)
 
     @staticmethod
     def add_arguments(parser):
@@ -4431,11 +4544,15 @@ class KueueGate:
                 "batch_to_all_ready_after_admission_seconds": report.get("batch_to_all_ready_after_admission_seconds")}
 
     @staticmethod
+    def whole_seconds(key, results):
+        return key.startswith("queue.") and KueueGate.from_api_seconds(results)
+
+    @staticmethod
     def from_api_seconds(results):
         """Whether the first queue wait was read from two whole-second API timestamps (the watch
         first saw the Workload already admitted): then it is shown in whole seconds."""
         cycles = (results.get("queue") or {}).get("cycles") or []
-        return bool(cycles) and cycles[0].get("admitted_source") != "watch arrival (client clock)"
+        return bool(cycles) and cycles[0].get("admitted_source") != WATCH_ARRIVAL
 
     @staticmethod
     def summary_lines(report):
@@ -4500,7 +4617,7 @@ class KueueGate:
                 raise
 
 
-class JobAdmission:
+class JobAdmission(Admission):
     """One Job's admission by Kueue, handed to the Job's wait: the Workload watch (started
     before the Job is created) and the admission cycles. It answers for the deadline (the
     Job's deadline runs only while it is admitted and restarts at each admission; while queued
@@ -4638,7 +4755,7 @@ class SavedAdmission:
         if len(cycles) <= 1 or boundary is None:
             return pods, logs
         admitted_seen = cycles[-1]["admitted_at"] if cycles[-1].get("admitted_source") == \
-            "watch arrival (client clock)" else None
+            WATCH_ARRIVAL else None
 
         def earlier(pod):
             created = parse_k8s_time(pod["metadata"]["creationTimestamp"])
@@ -4710,15 +4827,14 @@ class AdmissionCycles:
                 source = ("Admitted lastTransitionTime - Job creationTimestamp (API clocks, whole seconds: the watch "
                           "saw it admitted first)")
             else:
-                source = "watch arrival (client clock)"
-            late = source != "watch arrival (client clock)"
+                source = WATCH_ARRIVAL
+            late = source != WATCH_ARRIVAL
             previous = self.cycles[-1] if self.cycles else None
             if previous is None:
                 queued_since, queued_source = (self.job_created_server, "Job creationTimestamp (API clock)") if late \
                     else (self.job_created, "Job create call returned (client clock)")
             elif previous.get("requeued_at") is not None:
-                queued_since, queued_source = previous["requeued_at"], "Requeued=True as the watch delivered it " \
-                                                                       "(client clock)"
+                queued_since, queued_source = previous["requeued_at"], REQUEUED_ARRIVAL
             else:
                 queued_since, queued_source = previous["evicted_at"], (
                     "the eviction's arrival: the watch did not deliver Requeued=True apart, so draining is counted "
@@ -4835,7 +4951,7 @@ def queue_summary(record):
         cycles.append({"cycle": number, "queued_seconds": max(0.0, cycle["admitted_at"] - cycle["queued_since"])
                        if known and cycle["queued_since"] is not None else None,
                        "draining_seconds": cycle["queued_since"] - draining
-                       if draining is not None and cycle.get("queued_source", "").startswith("Requeued") else None,
+                       if draining is not None and cycle.get("queued_source") == REQUEUED_ARRIVAL else None,
                        "draining_since_unix": draining, "queued_source": cycle.get("queued_source"),
                        "queued_since_unix": cycle["queued_since"], "admitted_at_unix": cycle["admitted_at"],
                        "admitted_source": cycle["admitted_source"],
@@ -4843,7 +4959,7 @@ def queue_summary(record):
                        "ran_seconds": (cycle["evicted_at"] - cycle["admitted_at"])
                        if known and cycle.get("evicted_at") is not None else None,
                        "evicted_reason": cycle.get("evicted_reason"), "evicted_message": cycle.get("evicted_message"),
-                       "evicted_source": cycle.get("evicted_source", "watch arrival (client clock)")
+                       "evicted_source": cycle.get("evicted_source", WATCH_ARRIVAL)
                        if cycle.get("evicted_reason") else None})
     waits = [c["queued_seconds"] for c in cycles if c["queued_seconds"] is not None]
     drains = [c["draining_seconds"] for c in cycles if c["draining_seconds"] is not None]
@@ -6483,11 +6599,12 @@ class LocalBackend(Backend):
         return "local backend"
 
 # ============================================================================
-# Backend registry: the one place that lists the backends (and so `--backend`'s choices)
+# Backend registry: the one place that lists the backends (and so `--backend`'s choices) and the gates
 # ============================================================================
 
 
 BACKENDS = {backend.name: backend for backend in (JobBackend, WarmPoolBackend, LocalBackend)}
+GATES = (KueueGate,)  # admission gates (Gate); shared code asks each, in this order
 DEFAULT_BACKEND = JobBackend.name
 
 
@@ -7075,7 +7192,8 @@ def build_parser():
     for backend in BACKENDS.values():
         if backend.own_flags:
             backend.add_arguments(run.add_argument_group("%s backend" % backend.name))
-    KueueGate.add_arguments(run.add_argument_group("queue (Kueue, Job backend)"))
+    for gate in GATES:
+        gate.add_arguments(run.add_argument_group(gate.argument_group))
     cost = run.add_argument_group("cost (results.json's `cost`; no prices: capacity only, never a made-up price)")
     cost.add_argument("--price-cpu-hour", type=float, metavar="PRICE",
                       help="price of one CPU core for an hour, in your currency (with --price-gib-hour)")
@@ -7179,7 +7297,8 @@ def run_spec(args):
         fields["count"] = DEFAULT_COUNT
     args = argparse.Namespace(**dict(vars(args), **fields))  # the checks below read the derived count
     backend = BACKENDS[args.backend]
-    KueueGate.check_options(args, fail, backend)
+    for gate in GATES:
+        gate.check_options(args, fail, backend)
     for other in BACKENDS.values():
         for flag, field in other.own_flags:
             if other is not backend and getattr(args, field) is not None:

@@ -651,3 +651,14 @@ def test_a_queue_wait_read_from_whole_second_api_times_is_shown_in_whole_seconds
     report["queue"]["cycles"][0]["admitted_source"] = "watch arrival (client clock)"
     report["queue"]["queued_seconds"] = 1.234
     assert tool.KueueGate.summary_lines(report)[0].startswith("Queued 1.23 s before")
+
+
+def test_shared_code_reaches_the_kueue_gate_only_through_the_registry():
+    # a second admission gate is one section and one line in GATES (issue 33): outside the Kueue
+    # section, nothing names KueueGate but the registry
+    source = SCRIPT.read_text()
+    start = source.index("# Kueue gate: --queue")
+    end = source.index("\n# Warm-pool backend", start)  # the next section
+    outside = source[:start] + source[end:]
+    assert [line.strip() for line in outside.splitlines() if "KueueGate" in line] == [
+        "GATES = (KueueGate,)  # admission gates (Gate); shared code asks each, in this order"]
