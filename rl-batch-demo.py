@@ -3541,6 +3541,11 @@ LOGS_SOURCE_PROXY = "GET pods/NAME/log through the run's kubectl proxy"
 
 LOGS_SOURCE_POD = "kubectl logs POD"
 
+FOLLOW_DRAIN_SECONDS = 5  # a followed log whose container has exited: the stream's end, waited for this long
+
+LOGS_SOURCE_FOLLOWED = ("GET pods/NAME/log?follow=true through the run's kubectl proxy, from the pod's deletion "
+                        "until its container exited")
+
 LOGS_GONE = "not available: the pod was gone from the API before its log could be read (no <pod>.log)"
 
 
@@ -3611,12 +3616,18 @@ def log_proxy(cluster, namespace):
     return ApiProxy(cluster, ["^/api/v1/namespaces/%s/pods/[^/]+/log$" % re.escape(namespace)])
 
 
-def read_log_through_proxy(proxy, namespace, folder, name):
+def read_log_through_proxy(proxy, namespace, folder, name, follow_seconds=None):
     """GET one pod's log through `proxy` and save it byte for byte as <pod>.log; the bytes, or
-    None when the proxy did not answer 200 (the caller leaves that pod to `kubectl logs POD`)."""
+    None when the proxy did not answer 200 (the caller leaves that pod to `kubectl logs POD`).
+    With follow_seconds, the log is followed (`follow=true`) until its container exits, for at
+    most that long: a pod in its grace period, whose log goes with it."""
+    query = {"container": CONTAINER_NAME}
+    if follow_seconds is not None:
+        query["follow"] = "true"
     try:
-        status, data = proxy.request("GET", "/api/v1/namespaces/%s/pods/%s/log?container=%s" % (
-            urllib.parse.quote(namespace), urllib.parse.quote(name), CONTAINER_NAME))
+        status, data = proxy.request("GET", "/api/v1/namespaces/%s/pods/%s/log?%s" % (
+            urllib.parse.quote(namespace), urllib.parse.quote(name), urllib.parse.urlencode(query)),
+            **({"timeout": follow_seconds} if follow_seconds is not None else {}))
     except ProxyUnavailable:
         return None
     if status != 200:
@@ -3634,7 +3645,12 @@ class LogArchive:
     the last few remain (1,000 pods at 100 ms a request: 3.5 s of reads after Complete before,
     none of them after; issue 31). What it did not get (no proxy, a refusal, a pod already gone)
     is left to the end's fetch_logs, which words why. Its threads only write <pod>.log;
-    logs.json is written by settle(), in the caller's thread."""
+    logs.json is written by settle(), in the caller's thread.
+
+    A pod deleted while it runs (an eviction, a drain) takes its log with it when its grace
+    period ends, perhaps seconds after its episode printed a reward and exited inside that
+    period; whatever the batch's size, such a pod's log is followed from the moment the watch
+    shows its deletion until its container exits (issue 32 item 6)."""
 
     def __init__(self, cluster, namespace, folder, pod_count):
         self.cluster, self.namespace, self.folder = cluster, namespace, folder
@@ -3643,16 +3659,35 @@ class LogArchive:
         self.finished = set()  # the pods offered finished: each is looked at once
         self.reads = {}  # pod name -> Future of its read (bytes, or None when not had)
         self.recorded = set()  # the pods whose source settle() wrote into logs.json
+        self.followed = set()  # the pods seen deleted while running: their logs followed
+        self.exited = set()  # followed pods last seen Succeeded or Failed: their streams are ending
+        self.closed = False  # closed, or its proxy would not serve: no more reads
 
     def offer(self, pods):
-        """Start reading the log of every finished pod in {name: pod} not read or saved yet."""
+        """Start reading the log of every finished pod in {name: pod} not read or saved yet, and
+        following that of every pod deleted while it runs."""
+        if self.closed:
+            return
+        self.exited.update(name for name in self.followed if pods.get(name, {}).get("status", {}).get("phase")
+                           in ("Succeeded", "Failed"))
+        for name, pod in pods.items():
+            phase = pod.get("status", {}).get("phase")
+            if name in self.followed or name in self.reads or not pod["metadata"].get("deletionTimestamp") \
+                    or phase not in ("Pending", "Running"):
+                continue
+            self.followed.add(name)
+            if (self.proxy is not None or self.open()) and not (self.folder / (name + ".log")).exists():
+                grace = pod["metadata"].get("deletionGracePeriodSeconds") or pod["spec"].get(
+                    "terminationGracePeriodSeconds", 30)
+                self.reads[name] = self.pool.submit(read_log_through_proxy, self.proxy, self.namespace, self.folder,
+                                                    name, grace + KUBECTL_PROCESS_TIMEOUT_SECONDS)
         if not self.enabled:
             return
         for name, pod in pods.items():
             if name in self.finished or pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
                 continue
             self.finished.add(name)
-            if (self.folder / (name + ".log")).exists():  # the stream's early read saved it
+            if name in self.reads or (self.folder / (name + ".log")).exists():  # followed, or the stream saved it
                 continue
             if self.proxy is None and not self.open():
                 return
@@ -3674,16 +3709,29 @@ class LogArchive:
         """Wait for the reads started of `names` (all when None) and record where their logs came
         from in logs.json; the names whose log is saved."""
         wanted = [name for name in (self.reads if names is None else names) if name in self.reads]
-        saved = [name for name in wanted if not self.reads[name].cancelled() and self.reads[name].result() is not None]
+        # A followed log whose pod still runs (a deadline's kill, a drain: up to its grace period,
+        # 30 s by default) is not waited for: the end reads what the API has of it now.
+        wanted = [name for name in wanted if name not in self.followed or name in self.exited
+                  or self.reads[name].done()]
+        saved = [name for name in wanted if not self.reads[name].cancelled() and self.result_of(name) is not None]
         new = [name for name in saved if name not in self.recorded]
         if new:
-            record_log_sources(self.folder, {name: LOGS_SOURCE_PROXY for name in new})
+            record_log_sources(self.folder, {name: LOGS_SOURCE_FOLLOWED if name in self.followed else LOGS_SOURCE_PROXY
+                                             for name in new})
             self.recorded.update(new)
         return saved
 
+    def result_of(self, name):
+        """A read's bytes (None when not had); a followed stream whose container has exited gets
+        FOLLOW_DRAIN_SECONDS to end."""
+        try:
+            return self.reads[name].result(timeout=FOLLOW_DRAIN_SECONDS if name in self.followed else None)
+        except concurrent.futures.TimeoutError:
+            return None
+
     def close(self):
         """Stop reading (reads not started are dropped; the end or a failure path reads what it needs)."""
-        self.enabled = False
+        self.enabled, self.closed = False, True
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
         if self.proxy is not None:

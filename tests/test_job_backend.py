@@ -4,7 +4,8 @@ prewarm, the log archive, interrupts; and its stall check in-process."""
 import json
 from pathlib import Path
 
-from conftest import EPISODE, SLEEPS_UNTIL_TERM, cluster_with_image, interrupt_a_run, read, write_tasks
+from conftest import (EPISODE, SLEEPS_UNTIL_TERM, cluster_with_image, interrupt_a_run, read, start_tool, wait_for,
+                      write_tasks)
 
 
 def test_run_10_parallel_writes_results(cluster, run_tool, tmp_path):
@@ -198,15 +199,21 @@ def test_every_log_comes_through_one_proxy_byte_for_byte(make_cluster, run_tool,
     assert read(out / "results.json")["log_archive"]["logs"] == 5
 
 
-def test_a_pod_gone_before_its_log_was_read_is_recorded_as_such(make_cluster, run_tool, tmp_path):
-    cluster = make_cluster({"nodes": [{"name": "kind-worker", "apiEvictFirstPodAfterSeconds": 0.3}]})
-    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": i, "sleep": 1, "termination_message": True}
-                                                   for i in range(4)])
-    result = run_tool("run", "--episode", EPISODE, "--tasks", tasks, "--output", "out", cluster=cluster)
-    assert result.code == 0, result
+def test_a_pod_gone_before_its_log_was_read_is_recorded_as_such(make_cluster, tmp_path):
+    # a pod deleted while its image is still being pulled never had a log: no follow can save one
+    cluster = make_cluster({"imagePullSeconds": 3})
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": i, "termination_message": True} for i in range(4)])
+    process = start_tool(cluster, tmp_path, "run", "--episode", EPISODE, "--tasks", tasks, "--output", "out")
+    receipt = tmp_path / "out" / "receipt.json"
+    wait_for("the Job", lambda: receipt.exists() and "job_uid" in receipt.read_text())
+    namespace = read(receipt)["namespace"]
+    victim = wait_for("a pod", lambda: cluster.kubectl("-n", namespace, "get", "pods", "-o", "name").stdout.split())[0]
+    cluster.kubectl("-n", namespace, "delete", victim, "--wait=false")
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 5, stderr  # its episode is an infrastructure failure, the other three samples
     out = tmp_path / "out"
     gone = read(out / "run.json")["pods_seen_only_by_watch"]
-    assert len(gone) == 1
+    assert gone == [victim.split("/")[1]]
     assert read(out / "logs.json")[gone[0]].startswith("not available: the pod was gone from the API")
     assert not (out / (gone[0] + ".log")).exists()
     assert read(out / "results.json")["log_archive"]["sources"]["not available"] == 1

@@ -199,13 +199,19 @@ def test_an_api_eviction_inside_the_grace_period_keeps_the_custom_reward(make_cl
     assert len(read(tmp_path / "out" / "run.json")["pods_seen_only_by_watch"]) == 1
 
 
-def test_an_evicted_episode_without_a_termination_message_says_its_log_is_gone(make_cluster, run_tool, tmp_path):
+def test_an_evicted_episode_that_finishes_inside_its_grace_period_keeps_its_reward(make_cluster, run_tool,
+                                                                                   tmp_path):
+    # no termination message: the reward is only in the log, which goes with the pod when its
+    # grace period ends; the log is followed from the eviction on (issue 32 item 6)
     cluster = make_cluster({"nodes": [{"name": "kind-worker", "apiEvictFirstPodAfterSeconds": 0.3}]})
     tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": 0, "reward": 0.5, "sleep": 1}])
     result = run_tool("run", "--episode", EPISODE, "--tasks", tasks, "--output", "out", cluster=cluster)
-    assert result.code == 5, result
-    failure = read(tmp_path / "out" / "results.json")["infrastructure_failures"][0]
-    assert failure["attempts"][0]["reason"].startswith("no events: the pod was deleted before its log could be read")
+    assert result.code == 0, result
+    out = tmp_path / "out"
+    results = read(out / "results.json")
+    assert results["infrastructure_failures"] == [] and [row["reward"] for row in results["pods"]] == [0.5]
+    [gone] = read(out / "run.json")["pods_seen_only_by_watch"]
+    assert read(out / "logs.json")[gone].startswith("GET pods/NAME/log?follow=true through the run's kubectl proxy")
 
 
 def test_a_retried_evicted_attempt_is_listed_among_failed_attempts(make_cluster, run_tool, tmp_path):

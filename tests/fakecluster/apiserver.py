@@ -5,7 +5,6 @@ A mixin of server.Cluster: `self` is the cluster (its lock is held while control
 
 import json
 import os
-from pathlib import Path
 import random
 import shutil
 import subprocess
@@ -61,10 +60,17 @@ class ApiServer:
             del self.history[:50000]
         self.changed.notify_all()
 
-    def new_metadata(self, metadata, namespace):
+    def new_metadata(self, metadata, namespace, resource=None):
         meta = dict(metadata)
         if not meta.get("name") and meta.get("generateName"):
-            meta["name"] = meta["generateName"] + "".join(random.choice(NAME_CHARS) for _ in range(5))
+            # A generated name that is taken is drawn again, 8 attempts in all (RetryGenerateName,
+            # ASSUMPTIONS.md "generateName"): 5 characters of 27 collide among 10,000 pods.
+            for _ in range(8):
+                meta["name"] = meta["generateName"] + "".join(random.choice(NAME_CHARS) for _ in range(5))
+                if resource is None or self.get(resource, namespace or "", meta["name"]) is None:
+                    break
+            else:
+                raise ApiError(409, "AlreadyExists", '%s "%s" already exists' % (resource, meta["name"]))
         if namespace:
             meta["namespace"] = namespace
         meta["uid"] = str(uuid.uuid4())
@@ -166,7 +172,7 @@ class ApiServer:
         # Mutating admission runs before the name is generated, so its refusals name the pod by
         # its generateName prefix (`pods "rollout-" is forbidden`, ASSUMPTIONS.md fact 26).
         requested_name = name or obj.get("metadata", {}).get("generateName", "")
-        obj["metadata"] = self.new_metadata(obj.get("metadata", {}), namespace)
+        obj["metadata"] = self.new_metadata(obj.get("metadata", {}), namespace, resource)
         if resource == "jobs":
             if self.first_job_at is None:
                 self.first_job_at = time.time()
@@ -369,6 +375,15 @@ class ApiServer:
     def api_logs(self, namespace, name, container):
         """The kubelet serves logs: the API server only looks the pod up (briefly, under the
         lock); the file is read outside it, so that reading 10,000 logs waits for no controller."""
+        log, drop = self.api_log_file(namespace, name, container)
+        with log:
+            text = log.read().decode("utf-8", "surrogateescape")
+        return "".join(text.splitlines(keepends=True)[drop:]) if drop else text
+
+    def api_log_file(self, namespace, name, container):
+        """(the container's log file opened for reading, lines to drop from its start). A follow
+        holds it open as the kubelet's reader does: a pod deleted meanwhile (its file removed)
+        still yields every line its container wrote before it exited."""
         with self.lock:
             pod = self.get("pods", namespace, name)
             if pod is None:
@@ -384,13 +399,9 @@ class ApiServer:
                                % (container, name, reason))
         try:
             # bytes that are not UTF-8 travel as lone surrogates and leave kubectl as the bytes they were
-            text = Path(record["log_path"]).read_bytes().decode("utf-8", "surrogateescape")
+            return open(record["log_path"], "rb"), record.get("log_drop_first_lines", 0)
         except FileNotFoundError:  # the pod was deleted meanwhile (its folder goes with it)
             raise ApiError(404, "NotFound", 'pods "%s" not found' % name)
-        drop = record.get("log_drop_first_lines", 0)
-        if drop:
-            text = "".join(text.splitlines(keepends=True)[drop:])
-        return text
 
     def api_exec(self, namespace, name, container, command, stdin):
         """`kubectl exec`: the kubelet runs the command in the running container (its mount

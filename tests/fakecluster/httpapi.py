@@ -18,6 +18,7 @@ the listener is closed (connections refused) and every open stream is cut.
 
 import base64
 import datetime
+import io
 import json
 from pathlib import Path
 import re
@@ -785,12 +786,17 @@ class HttpApi:
         self.send(conn, sock, h11.Response(status_code=200, headers=[
             ("Content-Type", "text/plain"), ("Transfer-Encoding", "chunked"), ("Date", http_date())]))
         sent, first, written = 0, True, 0
+        try:
+            log, drop = cluster.api_log_file(namespace, name, chosen)
+        except ApiError:
+            log, drop = io.BytesIO(), 0  # the pod went meanwhile: the stream ends empty
+        read = b""
         while True:
             done = self.container_done(namespace, name, chosen)
-            try:
-                text = cluster.api_logs(namespace, name, chosen)
-            except ApiError:
-                break  # the pod went: the stream ends
+            read += log.read()  # to the end of what the container has written so far
+            text = read.decode("utf-8", "surrogateescape")
+            if drop:
+                text = "".join(text.splitlines(keepends=True)[drop:])
             complete = text if done else text[:text.rfind("\n") + 1]
             if len(complete) > sent:
                 data = shaped(complete[sent:], first)
@@ -804,6 +810,7 @@ class HttpApi:
             if done or (limit is not None and written >= limit) or self.stopped.is_set():
                 break
             self.stopped.wait(0.1)  # the kubelet's log is a file: read it again a moment later
+        log.close()
         self.send(conn, sock, h11.EndOfMessage())
         return True
 
