@@ -1356,7 +1356,7 @@ def job_finished_time(job):
     return min(parse_k8s_time(stamp) for stamp in stamps) if stamps else None
 
 
-def episode_skew(times, job_finished):
+def episode_skew(times, job_finished, created_point="pod_created"):
     """How far one episode's node clocks are at least off the API server's, where the data bound
     it: [{"clock", "direction", "at_least_seconds", "bound"}]. API times are truncated to the
     second, so the true moment lies in [stamp, stamp + 1):
@@ -1367,7 +1367,7 @@ def episode_skew(times, job_finished):
               reward - (Job finished + 1 s) > 0 is a lower bound; the kubelet's finishedAt likewise.
     """
     found = []
-    created = times.get("pod_created", times.get("claim_created"))  # a warm episode: its claim's creation
+    created = times.get(created_point)  # the episode's object's creation (a pod; a warm episode's claim)
     episode_start = min((times[p] for p in ("process_start", "ready") if times.get(p) is not None), default=None)
     if created is not None and episode_start is not None and created - episode_start > 0:
         found.append({"clock": "episode", "direction": "behind", "at_least_seconds": created - episode_start,
@@ -1530,7 +1530,7 @@ def episode_row(pod, ready, reward, job_created, observed, source, job_finished=
     pod_created = parse_k8s_time(pod["metadata"]["creationTimestamp"])
     times, missing, fallbacks = scheme.times_of(pod, ready, reward, observed)
     phases, notes = episode_phases(times, missing, scheme)
-    skew = episode_skew(times, job_finished)
+    skew = episode_skew(times, job_finished, scheme.created_point)
     withhold_skewed_phases(phases, notes, scheme, skew, pod["spec"].get("nodeName"))
     episode_skewed = any(finding["clock"] == "episode" for finding in skew)
     extra = {"time_fallbacks": fallbacks} if fallbacks else {}
@@ -2165,16 +2165,17 @@ def pool_rounds(rounds, run_info):
 def summary_view(report):
     """What `run` prints: the tutorial's summary keys (batch times per round when there are
     rounds), the per-phase medians, and what the backend and the admission gate add."""
+    backend = backend_of(report)
+    metric = backend.scheme.startup_metric  # pod_to_ready (the tutorial's keys) or claim_to_ready
     keys = ("episodes", "successful_episodes", "reward_sum", "rewards", "rounds", "batch_to_all_ready_seconds",
-            "batch_to_all_rewards_seconds", "pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds",
-            "pod_to_ready_max_seconds", "claim_to_ready_p50_seconds", "claim_to_ready_p95_seconds",
-            "claim_to_ready_max_seconds", "launch_types", "batch_to_all_claims_ready_seconds", "nodes", "image_ids",
-            "context", "namespace", "image", "runtime", "parallelism", "cache_state", "client_job_complete_seconds")
+            "batch_to_all_rewards_seconds", metric + "_p50_seconds", metric + "_p95_seconds", metric + "_max_seconds",
+            "nodes", "image_ids", "context", "namespace", "image", "runtime", "parallelism", "cache_state",
+            "client_job_complete_seconds")
     view = {key: report[key] for key in keys if key in report}
     view["phase_p50_seconds"] = {name: phase["p50"] for name, phase in report["phases"].items()}
     if "infrastructure_failures" in report:
         view["infrastructure_failures"] = len(report["infrastructure_failures"])
-    for part in (*GATES, backend_of(report)):
+    for part in (*GATES, backend):
         view.update(part.summary_view(report))
     return view
 
@@ -2252,8 +2253,6 @@ SHARED_REPORT_ROWS = {
              ("idle sandboxes' share of reserved CPU", "share", "cost.idle_share"),
              ("price per 1,000 rewards", "quantity", "cost.price.per_1000_rewards")],
 }
-# Batch times read from whole-second API timestamps (the rest of a batch row is client time).
-COARSE_BATCH_KEYS = ("batch_to_all_ready_seconds", "batch_to_all_rewards_seconds", "batch_to_all_claims_ready_seconds")
 
 
 def phase_schemes():
@@ -2318,7 +2317,7 @@ def report_table(columns):
         # measured from the Job's creation; a backend whose clocks are all fine (local) has none.
         coarse = any(backend_of(results).api_timestamps and (
             (kind == "phase" and phase_definition(key, scheme)["resolution_seconds"] >= 1) or
-            key in COARSE_BATCH_KEYS) for _, results in columns)
+            key in backend_of(results).coarse_batch_keys) for _, results in columns)
         for _, results in columns:
             if kind == "count":
                 values.append(count_cell(results, key))
@@ -2771,6 +2770,8 @@ class Backend:
     episodes_file = "pods.json"  # the saved records results.json is computed from
     uses_cluster = True
     api_timestamps = True  # some of its times are whole-second Kubernetes timestamps
+    # its batch times read from whole-second API timestamps (the rest of a batch row is client time)
+    coarse_batch_keys = ("batch_to_all_ready_seconds", "batch_to_all_rewards_seconds")
     takes_queue = False  # --queue: the Kueue gate can admit its batch
     takes_parallelism = True  # --parallelism limits its episodes at once (named in its timeline's title)
     own_flags = ()  # (flag, RunSpec field): options only this backend takes
@@ -6113,6 +6114,7 @@ class WarmPoolBackend(Backend):
     episodes_file = "episodes.json"  # exec'd episodes, one pod-shaped record per claim (pods.json keeps the pods)
     own_flags = (("--pool-size", "pool_size"), ("--exec-concurrency", "exec_concurrency"))
     batch_origin = "first claim was created"
+    coarse_batch_keys = Backend.coarse_batch_keys + ("batch_to_all_claims_ready_seconds",)
     timeline_origin = "first claim"
     takes_parallelism = False  # every claim is fired at once
     REPORT_ROWS = {
@@ -6296,7 +6298,9 @@ class WarmPoolBackend(Backend):
 
     @classmethod
     def summary_view(cls, report):
-        return {"pool_fill_seconds": report["pool"]["fill_seconds"],
+        return {"launch_types": report["launch_types"],
+                "batch_to_all_claims_ready_seconds": report["batch_to_all_claims_ready_seconds"],
+                "pool_fill_seconds": report["pool"]["fill_seconds"],
                 "refill_pods_created_during_batch": report["refill_pods"]["created_during_batch"],
                 "agent_sandbox_time_to_all_ready_seconds":
                     report["agent_sandbox_stress_test"]["time_to_all_ready_seconds"]}
