@@ -2768,7 +2768,8 @@ class Backend:
     help = ""  # --backend's help for this value
     scheme = POD_SCHEME  # how its episode records are timed
     episodes_file = "pods.json"  # the saved records results.json is computed from
-    uses_cluster = True
+    uses_cluster = True  # it runs through kubectl against a context (the preflight, --image, --runtime)
+    leaves_remote_state = True  # a run leaves objects somewhere that `cleanup` removes (its advice is printed)
     api_timestamps = True  # some of its times are whole-second Kubernetes timestamps
     # its batch times read from whole-second API timestamps (the rest of a batch row is client time)
     coarse_batch_keys = ("batch_to_all_ready_seconds", "batch_to_all_rewards_seconds")
@@ -2924,6 +2925,16 @@ class Backend:
         """One word or phrase for `list`'s STATE column."""
         raise NotImplementedError
 
+    @classmethod
+    def list_fields(cls, objects):
+        """What this backend adds to a `list --json` row."""
+        return {}
+
+    @classmethod
+    def episodes_cell(cls, row):
+        """`list`'s EPISODES column for one row."""
+        return "%s/%s done, %s failed" % (row["succeeded"], row["completions"] or "?", row["failed"])
+
 
 def start_run(spec, console):
     """`run`, whatever the backend: the dry run, the output folder, the read-only checks, the
@@ -2963,18 +2974,18 @@ def start_run(spec, console):
     try:
         return backend.run(run)
     except DemoError as error:
-        if backend.uses_cluster:
+        if backend.leaves_remote_state:
             raise with_context(error, "Clean up with: %s" % run.cleanup_advice(), ". ") from None
         raise
     except OSError as error:
         # The output folder failed (a full disk, a read-only mount, the folder removed): one
         # line, and a way to clean up even when the receipt itself is lost.
         where = " (%s)" % error.filename if error.filename else ""
-        advice = ". Clean up with: %s" % run.cleanup_advice() if backend.uses_cluster else ""
+        advice = ". Clean up with: %s" % run.cleanup_advice() if backend.leaves_remote_state else ""
         raise DemoError("cannot write to the output folder %s: %s%s%s" % (
             output, error.strerror or error, where, advice)) from None
     except KeyboardInterrupt:
-        if backend.uses_cluster:
+        if backend.leaves_remote_state:
             console.tell("Interrupted. Clean up with: %s" % run.cleanup_advice())
         raise
     finally:
@@ -3104,7 +3115,7 @@ def human_summary(report, output):
         lines += gate.summary_lines(report)
     lines += backend.summary_lines(report) + cost_lines(report)
     lines.append("Results: %s (results.json, timeline.svg, one log per episode)." % (output / "results.json"))
-    if backend.uses_cluster:
+    if backend.leaves_remote_state:
         lines.append("Clean up with: %s" % cleanup_command(output))
     return "\n".join(lines)
 
@@ -6335,6 +6346,14 @@ class WarmPoolBackend(Backend):
         return objects
 
     @classmethod
+    def list_fields(cls, objects):
+        return {"claims": len(objects["claims"])}
+
+    @classmethod
+    def episodes_cell(cls, row):
+        return "%d claims" % row["claims"]
+
+    @classmethod
     def list_state(cls, objects):
         claims = objects["claims"]
         ready = sum(1 for claim in claims if claim_ready(claim).get("status") == "True")
@@ -6600,6 +6619,7 @@ class LocalBackend(Backend):
     name = "local"
     help = "local processes, no cluster"
     uses_cluster = False
+    leaves_remote_state = False
     api_timestamps = False  # every time comes from this machine's clock, to the microsecond
     batch_origin = "batch started"
     startup_label = "Episode process launched -> ready"
@@ -6907,8 +6927,9 @@ def cleanup_receipt(receipt, source, output, console, delete_foreign=False):
     name a Job the receipt lacks), None for a receipt given on its own. Objects in the namespace
     that the run did not create stop it, unless delete_foreign."""
     backend = backend_named(receipt.get("backend"))
-    if not backend.uses_cluster:
-        console.tell("Nothing to clean up: %s is a local run (no cluster objects)" % (output or source))
+    if not backend.leaves_remote_state:
+        console.tell("Nothing to clean up: %s ran with --backend %s, which leaves nothing behind"
+                     % (output or source, backend.name))
         return EXIT_OK
     try:
         cluster = Cluster(Kubectl(console), receipt["context"])
@@ -7062,15 +7083,14 @@ def find_receipts(folders):
     return found
 
 
-def run_row(namespace, jobs, receipts, now, claims=None):
-    """One line of `list`: what the cluster says about a run (all its Jobs: rounds, prewarm;
-    what else its backend made), and which receipt names it."""
+def run_row(namespace, objects, receipts, now):
+    """One line of `list`: what the cluster says about a run (`objects`, as its backend's
+    list_objects read them: all its Jobs, rounds and prewarm too, and what else it made), what
+    its backend adds (list_fields), and which receipt names it."""
     meta = namespace["metadata"]
     name = meta["name"]
     backend = backend_named((meta.get("labels") or {}).get(BACKEND_LABEL))
-    objects = {"jobs": jobs}
-    if claims is not None:
-        objects["claims"] = claims
+    jobs = objects["jobs"]
     state = "Terminating" if meta.get("deletionTimestamp") else backend.list_state(objects)
     receipt = "-"
     if name in receipts:
@@ -7083,11 +7103,10 @@ def run_row(namespace, jobs, receipts, now, claims=None):
         return sum(job.get("status", {}).get(key, 0) for job in jobs)
     return {"namespace": name, "run_id": meta.get("labels", {}).get(RUN_LABEL), "backend": backend.name,
             "age_seconds": int(now - parse_k8s_time(meta["creationTimestamp"])), "state": state,
-            "claims": None if claims is None else len(claims),
             "jobs": sorted(job["metadata"]["name"] for job in jobs),
             "completions": sum(job.get("spec", {}).get("completions", 0) for job in jobs) if jobs else None,
             "succeeded": total("succeeded"), "failed": total("failed"), "active": total("active"),
-            "receipt": receipt}
+            **backend.list_fields(objects), "receipt": receipt}
 
 
 def human_age(seconds):
@@ -7106,8 +7125,7 @@ def cmd_list(args, console):
     rows = []
     for ns in namespaces:
         backend = backend_named(ns["metadata"].get("labels", {}).get(BACKEND_LABEL))
-        objects = backend.list_objects(cluster, ns["metadata"]["name"])
-        rows.append(run_row(ns, objects["jobs"], receipts, now, objects.get("claims")))
+        rows.append(run_row(ns, backend.list_objects(cluster, ns["metadata"]["name"]), receipts, now))
     if args.json:
         console.say(json.dumps(rows, indent=2))
         return EXIT_OK
@@ -7116,10 +7134,8 @@ def cmd_list(args, console):
         return EXIT_OK
     table = [("NAMESPACE", "AGE", "STATE", "EPISODES", "RECEIPT")]
     for row in rows:
-        episodes = "%s/%s done, %s failed" % (row["succeeded"], row["completions"] or "?", row["failed"])
-        if row["claims"] is not None:
-            episodes = "%d claims" % row["claims"]
-        table.append((row["namespace"], human_age(row["age_seconds"]), row["state"], episodes, row["receipt"]))
+        table.append((row["namespace"], human_age(row["age_seconds"]), row["state"],
+                      backend_named(row["backend"]).episodes_cell(row), row["receipt"]))
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     for line in table:
         console.say("   ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())

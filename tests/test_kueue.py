@@ -273,7 +273,7 @@ def test_list_shows_a_suspended_job_as_queued(tool):
                               "labels": {"agc-demo-run": "x"}, "uid": "u"}}
     job = {"metadata": {"name": "rollout"}, "spec": {"suspend": True, "completions": 4},
            "status": {"conditions": [{"type": "Suspended", "status": "True"}]}}
-    assert tool.run_row(namespace, [job], {}, 0)["state"] == "Queued"
+    assert tool.run_row(namespace, {"jobs": [job]}, {}, 0)["state"] == "Queued"
 
 
 def test_admission_cycles_backfill_a_late_watch_from_the_condition(tool):
