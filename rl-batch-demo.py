@@ -5371,10 +5371,10 @@ def check_agent_sandbox(cluster):
     except KubectlError as error:
         deployment = {"error": meaningful_line(error.stderr)}
     if deployment is None or "error" in deployment:
-        cluster.console.note("cannot read deployment/%s in %s (%s): whether its extensions controller runs is "
-                             "checked when the pool is created" % (CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE,
-                                                                   (deployment or {}).get("error", "not found")))
-        return {"controller": None, "served": wanted}
+        # Expected where a user may not read the controller's namespace, or Helm named it
+        # otherwise: said only if the pool then does not fill (wait_for_pool), not on every run.
+        return {"controller": None, "served": wanted, "controller_unread": "cannot read deployment/%s in %s (%s)" % (
+            CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, (deployment or {}).get("error", "not found"))}
     containers = deployment["spec"]["template"]["spec"].get("containers") or []
     args = [arg for container in containers for arg in (container.get("command") or []) + (container.get("args") or [])]
     if not any(go_bool_flag(arg, "extensions") for arg in args):
@@ -5391,9 +5391,11 @@ def pool_filled(pool, size):
             and status.get("readyReplicas", 0) >= size and status.get("replicas", 0) >= size)
 
 
-def wait_for_pool(cluster, namespace, size, wait_seconds):
+def wait_for_pool(cluster, namespace, size, wait_seconds, controller_unread=None):
     """Until the pool is reconciled (observedGeneration) and every replica is Ready. Stops early
-    when a pool Sandbox reports a refusal that cannot pass. Returns the pool as last seen."""
+    when a pool Sandbox reports a refusal that cannot pass. Returns the pool as last seen.
+    `controller_unread`: why the preflight could not see the controller's flags, added to a
+    timeout's line (a controller without --extensions never fills a pool)."""
     console = cluster.console
     watch = cluster.watch("SandboxWarmPool", "-n", namespace, "sandboxwarmpools", POOL_NAME)
     started = time.monotonic()
@@ -5444,10 +5446,12 @@ def wait_for_pool(cluster, namespace, size, wait_seconds):
                     # scheduler message) says more than the Sandbox's "Pod is Not Ready".
                     pods = cluster.read_items("-n", namespace, "get", "pods", "-l", POOL_MEMBER_LABEL)
                     held = why_not_started(pods)
-                    raise BatchTimeout("the warm pool did not fill within %d s: %d of %d Sandboxes ready%s" % (
+                    raise BatchTimeout("the warm pool did not fill within %d s: %d of %d Sandboxes ready%s%s" % (
                         wait_seconds, status.get("readyReplicas", 0), size,
                         "; pods not running: %s" % "; ".join(held[:3]) if held else
-                        "; e.g. %s" % messages[0] if messages else ""))
+                        "; e.g. %s" % messages[0] if messages else "",
+                        "; %s, so whether the agent-sandbox controller runs with --extensions is unknown"
+                        % controller_unread if controller_unread else ""))
     finally:
         console.end_progress()
         watch.stop()
@@ -6275,7 +6279,8 @@ class WarmPoolBackend(Backend):
             run.save_receipt()
             fill_started = time.monotonic()
             try:
-                live_pool = wait_for_pool(cluster, namespace, spec.pool_size, spec.timeout)
+                live_pool = wait_for_pool(cluster, namespace, spec.pool_size, spec.timeout,
+                                          (run.facts.get("agent_sandbox") or {}).get("controller_unread"))
             except DemoError as error:
                 raise with_context(error, save_pool_state(cluster, namespace, output)) from None
             pool_record = {"name": POOL_NAME, "template": TEMPLATE_NAME, "size": spec.pool_size,

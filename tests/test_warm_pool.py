@@ -788,3 +788,17 @@ def test_a_sandbox_deleted_mid_episode_is_named_not_reported_as_a_crash(sandbox_
     [failure] = read(tmp_path / "warm" / "results.json")["infrastructure_failures"]
     assert failure["reason"] == ("SandboxDeleted: its Sandbox %s was deleted while the episode ran, by someone else "
                                  "(this run deletes nothing before its batch ends)" % sandbox), failure
+
+
+def test_a_controller_deployment_the_user_may_not_read_is_recorded_not_noted_on_every_run(make_cluster, run_tool,
+                                                                                         tmp_path):
+    # many users may not read the controller's namespace: that is expected, and said only if the
+    # pool then does not fill (issue 32 item 17)
+    cluster = make_cluster(dict(AGENT_SANDBOX, forbid=[{"verb": "get", "resource": "deployments"}]))
+    result = warm_run(run_tool, cluster, "warm", "--count", "2")
+    assert result.code == 0, result
+    assert "deployment" not in result.stderr, result.stderr
+    facts = read(tmp_path / "warm" / "run.json")["agent_sandbox"]
+    assert facts["controller"] is None
+    assert facts["controller_unread"].startswith("cannot read deployment/agent-sandbox-controller in "
+                                                 "agent-sandbox-system (Error from server (Forbidden)")
