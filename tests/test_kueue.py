@@ -353,21 +353,23 @@ def test_an_interrupted_queued_run_leaves_what_cleanup_needs(busy_cluster, run_t
 def test_a_pods_ready_timeout_evicts_and_requeues_with_back_off_then_the_batch_completes(make_cluster, run_tool,
                                                                                         tmp_path):
     # The first pods wait 10 s for their image, longer than the 5 s PodsReady timeout; after a
-    # 2 s back-off the second admission finds the image cached and has 5 s to get ready (3 s was
-    # not always enough on a busy machine: a third cycle).
+    # 2 s back-off the second admission finds the image cached and has 5 s to get ready. On a
+    # busy machine even that can pass (a third cycle, as Kueue would do too): every cycle but the
+    # last is a PodsReady eviction, and the requeue count says how many there were.
     cluster = make_cluster(dict(kueue(waitForPodsReady={"timeoutSeconds": 5, "backoffBaseSeconds": 2}),
                                 imagePullSeconds=10))
     done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "team", "--queue-timeout", "60",
                       "--timeout", "60")
     assert done.code == 0, done
     queue = read(tmp_path / "out" / "results.json")["queue"]
-    assert queue["admission_cycles"] == 2
-    first, second = queue["cycles"]
-    assert first["evicted_reason"] == "PodsReadyTimeout"
+    cycles = queue["cycles"]
+    assert queue["admission_cycles"] == len(cycles) >= 2
+    first, second = cycles[:2]
+    assert [cycle["evicted_reason"] for cycle in cycles[:-1]] == ["PodsReadyTimeout"] * (len(cycles) - 1)
     assert first["evicted_message"].startswith("Exceeded the PodsReady timeout agc-rl-")
     # the requeue back-off is draining (evicted -> Requeued=True, requeueAt in whole seconds), not queueing
     assert second["draining_seconds"] > 0.5 and second["queued_seconds"] < second["draining_seconds"]
-    assert read(tmp_path / "out" / "workload.json")["status"]["requeueState"]["count"] == 1
+    assert read(tmp_path / "out" / "workload.json")["status"]["requeueState"]["count"] == len(cycles) - 1
 
 
 def test_a_workload_deactivated_after_its_requeue_limit_stops_the_run_early(make_cluster, run_tool, tmp_path):
