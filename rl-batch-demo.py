@@ -639,46 +639,6 @@ class Cluster:
             delay = min(delay * 2, 2.0)
 
 
-class ProxiedGet:
-    """A `kubectl get ... -o json` answered through an open ApiProxy, in a thread of its own,
-    with BackgroundCall's face (done, result, cancel): a poll that starts no kubectl process
-    (at 10,000 episodes the Job's fallback poll started 143). 404 is kubectl's NotFound; any
-    other answer, or a proxy that does not serve, is asked of kubectl itself, as before."""
-
-    def __init__(self, cluster, proxy, path, *parts):
-        self.value, self.error = None, None
-        self.thread = threading.Thread(target=self.call, args=(cluster, proxy, path, parts), daemon=True)
-        self.thread.start()
-
-    def call(self, cluster, proxy, path, parts):
-        try:
-            try:
-                status, body = proxy.request("GET", path, retry=False)
-            except ProxyUnavailable:
-                status, body = None, b""
-            if status == 200:
-                self.value = body.decode("utf-8", "replace")
-            elif status == 404:
-                self.error = KubectlError(["(through kubectl proxy)", "get", path], 1,
-                                          "Error from server (NotFound): %s" % answer_message(body))
-            else:
-                self.value = cluster.kubectl(*parts)
-        except DemoError as error:
-            self.error = error
-
-    def done(self):
-        return not self.thread.is_alive()
-
-    def result(self):
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-    def cancel(self):
-        pass  # the request ends with its timeout; nothing to stop
-
-
 class BackgroundCall:
     """One kubectl call in a thread of its own, so that a wait loop goes on taking its watches'
     news while the call runs: a call that hangs (a stuck connection) stalls nothing, and
@@ -710,6 +670,30 @@ class BackgroundCall:
     def cancel(self):
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
+
+
+class ProxiedGet(BackgroundCall):
+    """A BackgroundCall of `kubectl get ... -o json` answered through an open ApiProxy when it
+    can be: a poll that starts no kubectl process (at 10,000 episodes the Job's fallback poll
+    started 143). 404 is kubectl's NotFound; any other answer, or a proxy that does not serve,
+    is asked of kubectl itself."""
+
+    def __init__(self, cluster, proxy, path, *parts):
+        self.proxy, self.path = proxy, path
+        super().__init__(cluster, *parts)
+
+    def call(self, cluster, parts, binary):
+        try:
+            status, body = self.proxy.request("GET", self.path, retry=False)
+        except ProxyUnavailable:
+            status, body = None, b""
+        if status == 200:
+            self.value = body.decode("utf-8", "replace")
+        elif status == 404:
+            self.error = KubectlError(["(through kubectl proxy)", "get", self.path], 1,
+                                      "Error from server (NotFound): %s" % answer_message(body))
+        else:
+            super().call(cluster, parts, binary)
 
 
 class ProxyUnavailable(DemoError):
@@ -5077,13 +5061,13 @@ def queue_summary(record):
             "total_queued_seconds": sum(waits) if cycles else None,
             "total_draining_seconds": sum(drains) if len(cycles) > 1 else None,
             "unseen_queue_waits": sum(1 for c in cycles if c["queued_seconds"] is None),
-            "queued_definition": "the Job's create call returned (the Job exists) -> the Workload's Admitted=True as the watch delivered it (client "
-                                 "clock, seconds); a cycle after an eviction is queued from Kueue's Requeued=True "
+            "queued_definition": "the Job's create call returned (the Job exists) -> the Workload's Admitted=True "
+                                 "as the watch delivered it (client clock, seconds); a cycle after an eviction is queued from Kueue's Requeued=True "
                                  "(Kueue's own queued time starts there), or from the eviction's arrival when the "
                                  "watch did not deliver Requeued=True apart; a wait the watch did not see (it was "
                                  "down) is null and left out of the total. Its precision is the watch's delivery "
-                                 "(tens of ms), except for waits marked as from API times (whole seconds); an admission that "
-                                 "arrived before the create call's answer counts as 0",
+                                 "(tens of ms), except for waits marked as from API times (whole seconds); an "
+                                 "admission that arrived before the create call's answer counts as 0",
             "draining_definition": "a cycle after an eviction: the eviction's arrival -> Requeued=True's arrival (client "
                                    "clock, seconds): the preempted pods terminating (up to their grace period) and any "
                                    "PodsReady back-off, time in which the Workload does not yet wait for quota; null "
@@ -6115,9 +6099,8 @@ class WarmPoolRun:
             sandbox = by_name.get(bound) or self.sandboxes.get(bound)
             if sandbox is not None:
                 # The list's copy, else the watch's; a copy read before the controller labelled
-                # its adoption has no launch type yet: "unknown", never a guess.
-                launch[name] = launch_type_of(by_name.get(bound)) or launch_type_of(self.sandboxes.get(bound)) \
-                    or "unknown"
+                # its adoption has no launch type yet (None: the summary counts it "unknown").
+                launch[name] = launch_type_of(by_name.get(bound)) or launch_type_of(self.sandboxes.get(bound))
             if name in self.results:
                 result = self.results[name]
                 records.append(warm_episode_record(claim, self.position[name], sandbox or result["sandbox"],
@@ -6478,7 +6461,8 @@ def delete_through_proxy(cluster, base, deletes):
     """Send the DELETEs [(resource, kubectl arguments, path, uid precondition or None)] at once
     through one `kubectl proxy` (`delete NAME...` shares one 5-a-second bucket: 1,000 claims took
     198 s, issue 31; kubectl has no deletecollection). [(resource, kubectl arguments, why)] of those
-    that failed, for kubectl to send; 404 is done (someone else's deletion went first)."""
+    that failed, for kubectl to send; 404 is done (someone else's deletion went first); a failed
+    uid precondition (409) raises the ownership refusal."""
     proxy = ApiProxy(cluster, ["^%s[a-z]+(/[^/]+)?$" % re.escape(base)])
 
     def send(delete):
@@ -6492,6 +6476,11 @@ def delete_through_proxy(cluster, base, deletes):
             return resource, kubectl_args, last_line(str(unavailable))
         if status in (200, 202, 404):
             return None
+        if status == 409 and uid:
+            # The object's UID is no longer the one proven: someone replaced it since the check.
+            # A refusal, never a delete by name without the condition.
+            raise DemoError("ownership check failed, refusing cleanup: %s %s was replaced since it was checked (%s)"
+                            % (resource, kubectl_args[0], last_line(answer_message(body))))
         return resource, kubectl_args, "HTTP %d: %s" % (status, last_line(answer_message(body)))
 
     try:
@@ -6838,6 +6827,12 @@ class NamespaceListing:
         (the caller then reads that kind itself)."""
         return [item for item in self.items if item.get("kind") == kind] if self.complete else None
 
+    def without(self, gone):
+        """The listing less the objects [(kind, name, ...)] deleted since (--delete-foreign)."""
+        names = {(kind, name) for kind, name, *_ in gone}
+        return NamespaceListing([item for item in self.items if (item.get("kind"), item["metadata"]["name"])
+                                 not in names], self.complete)
+
 
 def list_namespace(cluster, namespace):
     """A NamespaceListing of the run's namespace: through one `kubectl proxy`, or where it cannot
@@ -7018,9 +7013,7 @@ def cleanup_receipt(receipt, source, output, console, delete_foreign=False):
     for kind, name, resource in foreign:
         console.note("Deleting %s %s, which this run did not create (--delete-foreign)..." % (kind, name))
         cluster.delete("-n", namespace, "delete", resource, name)
-    listing.items = [item for item in listing.items if (item.get("kind"), item["metadata"]["name"]) not in
-                     {(kind, name) for kind, name, _ in foreign}]
-    backend.delete_objects(cluster, namespace, run_id, receipt, output, listing)
+    backend.delete_objects(cluster, namespace, run_id, receipt, output, listing.without(foreign))
     try:
         cluster.delete("delete", "namespace", namespace, "--wait=false")
     except KubectlError as error:

@@ -42,3 +42,15 @@ def test_a_deleted_namespace_keeps_its_contents_until_the_namespace_controller_b
     cluster.kubectl("delete", "namespace", "doomed", "--wait=false")
     assert cluster.get_json("namespace", "doomed")["status"]["phase"] == "Terminating"
     assert cluster.get_json("-n", "doomed", "configmap", "notes")["data"] == {"a": "b"}
+
+
+def test_a_delete_whose_uid_precondition_fails_is_refused_with_409(cluster, tmp_path):
+    notes = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "notes", "namespace": "default"}}
+    cluster.kubectl("create", "-f", "-", stdin=json.dumps(notes))
+    options = tmp_path / "options.json"
+    options.write_text(json.dumps({"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": "not-it"}}))
+    refused = cluster.kubectl("delete", "--raw", "/api/v1/namespaces/default/configmaps/notes", "-f", str(options),
+                              check=False)
+    assert refused.returncode == 1
+    assert "(Conflict)" in refused.stderr and "Precondition failed: UID in precondition: not-it" in refused.stderr
+    assert cluster.get_json("-n", "default", "configmap", "notes")["metadata"]["name"] == "notes"

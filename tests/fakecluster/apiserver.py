@@ -333,9 +333,16 @@ class ApiServer:
                 all(str(field_of(obj, key)) == value for key, value in fields)
         return [obj for obj in found if matches(obj)]
 
-    def api_delete(self, resource, namespace, name, propagation):
+    def api_delete(self, resource, namespace, name, propagation, uid=None):
         self.check_rbac("delete", resource, namespace, name)
         obj = self.api_get(resource, namespace, name)
+        if uid is not None and uid != obj["metadata"]["uid"]:
+            # DeleteOptions.preconditions.uid (ASSUMPTIONS.md "Delete preconditions")
+            raise ApiError(409, "Conflict", 'Operation cannot be fulfilled on %s%s "%s": StorageError: invalid object, '
+                           'Code: 4, Key: /registry/%s/%s/%s, ResourceVersion: 0, AdditionalErrorMsg: Precondition '
+                           'failed: UID in precondition: %s, UID in object meta: %s' % (
+                               resource, RESOURCES[resource][3], name, resource, namespace, name, uid,
+                               obj["metadata"]["uid"]))
         if obj["metadata"].get("deletionTimestamp") and resource == "namespaces":
             # A second DELETE of a Terminating namespace is refused (ASSUMPTIONS.md fact 24).
             raise ApiError(409, "Conflict", 'Operation cannot be fulfilled on namespaces "%s": The system is ensuring '

@@ -614,8 +614,9 @@ class HttpApi:
                 kind = RESOURCES[resource][1]
                 return self.answer(conn, sock, 200, {"kind": kind + "List", "apiVersion": RESOURCES[resource][0],
                                                      "metadata": {}, "items": deleted})
+            uid = (options.get("preconditions") or {}).get("uid")
             deleted = self.call("delete", resource, lambda: locked(cluster, cluster.api_delete, resource, namespace,
-                                                                    name, propagation))
+                                                                    name, propagation, uid))
             return self.answer(conn, sock, 200, deleted)
         if method == "PATCH" and name is not None:
             patch_type = headers.get("content-type", "")
