@@ -865,7 +865,7 @@ class Watch:
                 lines.append(line)
                 if line.rstrip("\n") == "}":
                     try:
-                        obj = json.loads("".join(lines))
+                        obj = load_json("".join(lines))
                     except ValueError:
                         continue
                     lines = []
@@ -980,13 +980,19 @@ class PrefixedConsole(Console):
 
 def write_json(path, obj):
     """Write atomically, so an interrupted write never leaves half a receipt. A list of
-    objects (pods.json) is written one object a line: greppable, and quick at 10,000 pods."""
+    objects (pods.json) is written one object a line: greppable, and quick at 10,000 pods.
+    Written as it is encoded: 10,000 pods never sit in memory a second time as text."""
     partial = path.with_name(path.name + ".partial")
     try:
-        if isinstance(obj, list) and obj and all(isinstance(item, dict) for item in obj):
-            partial.write_text("[\n" + ",\n".join(json.dumps(item) for item in obj) + "\n]\n")
-        else:
-            partial.write_text(json.dumps(obj, indent=2) + "\n")
+        with open(partial, "w") as out:
+            if isinstance(obj, list) and obj and all(isinstance(item, dict) for item in obj):
+                out.write("[\n")
+                for number, item in enumerate(obj):
+                    out.write((",\n" if number else "") + json.dumps(item))
+                out.write("\n]\n")
+            else:
+                json.dump(obj, out, indent=2)
+                out.write("\n")
         os.replace(partial, path)
     except OSError as error:
         try:
@@ -998,11 +1004,28 @@ def write_json(path, obj):
         raise
 
 
+def shared_strings(pairs):
+    """A JSON object whose keys and short string values are the interpreter's one copy
+    (sys.intern): 10,000 pods repeat the same keys, labels, images and node names, and parsed
+    one by one (as a watch delivers them) each would hold its own. A pod takes about 10 KB
+    instead of 21 KB parsed alone, 15 KB in one document (issue 31: the tool's memory)."""
+    return {sys.intern(key): sys.intern(value) if value.__class__ is str and len(value) <= 64 else value
+            for key, value in pairs}
+
+
+COMPACT_JSON = json.JSONDecoder(object_pairs_hook=shared_strings)
+
+
+def load_json(text):
+    """json.loads for what may be held by the thousand (pods, claims, records)."""
+    return COMPACT_JSON.decode(text)
+
+
 def read_json(path, what, keys=(), shape=dict):
     """A JSON object (or list) from a file of the output folder; one clear error when it is
     missing, unreadable, of another shape, or lacks one of `keys`."""
     try:
-        obj = json.loads(path.read_text())
+        obj = load_json(path.read_text())
     except FileNotFoundError:
         raise DemoError("no %s in %s" % (path.name, path.parent)) from None
     except (OSError, ValueError) as error:
@@ -1018,7 +1041,7 @@ def read_json(path, what, keys=(), shape=dict):
 
 
 def read_saved(path):
-    return json.loads(path.read_text()) if path.exists() else None
+    return load_json(path.read_text()) if path.exists() else None
 
 
 def program_name():
@@ -2105,7 +2128,7 @@ def results_from_folder(output):
                             for number in range(1, run_info["rounds"] + 1)], run_info)
     backend = backend_named(run_info.get("backend"))
     job = read_json(output / "job.json", "the saved Job")
-    pods = read_json(output / backend.episodes_file, "the saved episodes", shape=list)
+    records = pods = read_json(output / backend.episodes_file, "the saved episodes", shape=list)
     # None: no log was saved (the pod was gone from the API before it could be read)
     logs = [log_text((output / (pod["metadata"]["name"] + ".log")).read_bytes())
             if (output / (pod["metadata"]["name"] + ".log")).exists() else None for pod in pods]
@@ -2130,7 +2153,7 @@ def results_from_folder(output):
     if "round" in run_info:
         report["round"] = run_info["round"]
     backend.describe_results(output, report, observed)
-    report["cost"] = backend.cost(output, report, run_prices(flags))
+    report["cost"] = backend.cost(output, report, run_prices(flags), records)
     if gate is not None:
         gate.describe_results(report)
     if (output.parent / "prewarm" / "prewarm.json").exists() or (output / "prewarm" / "prewarm.json").exists():
@@ -2908,10 +2931,11 @@ class Backend:
         """Add to results.json what only this backend's runs have."""
 
     @classmethod
-    def cost(cls, output, report, prices):
-        """results.json's `cost`: every pod of the run (pods.json, attempts and all) is the
-        episodes' share; a pod still running is counted to the last container's end seen."""
-        pods = read_saved(output / "pods.json") or []
+    def cost(cls, output, report, prices, records):
+        """results.json's `cost`: every pod of the run (pods.json, attempts and all: `records`,
+        the episodes file as read, not read again) is the episodes' share; a pod still running
+        is counted to the last container's end seen."""
+        pods = records
         ends = [interval[1] for interval in (held_interval(pod, None) for pod in pods) if interval]
         return cost_summary(reserved_capacity(pods, max(ends, default=None)), report["successful_episodes"], prices,
                             used_cpu=used_cpu_seconds(report["pods"]))
@@ -3588,19 +3612,18 @@ LOGS_SOURCE_FOLLOWED = ("GET pods/NAME/log?follow=true through the run's kubectl
 LOGS_GONE = "not available: the pod was gone from the API before its log could be read (no <pod>.log)"
 
 
-def fetch_logs(cluster, namespace, folder, pods):
-    """Save <pod>.log for each pod, byte for byte what the API's pods/NAME/log returns (what
+def fetch_logs(cluster, namespace, folder, names):
+    """Save <pod>.log for each pod named, byte for byte what the API's pods/NAME/log returns (what
     `kubectl logs POD` prints); return {pod name: log text}. With API_LOGS_FROM pods or more, one
     `kubectl proxy` carries one GET per pod, API_PROXY_IN_FLIGHT at once: through one kubectl
     process the real kubectl allows 5 requests a second (`kubectl logs -l` of 1,000 pods took
     199 s, issue 31). For a few pods, or any the proxy did not give, one `kubectl logs POD` each
     (4 to 16 at a time: each process has a bucket of its own). A log that cannot be had is saved
     empty, one warning names how many and the first reason. logs.json records where each came from."""
-    if not pods:
+    if not names:
         return {}
     sources, saved, missing = {}, {}, []
-    names = [pod["metadata"]["name"] for pod in pods]
-    if len(pods) >= API_LOGS_FROM:
+    if len(names) >= API_LOGS_FROM:
         saved.update(fetch_logs_through_proxy(cluster, namespace, folder, names, sources))
 
     def fetch(name):
@@ -3937,7 +3960,9 @@ class JobRound:
         self.name = job["metadata"]["name"]
         self.cluster, self.console, self.namespace = run.cluster, run.console, run.namespace
         self.started = None  # client monotonic clock, just before the create call
-        self.pods, self.gone = [], None  # the Job's pods as saved; those the API no longer has, once known
+        # The Job's pods as saved (just their names once results.json is being computed: pod_names());
+        # those the API no longer has, once known
+        self.pods, self.gone = [], None
         self.created = None  # the Job as its create returned it
         self.measured = "prewarm_node" not in run_info  # a prewarm Job's episode is no sample: not streamed
         progress.feed = JobEpisodeFeed(self) if run.spec.stream and self.measured else None
@@ -4019,14 +4044,19 @@ class JobRound:
             self.fail(live, outcome, blocked, wait_seconds, where)
         # Episodes whose termination message does not hold their events are validated from logs,
         # and a failed attempt's log says why it failed.
-        needed = [pod for pod in self.pods if episode_events(pod, "")[1] == "log"
+        needed = [pod["metadata"]["name"] for pod in self.pods if episode_events(pod, "")[1] == "log"
                   or pod.get("status", {}).get("phase") != "Succeeded"]
-        self.log_archive.settle([pod["metadata"]["name"] for pod in needed])
-        needed = [pod for pod in needed  # neither the stream's reads nor the archive's have it
-                  if not (folder / (pod["metadata"]["name"] + ".log")).exists()]
+        self.log_archive.settle(needed)
+        needed = [name for name in needed  # neither the stream's reads nor the archive's have it
+                  if not (folder / (name + ".log")).exists()]
         if needed:
             self.learn_gone()
             self.logs_of(needed)
+        # From here on only the pods' names are needed: results.json is computed from pods.json,
+        # and the watch's copy held beside it would double the tool's memory (10,000 pods: ~100 MB).
+        del settled
+        self.pods = self.pod_names()
+        self.progress.pods.clear()
         report = write_results(folder, where, before_failing=self.archive)
         if self.measured:
             self.run.stream.finish(report)  # the episodes only the end decided, before the archive
@@ -4043,7 +4073,7 @@ class JobRound:
         """The Job did not complete (or was blocked, or the wait ended): save the events and
         logs, then raise the one line that says why."""
         save_events(self.cluster, self.namespace, self.folder)
-        logs = self.logs_of(self.pods)
+        logs = self.logs_of(self.pod_names())
         if blocked:
             raise DemoError("%s; stopped early instead of waiting for the deadline; %s" % (blocked, where))
         not_started = why_not_started(self.pods, self.progress.failed_creates)
@@ -4069,23 +4099,28 @@ class JobRound:
             return self.gone
         names = {line.split("/", 1)[-1] for line in self.cluster.read(
             "-n", self.namespace, "get", "pods", "-l", "job-name=" + self.name, "-o", "name").split()}
-        self.gone = sorted(pod["metadata"]["name"] for pod in self.pods if pod["metadata"]["name"] not in names)
+        self.gone = sorted(name for name in self.pod_names() if name not in names)
         self.run_info["pods_seen_only_by_watch"] = self.gone
         write_json(self.folder / "run.json", self.run_info)
         return self.gone
 
-    def logs_of(self, subset):
-        """Save the logs of `subset` that the API still has (those the LogArchive read as their
-        pods finished are taken from their files); logs.json says which it no longer had.
+    def pod_names(self):
+        """The names of the Job's pods as saved (self.pods holds just these once results.json
+        is being computed)."""
+        return [pod if isinstance(pod, str) else pod["metadata"]["name"] for pod in self.pods]
+
+    def logs_of(self, names):
+        """Save the logs of the pods named that the API still has (those the LogArchive read as
+        their pods finished are taken from their files); logs.json says which it no longer had.
         Returns {pod name: log text}."""
-        archived = set(self.log_archive.settle([pod["metadata"]["name"] for pod in subset]))
+        archived = set(self.log_archive.settle(names))
         texts = {name: log_text((self.folder / (name + ".log")).read_bytes()) for name in archived}
         gone = set(self.gone or ())
-        lost = [pod["metadata"]["name"] for pod in subset if pod["metadata"]["name"] in gone - archived]
+        lost = [name for name in names if name in gone - archived]
         if lost:
             record_log_sources(self.folder, {name: LOGS_GONE for name in lost})
         texts.update(fetch_logs(self.cluster, self.namespace, self.folder,
-                                [pod for pod in subset if pod["metadata"]["name"] not in gone | archived]))
+                                [name for name in names if name not in gone | archived]))
         return texts
 
     def archive(self):
@@ -4095,7 +4130,7 @@ class JobRound:
             events = side.submit(save_events, self.cluster, self.namespace, self.folder)
             self.learn_gone()
             self.log_archive.settle()
-            self.logs_of([pod for pod in self.pods if not (self.folder / (pod["metadata"]["name"] + ".log")).exists()])
+            self.logs_of([name for name in self.pod_names() if not (self.folder / (name + ".log")).exists()])
             events.result()
 
     def save_what_was_seen(self, error):
@@ -4123,7 +4158,7 @@ class JobRound:
                 kept.append("events.txt")
                 self.pods = pods
                 still_listed = len(pods) - len(self.learn_gone())
-                self.logs_of(pods)
+                self.logs_of(self.pod_names())
                 if still_listed:
                     kept.append("the logs of the %d pod(s) the API still had" % still_listed)
             except DemoError as late:
@@ -4140,7 +4175,7 @@ class JobRound:
         try:
             _, self.pods, self.gone = save_state(self.cluster, self.namespace, self.name, folder, watched=watched)
             save_events(self.cluster, self.namespace, folder)
-            self.logs_of(self.pods)
+            self.logs_of(self.pod_names())
         except DemoError as error:
             if watched and not (folder / "pods.json").exists():
                 write_json(folder / "pods.json", sorted(watched.values(), key=by_creation))
@@ -6308,14 +6343,14 @@ class WarmPoolBackend(Backend):
         report.update(warm_pool_summary(output, report, observed))
 
     @classmethod
-    def cost(cls, output, report, prices):
+    def cost(cls, output, report, prices, records):
         """Every pod of the run (claimed, pool and refill sandboxes) to the run's end (the last
         exec's return: a sandbox kept after it is cleanup's business). A claimed sandbox is idle
         from its start to its claim's creation, the episode's after; a sandbox no claim of the
         batch took (the pool's rest, the refill) is idle throughout. Plus the pool's steady idle
         rate: what keeping the pool costs per hour between batches."""
         pods = read_saved(output / "pods.json") or []
-        episodes = read_saved(output / "episodes.json") or []
+        episodes = records  # episodes.json as read
         claimed_at = {}
         for record in episodes:
             annotations = record["metadata"].get("annotations") or {}
@@ -6703,7 +6738,7 @@ class LocalBackend(Backend):
             phase.update(clocks=["local"], mixed_clocks=False, resolution_seconds=1e-6)
 
     @classmethod
-    def cost(cls, output, report, prices):
+    def cost(cls, output, report, prices, records):
         return {"definition": COST_DEFINITION, "reserved": None,
                 "reason": "local processes reserve no cluster capacity (no requests, no nodes)", "per_reward": None,
                 "used": None, "used_note": "not measured: the processes' rusage is not read yet", "price": None}
