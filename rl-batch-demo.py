@@ -60,6 +60,8 @@ Sections of this file, in order (each under a banner of the same name)
     Errors                             one exception type per exit code; kubectl's failure kinds
     kubectl                            the one subprocess wrapper, a context-bound Cluster, watches,
                                        and ApiProxy: the API over one `kubectl proxy`, unthrottled
+    Exec channels                      a command in a running pod: a WebSocket through `kubectl
+                                       proxy`, or one `kubectl exec` each
     Console and output files           where people's lines go; atomic JSON files
     Manifests                          pure functions: the objects every backend creates
     Metrics and validation             pure: time points, phases, percentiles, episode checks,
@@ -898,6 +900,333 @@ class Watch:
                 self.process.wait(5)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+
+
+# ============================================================================
+# Exec channels: a command in a running pod's container, as a WebSocket through one
+# `kubectl proxy` (no process per command) or, as the fallback, one `kubectl exec` each
+# ============================================================================
+
+FALLBACK_EXEC_PROCESSES = 64  # `kubectl exec` processes at once when the channel falls back (tens of MB each)
+
+
+@dataclasses.dataclass
+class ExecResult:
+    """What one exec returned: the exit code (None when the exec itself failed), stdout and
+    stderr as bytes, the failure's reason and message, and when the request was sent and the
+    stream opened (client clock, time.time(); None where the channel cannot tell).
+    `refused_in_passing`: the API server refused the exec before the command started, for a
+    reason that passes on its own (etcd, an overloaded or unreachable API server; fact 27):
+    nothing ran, so the exec may be sent again."""
+
+    code: "int | None"
+    stdout: bytes = b""
+    stderr: bytes = b""
+    error: "str | None" = None
+    reason: str = "ExecFailed"
+    sent_at: "float | None" = None
+    opened_at: "float | None" = None
+    refused_in_passing: bool = False
+
+
+class KubectlExecChannel:
+    """The fallback: one `kubectl exec` process per episode (a process start, a TLS connection and
+    a stream upgrade each, on this machine)."""
+
+    kind = "kubectl-exec"
+
+    def __init__(self, cluster, namespace, reason=None):
+        self.cluster, self.namespace, self.fallback_reason = cluster, namespace, reason
+        self.processes = threading.BoundedSemaphore(FALLBACK_EXEC_PROCESSES)
+
+    def record(self):
+        return {"kind": self.kind, "detail": "one `kubectl exec` process per episode",
+                "fallback_reason": self.fallback_reason}
+
+    def run(self, pod_name, command, seconds_left):
+        argv = ["-n", self.namespace, "exec", pod_name, "-c", CONTAINER_NAME, "--", *command]
+        with self.processes:
+            return self.run_process(argv, seconds_left)
+
+    def run_process(self, argv, seconds_left):
+        sent_at = time.time()
+        try:
+            # No request timeout: an episode may run longer than one API request may take.
+            stdout = self.cluster.kubectl(*argv, request_timeout="0", timeout=max(1.0, seconds_left), binary=True)
+            return ExecResult(0, stdout, sent_at=sent_at)
+        except KubectlError as error:
+            stdout = error.stdout or b""
+            exited = re.search(r"command terminated with exit code (\d+)", error.stderr)
+            if exited:
+                return ExecResult(int(exited.group(1)), stdout, error.stderr[:exited.start()].rstrip("\n").encode(),
+                                  sent_at=sent_at)
+            message = meaningful_line(error.stderr) or str(error)
+            # kubectl reads the pod and opens the stream before the command runs; an API Status
+            # there prints as "Error from server ...", an unreachable server as "The connection ...".
+            # A pod that has gone is "(NotFound)" and an unknown failure "(InternalError)": final.
+            passing = (error.transient and not stdout and "(InternalError)" not in message
+                       and message.startswith(("Error from server", "The connection to the server")))
+            return ExecResult(None, stdout, error=message, sent_at=sent_at, refused_in_passing=passing,
+                              reason="ExecTimedOut" if "did not finish within" in message else "ExecFailed")
+
+    def close(self):
+        pass
+
+
+class ExecRefused(Exception):
+    """The upgrade to an exec stream was refused for reasons no pod explains (policy, protocol)."""
+
+
+class ExecChannelBroken(Exception):
+    """The server answered 101 but the channel cannot be trusted (its handshake answer is wrong):
+    the command may have started, so this episode is not sent again; later ones use the
+    fallback. `result` is this episode's outcome."""
+
+    def __init__(self, reason, result):
+        super().__init__(reason)
+        self.result = result
+
+
+def websocket_accept(key):
+    """Sec-WebSocket-Accept for a Sec-WebSocket-Key (RFC 6455 section 4.2.2, item 5.4)."""
+    return base64.b64encode(hashlib.sha1((key + WEBSOCKET_GUID).encode()).digest()).decode()
+
+
+# The exec channel's WebSocket: RFC 6455 framing, Kubernetes' remote-command subprotocols
+# (client-go tools/remotecommand: v5 adds a close signal on channel 255; v4 carries the exit
+# code as a metav1.Status on channel 3). Each message starts with its channel byte: 1 stdout,
+# 2 stderr, 3 the Status (tests/fakecluster/ASSUMPTIONS.md, "kubectl proxy and exec over WebSocket").
+# RFC 6455 section 1.3 (its example: key "dGhlIHNhbXBsZSBub25jZQ==" is accepted as
+# "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="; tests/test_warm_pool.py checks it against wsproto).
+WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+EXEC_PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
+EXEC_PING_SECONDS = 5.0  # client-go's WebSocket executor pings this often (PingPeriod)
+
+
+
+class ProxyExecChannel:
+    """One `kubectl proxy` on a Unix socket in a private folder (0700), limited to exec in the
+    run's namespace (an ApiProxy); every episode's exec is a WebSocket over it, from this process.
+    kubectl keeps the authentication; no process is started per episode."""
+
+    kind = "websocket"
+
+    def __init__(self, cluster, namespace, also_serves=()):
+        """also_serves: path patterns the backend sends through the same proxy (the warm pool's
+        claim creates)."""
+        self.cluster, self.namespace = cluster, namespace
+        self.proxy = ApiProxy(cluster, ["^/api/v1/namespaces/%s/pods/[^/]+/exec$" % re.escape(namespace),
+                                        *also_serves])
+        self.socket_path = self.proxy.socket_path
+        self.protocols = collections.Counter()
+
+    def open(self):
+        """Start the proxy; raise ExecRefused with kubectl's own line when it does not serve."""
+        try:
+            self.proxy.open()
+        except ProxyUnavailable as unavailable:
+            raise ExecRefused(str(unavailable)) from None
+        return self
+
+    def record(self):
+        return {"kind": self.kind, "detail": "one `kubectl proxy --unix-socket` for the run; each exec a WebSocket "
+                                             "stream from this process", "protocols": dict(self.protocols),
+                "proxy_restarts": max(0, self.proxy.starts - 1), "fallback_reason": None}
+
+    def run(self, pod_name, command, seconds_left):
+        query = urllib.parse.urlencode([("container", CONTAINER_NAME), ("stdout", "true"), ("stderr", "true")] +
+                                       [("command", part) for part in command])
+        target = "/api/v1/namespaces/%s/pods/%s/exec?%s" % (self.namespace, urllib.parse.quote(pod_name), query)
+        key = base64.b64encode(os.urandom(16)).decode()
+        deadline = time.monotonic() + max(1.0, seconds_left)
+        connection = UnixHTTPConnection(self.socket_path, max(1.0, seconds_left))
+        try:
+            sent_at = time.time()
+            try:
+                connection.connect()
+            except OSError as error:
+                # nothing was sent: the proxy is gone (it is started again) or not reachable
+                try:
+                    self.proxy.revive()
+                except ProxyUnavailable as unavailable:
+                    raise ExecRefused(str(unavailable)) from None
+                return ExecResult(None, error="`kubectl proxy` could not be reached (%s); nothing was sent" % error,
+                                  sent_at=sent_at, refused_in_passing=True)
+            try:
+                connection.request("GET", target, headers={
+                    "Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+                    "Sec-WebSocket-Key": key, "Sec-WebSocket-Protocol": ", ".join(EXEC_PROTOCOLS)})
+                answer = connection.getresponse()  # 101: its body is the WebSocket, left unread here
+            except (OSError, http.client.HTTPException) as error:
+                return ExecResult(None, error="the exec stream could not be opened: %s" % error, sent_at=sent_at)
+            if answer.status != 101:
+                message = answer_message(answer.read())
+                if answer.status == 400 and pod_name in message:
+                    # that pod's own refusal ("pod X does not have a host assigned"): the channel is fine
+                    return ExecResult(None, error="HTTP 400: %s" % last_line(message), sent_at=sent_at)
+                if answer.status in (400, 403, 405, 426, 501):
+                    raise ExecRefused("the API server (through `kubectl proxy`) refused the exec stream: HTTP %d: %s"
+                                      % (answer.status, last_line(message)))
+                passing = refusal_passes(answer.status, message)
+                return ExecResult(None, error="HTTP %d: %s" % (answer.status, last_line(message)), sent_at=sent_at,
+                                  refused_in_passing=passing)
+            if answer.getheader("Sec-WebSocket-Accept") != websocket_accept(key):
+                # 101 came: the API server has started the command. Never run it again.
+                reason = "the exec stream's handshake was answered wrongly (Sec-WebSocket-Accept)"
+                raise ExecChannelBroken(reason, ExecResult(
+                    None, error=reason + "; the command may have started, so it is not sent again", sent_at=sent_at,
+                    opened_at=time.time()))
+            self.protocols[answer.getheader("Sec-WebSocket-Protocol", "")] += 1
+            opened_at = time.time()
+            try:
+                # the frames follow the headers on the same buffered stream
+                return read_exec_stream(connection.sock, answer.fp, deadline, sent_at, opened_at)
+            except socket.timeout:
+                return ExecResult(None, error="the exec did not finish within %.0f s" % seconds_left,
+                                  reason="ExecTimedOut", sent_at=sent_at, opened_at=opened_at)
+            except (OSError, ValueError) as error:
+                return ExecResult(None, error="the exec stream was cut after it opened (%s); the command may have "
+                                  "run, so it is not sent again" % error, sent_at=sent_at, opened_at=opened_at)
+        finally:
+            connection.close()
+
+    def create(self, obj, plural):
+        """POST one object of a custom resource (of `plural`: the CRD's spec.names.plural, never
+        made up from the kind) into the namespace through the proxy: (HTTP status, decoded body)."""
+        return self.request("POST", "/apis/%s/namespaces/%s/%s" % (obj["apiVersion"], self.namespace, plural), obj)
+
+    def list_objects(self, api_version, plural, selector):
+        """The namespace's objects of a custom resource through the proxy (as `get PLURAL -l
+        SELECTOR` would list them)."""
+        status, body = self.request("GET", "/apis/%s/namespaces/%s/%s?%s" % (
+            api_version, self.namespace, plural, urllib.parse.urlencode({"labelSelector": selector})))
+        if status != 200:
+            raise DemoError("listing the %s through `kubectl proxy` failed: HTTP %s: %s"
+                            % (plural, status, body.get("message")))
+        return body.get("items") or []
+
+    def request(self, method, path, obj=None):
+        """One request through the proxy, sent once (a create is never blindly repeated): (HTTP
+        status, decoded body)."""
+        status, body = self.proxy.request(method, path, obj, retry=False)
+        try:
+            return status, json.loads(body)
+        except ValueError:
+            return status, {"message": body.decode("utf-8", "replace").strip()}
+
+    def close(self):
+        self.proxy.close()
+
+
+def websocket_frame(opcode, payload):
+    """One client frame: FIN set, masked as RFC 6455 5.3 requires of a client."""
+    mask = os.urandom(4)
+    length = len(payload)
+    header = bytes([0x80 | opcode])
+    if length < 126:
+        header += bytes([0x80 | length])
+    elif length < 65536:
+        header += bytes([0x80 | 126]) + length.to_bytes(2, "big")
+    else:
+        header += bytes([0x80 | 127]) + length.to_bytes(8, "big")
+    return header + mask + bytes(byte ^ mask[i % 4] for i, byte in enumerate(payload))
+
+
+def keep_alive(connection, writing, stopped):
+    """Ping the server every EXEC_PING_SECONDS while an exec stream is open, as client-go does
+    (its WebSocket executor's PingPeriod, 5 s): an episode may print nothing for minutes, and a
+    silent connection is what proxies and load balancers cut."""
+    while not stopped.wait(EXEC_PING_SECONDS):
+        try:
+            with writing:
+                connection.sendall(websocket_frame(0x9, b""))
+        except OSError:
+            return
+
+
+def read_exec_stream(connection, stream, deadline, sent_at, opened_at):
+    """Read messages until the server closes: stdout, stderr, and the Status with the exit code."""
+    writing, stopped = threading.Lock(), threading.Event()
+    threading.Thread(target=keep_alive, args=(connection, writing, stopped), daemon=True).start()
+    try:
+        return read_exec_messages(connection, stream, deadline, sent_at, opened_at, writing)
+    finally:
+        stopped.set()
+
+
+def read_exec_messages(connection, stream, deadline, sent_at, opened_at, writing):
+    out, err, status, message = bytearray(), bytearray(), None, bytearray()
+    while True:
+        connection.settimeout(max(0.05, deadline - time.monotonic()))
+        head = stream.read(2)
+        if len(head) < 2:
+            break  # the connection ended without a close frame
+        fin, opcode, length = head[0] & 0x80, head[0] & 0x0F, head[1] & 0x7F
+        if length == 126:
+            length = int.from_bytes(stream.read(2), "big")
+        elif length == 127:
+            length = int.from_bytes(stream.read(8), "big")
+        mask = stream.read(4) if head[1] & 0x80 else None
+        payload = stream.read(length)
+        if mask:
+            payload = bytes(byte ^ mask[i % 4] for i, byte in enumerate(payload))
+        if opcode == 0x8:  # close: answer it, then the stream is over
+            try:
+                with writing:
+                    connection.sendall(websocket_frame(0x8, payload[:2]))
+            except OSError:
+                pass
+            break
+        if opcode == 0x9:  # ping
+            with writing:
+                connection.sendall(websocket_frame(0xA, payload))
+            continue
+        if opcode == 0xA:
+            continue
+        message += payload  # a data frame, or a continuation of one
+        if not fin:
+            continue
+        if message:
+            channel, data = message[0], bytes(message[1:])
+            if channel == 1:
+                out += data
+            elif channel == 2:
+                err += data
+            elif channel == 3 and data:
+                status = json.loads(data.decode("utf-8", "replace"))
+        message = bytearray()
+    return exec_outcome(status, bytes(out), bytes(err), sent_at, opened_at)
+
+
+def exec_outcome(status, stdout, stderr, sent_at, opened_at):
+    """The exit code from the v4/v5 Status (client-go errorDecoderV4): Success is 0; a Failure with
+    reason NonZeroExitCode carries the code in its ExitCode cause; any other Failure is an error."""
+    if status is None:
+        return ExecResult(None, stdout, stderr, error="the exec stream was cut before the command's status came (the "
+                          "API server or `kubectl proxy` closed it: an outage, a restart); the command may have run, so "
+                          "it is not sent again", sent_at=sent_at,
+                          opened_at=opened_at)
+    if status.get("status") == "Success":
+        return ExecResult(0, stdout, stderr, sent_at=sent_at, opened_at=opened_at)
+    if status.get("reason") == "NonZeroExitCode":
+        for cause in (status.get("details") or {}).get("causes") or []:
+            # metav1.StatusCause's Type is serialised as "reason" (apimachinery types.go, json:"reason")
+            if cause.get("reason") == "ExitCode" and str(cause.get("message", "")).isdigit():
+                return ExecResult(int(cause["message"]), stdout, stderr, sent_at=sent_at, opened_at=opened_at)
+    return ExecResult(None, stdout, stderr, error=status.get("message") or "exec failed (%s)" % status.get("reason"),
+                      sent_at=sent_at, opened_at=opened_at)
+
+
+def open_exec_channel(cluster, namespace, console, also_serves=()):
+    """The run's exec channel: the proxy's WebSocket, or, when it cannot be opened, one `kubectl
+    exec` per episode (said in one line)."""
+    channel = ProxyExecChannel(cluster, namespace, also_serves)
+    try:
+        return channel.open()
+    except ExecRefused as refused:
+        channel.close()
+        console.warn("%s; falling back to one `kubectl exec` process per episode" % refused)
+        return KubectlExecChannel(cluster, namespace, str(refused))
 
 
 # ============================================================================
@@ -5131,9 +5460,7 @@ AGENT_SANDBOX_VERSION = "v0.5.6"  # the release the install hint and the kind wo
 AGENT_SANDBOX_INSTALL = ("kubectl --context %s apply -f https://github.com/kubernetes-sigs/agent-sandbox/releases/"
                          "download/" + AGENT_SANDBOX_VERSION + "/sandbox-with-extensions.yaml")
 EXTENSIONS_API = "extensions.agents.x-k8s.io/v1beta1"
-# The plural resource names (the CRDs' spec.names.plural) of what the exec channel creates or
-# lists through `kubectl proxy`.
-PROXIED_RESOURCES = {"SandboxClaim": "sandboxclaims"}
+CLAIM_PLURAL = "sandboxclaims"  # the CRD's spec.names.plural: the claims' collection in API paths
 CONTROLLER_NAMESPACE, CONTROLLER_DEPLOYMENT = "agent-sandbox-system", "agent-sandbox-controller"
 TEMPLATE_NAME, POOL_NAME, CLAIM_PREFIX = "episode", "episodes", "episode-"
 LAUNCH_TYPE_LABEL = "agents.x-k8s.io/launch-type"  # on the Sandbox: warm (from the pool) or cold
@@ -5150,7 +5477,6 @@ CLAIM_TIME_ANNOTATIONS = (CLIENT_REQUESTED_ANNOTATION, CONTROLLER_OBSERVED_ANNOT
 # uses this); the episode is exec'd into it.
 KEEP_ALIVE_COMMAND = ["sh", "-c", "trap 'exit 0' TERM INT; sleep infinity & wait"]
 DEFAULT_EXEC_CONCURRENCY = 1024  # episodes exec'd at once over the WebSocket channel (a thread and a socket each)
-FALLBACK_EXEC_PROCESSES = 64  # `kubectl exec` processes at once when the channel falls back (tens of MB each)
 CLAIM_CREATE_STREAMS = 64  # claim creates under way at once through the proxy
 SANDBOX_WATCH_PATIENCE_SECONDS = 3.0  # how long an episode waits for the Sandbox watch before asking kubectl
 CLAIM_CREATE_PROCESSES = 4  # `kubectl create -f -` processes (a List of claims each) without it
@@ -5518,7 +5844,7 @@ def create_claims(cluster, claims, run_id, observed, channel=None):
     def post(claim):
         stamp([claim])
         try:
-            status, body = channel.create(claim)
+            status, body = channel.create(claim, CLAIM_PLURAL)
         except (OSError, http.client.HTTPException):
             status, body = None, {}
         if status in (400, 403, 404, 422):  # refused: nothing was made
@@ -5572,325 +5898,6 @@ def episode_command(claim_name, index, spec):
     if spec.tasks_list is not None:
         env += ["TASK_INDEX=%d" % index, "TASK_FILE=/tasks/task-%d.json" % index]
     return ["env", *env, "python", "-B", "/demo/episode.py"]
-
-
-@dataclasses.dataclass
-class ExecResult:
-    """What one exec returned: the exit code (None when the exec itself failed), stdout and
-    stderr as bytes, the failure's reason and message, and when the request was sent and the
-    stream opened (client clock, time.time(); None where the channel cannot tell).
-    `refused_in_passing`: the API server refused the exec before the command started, for a
-    reason that passes on its own (etcd, an overloaded or unreachable API server; fact 27):
-    nothing ran, so the exec may be sent again."""
-
-    code: "int | None"
-    stdout: bytes = b""
-    stderr: bytes = b""
-    error: "str | None" = None
-    reason: str = "ExecFailed"
-    sent_at: "float | None" = None
-    opened_at: "float | None" = None
-    refused_in_passing: bool = False
-
-
-class KubectlExecChannel:
-    """The fallback: one `kubectl exec` process per episode (a process start, a TLS connection and
-    a stream upgrade each, on this machine)."""
-
-    kind = "kubectl-exec"
-
-    def __init__(self, cluster, namespace, reason=None):
-        self.cluster, self.namespace, self.fallback_reason = cluster, namespace, reason
-        self.processes = threading.BoundedSemaphore(FALLBACK_EXEC_PROCESSES)
-
-    def record(self):
-        return {"kind": self.kind, "detail": "one `kubectl exec` process per episode",
-                "fallback_reason": self.fallback_reason}
-
-    def run(self, pod_name, command, seconds_left):
-        argv = ["-n", self.namespace, "exec", pod_name, "-c", CONTAINER_NAME, "--", *command]
-        with self.processes:
-            return self.run_process(argv, seconds_left)
-
-    def run_process(self, argv, seconds_left):
-        sent_at = time.time()
-        try:
-            # No request timeout: an episode may run longer than one API request may take.
-            stdout = self.cluster.kubectl(*argv, request_timeout="0", timeout=max(1.0, seconds_left), binary=True)
-            return ExecResult(0, stdout, sent_at=sent_at)
-        except KubectlError as error:
-            stdout = error.stdout or b""
-            exited = re.search(r"command terminated with exit code (\d+)", error.stderr)
-            if exited:
-                return ExecResult(int(exited.group(1)), stdout, error.stderr[:exited.start()].rstrip("\n").encode(),
-                                  sent_at=sent_at)
-            message = meaningful_line(error.stderr) or str(error)
-            # kubectl reads the pod and opens the stream before the command runs; an API Status
-            # there prints as "Error from server ...", an unreachable server as "The connection ...".
-            # A pod that has gone is "(NotFound)" and an unknown failure "(InternalError)": final.
-            passing = (error.transient and not stdout and "(InternalError)" not in message
-                       and message.startswith(("Error from server", "The connection to the server")))
-            return ExecResult(None, stdout, error=message, sent_at=sent_at, refused_in_passing=passing,
-                              reason="ExecTimedOut" if "did not finish within" in message else "ExecFailed")
-
-    def close(self):
-        pass
-
-
-class ExecRefused(Exception):
-    """The upgrade to an exec stream was refused for reasons no pod explains (policy, protocol)."""
-
-
-class ExecChannelBroken(Exception):
-    """The server answered 101 but the channel cannot be trusted (its handshake answer is wrong):
-    the command may have started, so this episode is not sent again; later ones use the
-    fallback. `result` is this episode's outcome."""
-
-    def __init__(self, reason, result):
-        super().__init__(reason)
-        self.result = result
-
-
-def websocket_accept(key):
-    """Sec-WebSocket-Accept for a Sec-WebSocket-Key (RFC 6455 section 4.2.2, item 5.4)."""
-    return base64.b64encode(hashlib.sha1((key + WEBSOCKET_GUID).encode()).digest()).decode()
-
-
-# The exec channel's WebSocket: RFC 6455 framing, Kubernetes' remote-command subprotocols
-# (client-go tools/remotecommand: v5 adds a close signal on channel 255; v4 carries the exit
-# code as a metav1.Status on channel 3). Each message starts with its channel byte: 1 stdout,
-# 2 stderr, 3 the Status (tests/fakecluster/ASSUMPTIONS.md, "kubectl proxy and exec over WebSocket").
-# RFC 6455 section 1.3 (its example: key "dGhlIHNhbXBsZSBub25jZQ==" is accepted as
-# "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="; tests/test_warm_pool.py checks it against wsproto).
-WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-EXEC_PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
-EXEC_PING_SECONDS = 5.0  # client-go's WebSocket executor pings this often (PingPeriod)
-
-
-
-class ProxyExecChannel:
-    """One `kubectl proxy` on a Unix socket in a private folder (0700), limited to exec in the
-    run's namespace (an ApiProxy); every episode's exec is a WebSocket over it, from this process.
-    kubectl keeps the authentication; no process is started per episode."""
-
-    kind = "websocket"
-
-    def __init__(self, cluster, namespace):
-        self.cluster, self.namespace = cluster, namespace
-        namespace = re.escape(namespace)
-        self.proxy = ApiProxy(cluster, ["^/api/v1/namespaces/%s/pods/[^/]+/exec$" % namespace,
-                                        "^/apis/%s/namespaces/%s/sandboxclaims$" % (re.escape(EXTENSIONS_API),
-                                                                                     namespace)])
-        self.socket_path = self.proxy.socket_path
-        self.protocols = collections.Counter()
-
-    def open(self):
-        """Start the proxy; raise ExecRefused with kubectl's own line when it does not serve."""
-        try:
-            self.proxy.open()
-        except ProxyUnavailable as unavailable:
-            raise ExecRefused(str(unavailable)) from None
-        return self
-
-    def record(self):
-        return {"kind": self.kind, "detail": "one `kubectl proxy --unix-socket` for the run; each exec a WebSocket "
-                                             "stream from this process", "protocols": dict(self.protocols),
-                "proxy_restarts": max(0, self.proxy.starts - 1), "fallback_reason": None}
-
-    def run(self, pod_name, command, seconds_left):
-        query = urllib.parse.urlencode([("container", CONTAINER_NAME), ("stdout", "true"), ("stderr", "true")] +
-                                       [("command", part) for part in command])
-        target = "/api/v1/namespaces/%s/pods/%s/exec?%s" % (self.namespace, urllib.parse.quote(pod_name), query)
-        key = base64.b64encode(os.urandom(16)).decode()
-        deadline = time.monotonic() + max(1.0, seconds_left)
-        connection = UnixHTTPConnection(self.socket_path, max(1.0, seconds_left))
-        try:
-            sent_at = time.time()
-            try:
-                connection.connect()
-            except OSError as error:
-                # nothing was sent: the proxy is gone (it is started again) or not reachable
-                try:
-                    self.proxy.revive()
-                except ProxyUnavailable as unavailable:
-                    raise ExecRefused(str(unavailable)) from None
-                return ExecResult(None, error="`kubectl proxy` could not be reached (%s); nothing was sent" % error,
-                                  sent_at=sent_at, refused_in_passing=True)
-            try:
-                connection.request("GET", target, headers={
-                    "Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
-                    "Sec-WebSocket-Key": key, "Sec-WebSocket-Protocol": ", ".join(EXEC_PROTOCOLS)})
-                answer = connection.getresponse()  # 101: its body is the WebSocket, left unread here
-            except (OSError, http.client.HTTPException) as error:
-                return ExecResult(None, error="the exec stream could not be opened: %s" % error, sent_at=sent_at)
-            if answer.status != 101:
-                message = answer_message(answer.read())
-                if answer.status == 400 and pod_name in message:
-                    # that pod's own refusal ("pod X does not have a host assigned"): the channel is fine
-                    return ExecResult(None, error="HTTP 400: %s" % last_line(message), sent_at=sent_at)
-                if answer.status in (400, 403, 405, 426, 501):
-                    raise ExecRefused("the API server (through `kubectl proxy`) refused the exec stream: HTTP %d: %s"
-                                      % (answer.status, last_line(message)))
-                passing = refusal_passes(answer.status, message)
-                return ExecResult(None, error="HTTP %d: %s" % (answer.status, last_line(message)), sent_at=sent_at,
-                                  refused_in_passing=passing)
-            if answer.getheader("Sec-WebSocket-Accept") != websocket_accept(key):
-                # 101 came: the API server has started the command. Never run it again.
-                reason = "the exec stream's handshake was answered wrongly (Sec-WebSocket-Accept)"
-                raise ExecChannelBroken(reason, ExecResult(
-                    None, error=reason + "; the command may have started, so it is not sent again", sent_at=sent_at,
-                    opened_at=time.time()))
-            self.protocols[answer.getheader("Sec-WebSocket-Protocol", "")] += 1
-            opened_at = time.time()
-            try:
-                # the frames follow the headers on the same buffered stream
-                return read_exec_stream(connection.sock, answer.fp, deadline, sent_at, opened_at)
-            except socket.timeout:
-                return ExecResult(None, error="the exec did not finish within %.0f s" % seconds_left,
-                                  reason="ExecTimedOut", sent_at=sent_at, opened_at=opened_at)
-            except (OSError, ValueError) as error:
-                return ExecResult(None, error="the exec stream was cut after it opened (%s); the command may have "
-                                  "run, so it is not sent again" % error, sent_at=sent_at, opened_at=opened_at)
-        finally:
-            connection.close()
-
-    def create(self, obj):
-        """POST one object of the run's namespace through the proxy: (HTTP status, decoded body). The
-        collection's name is the CRD's plural (PROXIED_RESOURCES), never made up from the kind."""
-        return self.request("POST", "/apis/%s/namespaces/%s/%s" % (obj["apiVersion"], self.namespace,
-                                                                 PROXIED_RESOURCES[obj["kind"]]), obj)
-
-    def list_claims(self, selector):
-        """The run's claims through the proxy (as `get sandboxclaims -l SELECTOR` would list them)."""
-        status, body = self.request("GET", "/apis/%s/namespaces/%s/sandboxclaims?%s" % (
-            EXTENSIONS_API, self.namespace, urllib.parse.urlencode({"labelSelector": selector})))
-        if status != 200:
-            raise DemoError("listing the claims through `kubectl proxy` failed: HTTP %s: %s"
-                            % (status, body.get("message")))
-        return body.get("items") or []
-
-    def request(self, method, path, obj=None):
-        """One request through the proxy, sent once (a create is never blindly repeated): (HTTP
-        status, decoded body)."""
-        status, body = self.proxy.request(method, path, obj, retry=False)
-        try:
-            return status, json.loads(body)
-        except ValueError:
-            return status, {"message": body.decode("utf-8", "replace").strip()}
-
-    def close(self):
-        self.proxy.close()
-
-
-def websocket_frame(opcode, payload):
-    """One client frame: FIN set, masked as RFC 6455 5.3 requires of a client."""
-    mask = os.urandom(4)
-    length = len(payload)
-    header = bytes([0x80 | opcode])
-    if length < 126:
-        header += bytes([0x80 | length])
-    elif length < 65536:
-        header += bytes([0x80 | 126]) + length.to_bytes(2, "big")
-    else:
-        header += bytes([0x80 | 127]) + length.to_bytes(8, "big")
-    return header + mask + bytes(byte ^ mask[i % 4] for i, byte in enumerate(payload))
-
-
-def keep_alive(connection, writing, stopped):
-    """Ping the server every EXEC_PING_SECONDS while an exec stream is open, as client-go does
-    (its WebSocket executor's PingPeriod, 5 s): an episode may print nothing for minutes, and a
-    silent connection is what proxies and load balancers cut."""
-    while not stopped.wait(EXEC_PING_SECONDS):
-        try:
-            with writing:
-                connection.sendall(websocket_frame(0x9, b""))
-        except OSError:
-            return
-
-
-def read_exec_stream(connection, stream, deadline, sent_at, opened_at):
-    """Read messages until the server closes: stdout, stderr, and the Status with the exit code."""
-    writing, stopped = threading.Lock(), threading.Event()
-    threading.Thread(target=keep_alive, args=(connection, writing, stopped), daemon=True).start()
-    try:
-        return read_exec_messages(connection, stream, deadline, sent_at, opened_at, writing)
-    finally:
-        stopped.set()
-
-
-def read_exec_messages(connection, stream, deadline, sent_at, opened_at, writing):
-    out, err, status, message = bytearray(), bytearray(), None, bytearray()
-    while True:
-        connection.settimeout(max(0.05, deadline - time.monotonic()))
-        head = stream.read(2)
-        if len(head) < 2:
-            break  # the connection ended without a close frame
-        fin, opcode, length = head[0] & 0x80, head[0] & 0x0F, head[1] & 0x7F
-        if length == 126:
-            length = int.from_bytes(stream.read(2), "big")
-        elif length == 127:
-            length = int.from_bytes(stream.read(8), "big")
-        mask = stream.read(4) if head[1] & 0x80 else None
-        payload = stream.read(length)
-        if mask:
-            payload = bytes(byte ^ mask[i % 4] for i, byte in enumerate(payload))
-        if opcode == 0x8:  # close: answer it, then the stream is over
-            try:
-                with writing:
-                    connection.sendall(websocket_frame(0x8, payload[:2]))
-            except OSError:
-                pass
-            break
-        if opcode == 0x9:  # ping
-            with writing:
-                connection.sendall(websocket_frame(0xA, payload))
-            continue
-        if opcode == 0xA:
-            continue
-        message += payload  # a data frame, or a continuation of one
-        if not fin:
-            continue
-        if message:
-            channel, data = message[0], bytes(message[1:])
-            if channel == 1:
-                out += data
-            elif channel == 2:
-                err += data
-            elif channel == 3 and data:
-                status = json.loads(data.decode("utf-8", "replace"))
-        message = bytearray()
-    return exec_outcome(status, bytes(out), bytes(err), sent_at, opened_at)
-
-
-def exec_outcome(status, stdout, stderr, sent_at, opened_at):
-    """The exit code from the v4/v5 Status (client-go errorDecoderV4): Success is 0; a Failure with
-    reason NonZeroExitCode carries the code in its ExitCode cause; any other Failure is an error."""
-    if status is None:
-        return ExecResult(None, stdout, stderr, error="the exec stream was cut before the command's status came (the "
-                          "API server or `kubectl proxy` closed it: an outage, a restart); the command may have run, so "
-                          "it is not sent again", sent_at=sent_at,
-                          opened_at=opened_at)
-    if status.get("status") == "Success":
-        return ExecResult(0, stdout, stderr, sent_at=sent_at, opened_at=opened_at)
-    if status.get("reason") == "NonZeroExitCode":
-        for cause in (status.get("details") or {}).get("causes") or []:
-            # metav1.StatusCause's Type is serialised as "reason" (apimachinery types.go, json:"reason")
-            if cause.get("reason") == "ExitCode" and str(cause.get("message", "")).isdigit():
-                return ExecResult(int(cause["message"]), stdout, stderr, sent_at=sent_at, opened_at=opened_at)
-    return ExecResult(None, stdout, stderr, error=status.get("message") or "exec failed (%s)" % status.get("reason"),
-                      sent_at=sent_at, opened_at=opened_at)
-
-
-def open_exec_channel(cluster, namespace, console):
-    """The run's exec channel: the proxy's WebSocket, or, when it cannot be opened, one `kubectl
-    exec` per episode (said in one line)."""
-    channel = ProxyExecChannel(cluster, namespace)
-    try:
-        return channel.open()
-    except ExecRefused as refused:
-        channel.close()
-        console.warn("%s; falling back to one `kubectl exec` process per episode" % refused)
-        return KubectlExecChannel(cluster, namespace, str(refused))
 
 
 def warm_episode_record(claim, index, sandbox, pod, result, times):
@@ -6005,12 +6012,12 @@ class WarmPoolRun:
     def list_claims(self):
         """The run's claims now: through the proxy when the channel has one, else `kubectl get`."""
         channel = self.channel
-        if getattr(channel, "list_claims", None) is not None:
+        if getattr(channel, "list_objects", None) is not None:
             try:
-                return channel.list_claims(self.selector)
+                return channel.list_objects(EXTENSIONS_API, CLAIM_PLURAL, self.selector)
             except (OSError, http.client.HTTPException, DemoError) as error:
                 self.console.note("listing the claims through the proxy failed (%s); asking kubectl" % error)
-        return self.cluster.read_items("-n", self.namespace, "get", "sandboxclaims", "-l", self.selector)
+        return self.cluster.read_items("-n", self.namespace, "get", CLAIM_PLURAL, "-l", self.selector)
 
     def run_episode(self, name, bound):
         """One episode, exec'd into its claim's sandbox (`bound`, as the Ready state named it); its
@@ -6112,7 +6119,7 @@ class WarmPoolRun:
         write_json(output / "observed.json", self.observed)
         write_json(output / "run.json", self.run_info)
         try:
-            claims = self.cluster.read_items("-n", self.namespace, "get", "sandboxclaims", "-l", self.selector)
+            claims = self.cluster.read_items("-n", self.namespace, "get", CLAIM_PLURAL, "-l", self.selector)
             listed = {claim["metadata"]["name"] for claim in claims}
             claims += [self.latest[name] for name in names if name in self.latest and name not in listed]
             claims.sort(key=lambda claim: self.position.get(claim["metadata"]["name"], 0))
@@ -6315,7 +6322,8 @@ class WarmPoolBackend(Backend):
                 seconds=spec.timeout + CLIENT_GRACE_SECONDS + CLAIM_SAFETY_NET_SECONDS)).strftime("%Y-%m-%dT%H:%M:%SZ")
             claims = claim_manifests(namespace, run.run_id, spec.count, shutdown)
             write_json(output / "claims-submitted.json", claims)
-            batch.channel = open_exec_channel(cluster, namespace, self.console)
+            batch.channel = open_exec_channel(cluster, namespace, self.console, [
+                "^/apis/%s/namespaces/%s/%s$" % (re.escape(EXTENSIONS_API), re.escape(namespace), CLAIM_PLURAL)])
             batch.fire(claims, claim_watch, sandbox_watch)
         except DemoError as error:
             claim_watch.stop()
