@@ -1568,6 +1568,10 @@ class PhaseScheme:
     report_phases: dict
     # phase -> point: a combined phase drawn only when that point (which splits it) is unknown
     timeline_fallbacks: dict = dataclasses.field(default_factory=dict)
+    # status.reason values of a record whose failure its backend explained in status.message
+    # (no exit code of the episode's own: an exec that failed, say); named by that message
+    explained_failures: tuple = ()
+    timeline_attributes: tuple = ()  # row keys the timeline gives each episode as data-* attributes
 
 
 # A pod's points (the Job and local backends), in order.
@@ -1682,9 +1686,6 @@ def episode_times(pod, ready, reward, observed=None):
     times["pod_created"] = parse_k8s_time(pod["metadata"]["creationTimestamp"])
     times["scheduled"], missing["scheduled"] = condition_time(pod, "PodScheduled")
     times["sandbox_ready"], missing["sandbox_ready"] = condition_time(pod, "PodReadyToStartContainers")
-    if pod.get("kind") == LOCAL_KIND:
-        for point in ("scheduled", "sandbox_ready"):
-            missing[point] = "local backend: no scheduler and no sandbox"
     if times["sandbox_ready"] is None and (observed or {}).get("sandbox_ready") is not None:
         times["sandbox_ready"], missing["sandbox_ready"] = observed["sandbox_ready"], None
     terminated = ((pod.get("status", {}).get("containerStatuses") or [{}])[0].get("state") or {}).get(
@@ -1817,12 +1818,30 @@ def parse_events(pod_name, log):
     return events
 
 
-def the_event(pod_name, events, kind):
+def the_event(pod_name, events, kind, log=None):
     found = [event for event in events if event.get("event") == kind]
+    rotated = rotated_log(events, log) if kind == "ready" and not found else None
+    if rotated:
+        raise EpisodeInvalid("pod %s: %s" % (pod_name, rotated))
     if len(found) != 1:
         raise EpisodeInvalid("pod %s: expected exactly one %s event, found %d"
                              % (pod_name, kind, len(found)))
     return found[0]
+
+
+def rotated_log(events, log):
+    """The phrase for a log that holds a reward event but no ready event (which an episode emits
+    first): either the episode never emitted it, or the log's beginning is gone, as after the
+    kubelet rotated it (at containerLogMaxSize, 10 MiB by default; the API serves only the newest
+    file), and nothing in the log tells the two apart. None when the log does not show that."""
+    kinds = [event.get("event") for event in events if isinstance(event, dict)]
+    if log is None or "ready" in kinds or "reward" not in kinds:
+        return None
+    return ("never ready: no ready event in its log, yet a reward event: the episode did not emit one, or the log's "
+            "beginning is gone (the kubelet rotates a container's log at containerLogMaxSize, 10 MiB by default, and "
+            "the API serves only the newest file; %d bytes kept, events seen: %s); write the events to "
+            "/dev/termination-log as well, as the built-in episode does, and they survive a rotation"
+            % (len(log.encode()), ", ".join(sorted(set(map(str, kinds))))))
 
 
 def termination_message(pod):
@@ -1853,7 +1872,7 @@ def validate_episode(pod, log, job_created, observed=None, job_finished=None, sc
         detail = pod.get("status", {}).get("message")
         raise EpisodeInvalid("pod %s: phase is %s, expected Succeeded%s" % (name, phase, " (%s)" % detail if detail else ""))
     events, source = episode_events(pod, log)
-    ready = the_event(name, events, "ready")
+    ready = the_event(name, events, "ready", log if source == "log" else None)
     reward = the_event(name, events, "reward")
     for kind, event in (("ready", ready), ("reward", reward)):
         if event.get("episode_id") != name:
@@ -1952,10 +1971,10 @@ def pod_index(pod):
     return int(index) if index is not None and str(index).isdigit() else None
 
 
-def attempt_failure(pod, log, cut_short=None):
+def attempt_failure(pod, log, cut_short=None, explained=()):
     """Why a finished custom-episode attempt is not a sample, or None when it is one. `cut_short`:
     what ended the batch before its episodes could finish (the Job's deadline), named first for
-    an attempt that never finished."""
+    an attempt that never finished; `explained`: the scheme's explained_failures."""
     status = pod.get("status", {})
     phase = status.get("phase")
     if phase == "Succeeded":
@@ -1963,7 +1982,7 @@ def attempt_failure(pod, log, cut_short=None):
     evicted = eviction_message(pod)
     if evicted:
         return "evicted: %s" % evicted
-    if status.get("reason") in EXEC_FAILURE_REASONS:
+    if status.get("reason") in explained:
         return "%s: %s" % (status["reason"], status.get("message"))
     container = (status.get("containerStatuses") or [{}])[0]
     state = container.get("state") or {}
@@ -2012,7 +2031,7 @@ def sample_events(pod, log):
     events = [event for event in events if isinstance(event, dict) and "event" in event]
     found = {kind: [e for e in events if e.get("event") == kind] for kind in ("ready", "reward")}
     if not found["ready"]:
-        raise EpisodeInvalid("never ready: no ready event")
+        raise EpisodeInvalid((rotated_log(events, log) if source == "log" else None) or "never ready: no ready event")
     if not found["reward"]:
         raise EpisodeInvalid("no reward: the episode was ready but emitted no reward event")
     for kind in ("ready", "reward"):
@@ -2038,7 +2057,7 @@ def index_verdict(index, tried, job_created, job_finished, observed, scheme, cut
     # a second is unknown, and a failed attempt must be listed whatever its place.
     reasons, sample = [], None
     for pod, log in tried:
-        reason = attempt_failure(pod, log, cut_short)
+        reason = attempt_failure(pod, log, cut_short, scheme.explained_failures)
         if reason is None:
             try:
                 ready, reward, source = sample_events(pod, log)
@@ -2071,6 +2090,7 @@ def collect_samples(pods, logs, job, count, observed=None, scheme=None):
     Retried indexes have several pods; one sample counts (the first by creation), and every
     failed attempt is listed with its reason.
     """
+    scheme = scheme or POD_SCHEME
     job_created = parse_k8s_time(job["metadata"]["creationTimestamp"])
     job_finished = job_finished_time(job)
     cut_short = None
@@ -2229,12 +2249,9 @@ def eviction_message(pod):
     return None
 
 
-# A warm-pool episode record's status.reason when its exec did not give an exit code of its own.
-EXEC_FAILURE_REASONS = ("ExecFailed", "ExecTimedOut", "SandboxDeleted")
-
-
-def describe_failed_pods(pods, logs):
-    """One phrase per failed pod: name, eviction or exit code, and the last line of its log.
+def describe_failed_pods(pods, logs, explained=()):
+    """One phrase per failed pod: name, eviction or exit code (or, for a reason in `explained`,
+    the scheme's explained_failures, its message), and the last line of its log.
     An evicted pod is named whatever phase it was last seen in: the Job controller counts a
     pod deleted while it runs as failed at once, so a batch can fail while the evicted pod is
     still Running in its grace period (tests/fakecluster/ASSUMPTIONS.md, "Job controller")."""
@@ -2250,7 +2267,7 @@ def describe_failed_pods(pods, logs):
             continue
         if pod.get("status", {}).get("phase") != "Failed":
             continue
-        if pod["status"].get("reason") in EXEC_FAILURE_REASONS:  # a warm-pool episode whose exec failed
+        if pod["status"].get("reason") in explained:
             phrases.append("episode %s: %s" % (pod["metadata"]["name"], pod["status"].get("message")))
             continue
         statuses = pod["status"].get("containerStatuses") or [{}]
@@ -2485,14 +2502,6 @@ def results_from_folder(output):
     report["cost"] = backend.cost(output, report, run_prices(flags), records)
     if gate is not None:
         gate.describe_results(report)
-    if (output.parent / "prewarm" / "prewarm.json").exists() or (output / "prewarm" / "prewarm.json").exists():
-        where = output / "prewarm" if (output / "prewarm").exists() else output.parent / "prewarm"
-        prewarm = read_json(where / "prewarm.json", "the prewarm record")
-        report["cache_state"] = "prewarmed"
-        report["run"]["cache_state"] = {
-            "state": "prewarmed", "nodes": prewarm["nodes"],
-            "detail": "one warm-up episode ran on each of these nodes before the measured rounds (kept in "
-                      "prewarm/, excluded from every figure); nodes not listed were not prewarmed"}
     if (output / "logs.json").exists():
         report["log_archive"] = log_archive_summary(output)
     report["pods"] = report.pop("pods")  # per-episode rows last, as in the tutorial
@@ -2605,8 +2614,8 @@ def pool_round_folders(output, run_info, rounds):
 
 # Report rows: (label, kind, key). kind "phase": P50 / P95 of a phase; "batch": a batch time
 # in seconds (with a ratio against the first column); "count": passed episodes, reward sum,
-# infrastructure failures (count_cell); "launch":
-# launch types; "number": a count, by key; "quantity": an amount (3 significant digits, with a
+# infrastructure failures (count_cell); "counts": key (mapping, its keys) shown "a / b" (a
+# backend's launch types warm / cold, say); "number": a count, by key; "quantity": an amount (3 significant digits, with a
 # ratio); "share": a fraction shown in percent. Runs of different backends side by side: rows a
 # backend does not have are n/a in its column, and dropped when no column has them.
 # The table is laid out in slots; in each, the schemes' phase rows come first, then the rows
@@ -2698,9 +2707,10 @@ def report_table(columns):
             if kind == "count":
                 values.append(count_cell(results, key))
                 ratios.append(None)
-            elif kind == "launch":
-                launch = results.get("launch_types")
-                values.append(None if launch is None else "%d / %d" % (launch.get("warm", 0), launch.get("cold", 0)))
+            elif kind == "counts":
+                mapping, parts = key
+                counted = results.get(mapping)
+                values.append(None if counted is None else " / ".join("%d" % counted.get(part, 0) for part in parts))
                 ratios.append(None)
             elif kind == "number":
                 number = lookup(results, key)
@@ -2839,8 +2849,9 @@ def timeline_svg(runs):
             if number == 1 or number % every == 0:
                 parts.append('<text x="%d" y="%d" font-size="%d" text-anchor="end" fill="#555">%d</text>' % (
                     left - 4, y + min(height, 10), min(10, max(7, height)), number))
-            parts.append('<g class="episode" data-%s="%s"%s>' % (scheme.row_key, escape(name), (
-                ' data-launch-type="%s"' % escape(str(row.get("launch_type"))) if "launch_type" in row else "")))
+            parts.append('<g class="episode" data-%s="%s"%s>' % (scheme.row_key, escape(name), "".join(
+                ' data-%s="%s"' % (key.replace("_", "-"), escape(str(row[key])))
+                for key in scheme.timeline_attributes if key in row)))
             times = row["times"]
             for phase, colour in scheme.timeline_colours.items():
                 start, end, _ = scheme.phases[phase]
@@ -3303,8 +3314,9 @@ class Backend:
         raise NotImplementedError
 
     @classmethod
-    def list_fields(cls, objects):
-        """What this backend adds to a `list --json` row."""
+    def list_fields(cls, objects, folder):
+        """What this backend adds to (or overrides in) a `list --json` row; `folder` is the run's
+        output folder when a receipt of this very namespace was found, else None."""
         return {}
 
     @classmethod
@@ -4154,7 +4166,7 @@ def save_state(cluster, namespace, job_name, folder, job=None, watched=None):
     (job, pods, names of the pods known only from the watch)."""
     if job is None:
         job = json.loads(cluster.read("-n", namespace, "get", "job", job_name, "-o", "json"))
-    pods = json.loads(cluster.read("-n", namespace, "get", "pods", "-l", "job-name=" + job_name,
+    pods = load_json(cluster.read("-n", namespace, "get", "pods", "-l", "job-name=" + job_name,
                                    "-o", "json"))["items"]
     listed = {pod["metadata"]["name"] for pod in pods}
     gone = sorted(name for name in (watched or {}) if name not in listed)
@@ -4522,8 +4534,22 @@ class JobBackend(Backend):
     or several; with --prewarm a warm-up Job per node first; with --queue through Kueue."""
 
     name = "kubernetes"
+
     help = "one Job, a pod per episode"
     takes_queue = True
+
+    @classmethod
+    def describe_results(cls, output, report, observed):
+        """A run with --prewarm: which nodes ran a warm-up episode first (prewarm/, beside the
+        rounds), the cache state of every figure."""
+        if (output.parent / "prewarm" / "prewarm.json").exists() or (output / "prewarm" / "prewarm.json").exists():
+            where = output / "prewarm" if (output / "prewarm").exists() else output.parent / "prewarm"
+            prewarm = read_json(where / "prewarm.json", "the prewarm record")
+            report["cache_state"] = "prewarmed"
+            report["run"]["cache_state"] = {
+                "state": "prewarmed", "nodes": prewarm["nodes"],
+                "detail": "one warm-up episode ran on each of these nodes before the measured rounds (kept in "
+                          "prewarm/, excluded from every figure); nodes not listed were not prewarmed"}
 
     def __init__(self, spec, console):
         super().__init__(spec, console)
@@ -4674,6 +4700,8 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # Where an admission cycle's times come from (results.json's *_source), compared, not only shown.
 WATCH_ARRIVAL = "watch arrival (client clock)"
 REQUEUED_ARRIVAL = "Requeued=True as the watch delivered it (client clock)"
+NEW_WORKLOAD_ARRIVAL = "the new Workload as the watch delivered it (client clock)"
+WORKLOAD_DELETED = "WorkloadDeleted"  # a cycle's end: its Workload was deleted, Kueue stopped the Job
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"  # on the Job's Workload
 # Kueue's kinds as kubectl arguments: RESOURCE.VERSION.GROUP, which kubectl maps from its discovery
 # cache. RESOURCE.GROUP with a dotted group (workloads.kueue.x-k8s.io) is first read as
@@ -5224,7 +5252,14 @@ class SavedAdmission:
         def counted(pod):
             return pod.get("status", {}).get("phase") == "Succeeded" and not pod["metadata"].get("deletionTimestamp")
 
-        kept = [not earlier(pod) or counted(pod) for pod in pods]
+        def deleted_in_the_admission_second(pod):
+            # Preempted, suspended and re-admitted within one API second, and the watch missed the
+            # admission: a pod of that second deleted before it succeeded is the suspension's (a
+            # pod of the new cycle is deleted only by another eviction, which is another cycle).
+            return admitted_seen is None and parse_k8s_time(pod["metadata"]["creationTimestamp"]) == boundary \
+                and bool(pod["metadata"].get("deletionTimestamp")) and not counted(pod)
+
+        kept = [not (earlier(pod) or deleted_in_the_admission_second(pod)) or counted(pod) for pod in pods]
         self.earlier = [pod for pod, keep in zip(pods, kept) if not keep]
         return [pod for pod, keep in zip(pods, kept) if keep], [log for log, keep in zip(logs, kept) if keep]
 
@@ -5257,9 +5292,14 @@ class AdmissionCycles:
         self.cycles = []
         self.workload = None
         self.evictions_accounted = {}  # (reason, underlyingCause) -> count already in self.cycles
+        self.deleted_uids = set()  # Workloads of the Job deleted by someone else (replaced by Kueue)
 
     def update(self, arrival, workload):
         first = self.workload is None
+        if workload["metadata"].get("uid") in self.deleted_uids:
+            return  # a deleted Workload's last state, delivered after its successor's
+        if not first and workload["metadata"].get("uid") != self.workload["metadata"].get("uid"):
+            self.replaced(arrival, workload)
         self.workload = workload
         admitted = workload_condition(workload, "Admitted")
         evicted = workload_condition(workload, "Evicted")
@@ -5290,7 +5330,7 @@ class AdmissionCycles:
                 queued_since, queued_source = (self.job_created_server, "Job creationTimestamp (API clock)") if late \
                     else (self.job_created, "Job create call returned (client clock)")
             elif previous.get("requeued_at") is not None:
-                queued_since, queued_source = previous["requeued_at"], REQUEUED_ARRIVAL
+                queued_since, queued_source = previous["requeued_at"], previous.get("requeued_source", REQUEUED_ARRIVAL)
             else:
                 queued_since, queued_source = previous["evicted_at"], (
                     "the eviction's arrival: the watch did not deliver Requeued=True apart, so draining is counted "
@@ -5317,6 +5357,20 @@ class AdmissionCycles:
         else:
             return
         self.evictions_accounted = counts
+
+    def replaced(self, arrival, workload):
+        """Someone deleted the Job's Workload and Kueue made a new one (of the same name, a new
+        uid), having stopped the Job ("Missing Workload"): the cycle under way ended when the new
+        Workload was first seen, which waits for quota from then; its evictions count from zero."""
+        old = self.workload["metadata"]
+        self.deleted_uids.add(old.get("uid"))
+        if self.admitted:
+            self.cycles[-1].update(evicted_at=arrival, evicted_reason=WORKLOAD_DELETED, evicted_message=(
+                "Workload %s (uid %s) was deleted by someone else; Kueue stopped the Job (Missing Workload) and "
+                "made a new Workload (uid %s)" % (old.get("name"), old.get("uid"), workload["metadata"].get("uid"))))
+        if self.cycles and self.cycles[-1].get("requeued_at") is None:
+            self.cycles[-1].update(requeued_at=arrival, requeued_source=NEW_WORKLOAD_ARRIVAL)
+        self.evictions_accounted = {}
 
     def unseen_evictions(self):
         return [cycle["evicted_reason"] for cycle in self.cycles if cycle.get("evicted_source") == self.UNSEEN]
@@ -5407,7 +5461,8 @@ def queue_summary(record):
         cycles.append({"cycle": number, "queued_seconds": max(0.0, cycle["admitted_at"] - cycle["queued_since"])
                        if known and cycle["queued_since"] is not None else None,
                        "draining_seconds": cycle["queued_since"] - draining
-                       if draining is not None and cycle.get("queued_source") == REQUEUED_ARRIVAL else None,
+                       if draining is not None and cycle.get("queued_source") in (REQUEUED_ARRIVAL, NEW_WORKLOAD_ARRIVAL)
+                       else None,
                        "draining_since_unix": draining, "queued_source": cycle.get("queued_source"),
                        "queued_since_unix": cycle["queued_since"], "admitted_at_unix": cycle["admitted_at"],
                        "admitted_source": cycle["admitted_source"],
@@ -5578,6 +5633,8 @@ def warm_episode_times(record, ready, reward, observed):
     return times, missing, fallbacks
 
 
+# A warm-pool episode record's status.reason when its exec did not give an exit code of its own.
+EXEC_FAILURE_REASONS = ("ExecFailed", "ExecTimedOut", "SandboxDeleted")
 WARM_SCHEME = PhaseScheme(
     WARM_TIME_POINTS, WARM_PHASES, "claim_to_ready", warm_episode_times, "claim_created",
     identity=lambda record: {"claim": record["metadata"]["name"], "sandbox": record["spec"].get("sandbox"),
@@ -5585,7 +5642,8 @@ WARM_SCHEME = PhaseScheme(
     row_key="claim", timeline_colours=WARM_TIMELINE_COLOURS, timeline_fallbacks={"exec_to_first_statement": "stream_open"},
     report_phases={"startup": ("client_claim_startup", "claim_binding", "bound_to_claim_ready", "claim_ready_to_exec",
                                "exec_to_stream_open", "stream_open_to_first_statement", "exec_to_first_statement"),
-                   "startup_metric": ("claim_to_ready",), "finish": ("reward_to_exec_finished",)})
+                   "startup_metric": ("claim_to_ready",), "finish": ("reward_to_exec_finished",)},
+    explained_failures=EXEC_FAILURE_REASONS, timeline_attributes=("launch_type",))
 
 
 def sandbox_template_manifest(namespace, run_id, image, runtime, tasks=False):
@@ -5939,12 +5997,16 @@ class WarmPoolRun:
         self.selector = "%s=%s" % (RUN_LABEL, run.run_id)
         self.names, self.position, self.observed = [], {}, {}  # claim names, the episode's index, times seen
         self.latest, self.sandboxes, self.results = {}, {}, {}  # claim and Sandbox states; finished episodes
+        self.pods = {}  # pod uid -> its last state the watch delivered (deleted pods too)
+        self.pod_uids = {}  # pod name -> uid of the latest pod of that name seen
+        self.pod_watch = None
         self.deadline = None
         self.channel, self.channel_lock = None, threading.Lock()  # how episodes are exec'd
         self.retired_channels = []  # channels fallen back from, closed with the batch
 
-    def fire(self, claims, claim_watch, sandbox_watch):
+    def fire(self, claims, claim_watch, sandbox_watch, pod_watch=None):
         """Create every claim and run every episode; returns once all are done or the deadline passed."""
+        self.pod_watch = pod_watch
         self.names = [claim["metadata"]["name"] for claim in claims]
         self.position = {name: index for index, name in enumerate(self.names)}
         self.observed = {name: {} for name in self.names}
@@ -5969,6 +6031,7 @@ class WarmPoolRun:
                     creating.result()  # a refused create ends the run here
                 for sandbox in sandbox_watch.drain():
                     self.sandboxes[sandbox["metadata"]["name"]] = sandbox
+                self.absorb_pods()
                 for now, claim in states:
                     name = claim["metadata"]["name"]
                     if name not in self.observed or older_state(claim, self.latest.get(name)):
@@ -6019,19 +6082,31 @@ class WarmPoolRun:
                 self.console.note("listing the claims through the proxy failed (%s); asking kubectl" % error)
         return self.cluster.read_items("-n", self.namespace, "get", CLAIM_PLURAL, "-l", self.selector)
 
+    def absorb_pods(self):
+        """Take in the pod states the watch delivered (kept by uid: a replacement pod has its own)."""
+        if self.pod_watch is None:
+            return
+        for pod in self.pod_watch.drain():
+            meta = pod["metadata"]
+            if meta.get("uid") and not older_state(pod, self.pods.get(meta["uid"])):
+                self.pods[meta["uid"]] = pod
+                self.pod_uids[meta["name"]] = meta["uid"]
+
     def run_episode(self, name, bound):
         """One episode, exec'd into its claim's sandbox (`bound`, as the Ready state named it); its
         output kept as its log."""
         index = self.position[name]
         sandbox = self.wait_for_sandbox(bound) or self.cluster.get_json("-n", self.namespace, "sandboxes", bound)
         pod_name = (sandbox or {}).get("metadata", {}).get("annotations", {}).get(POD_NAME_ANNOTATION) or bound
+        pod_uid = self.pod_uids.get(pod_name)  # the pod the exec goes to, when the watch has shown it
         result = self.exec_episode(pod_name, episode_command(name, index, self.spec))
         self.observed[name]["exec_finished"] = time.time()
         self.observed[name]["exec_started"] = result.sent_at
         if result.code != 0:
-            deleted = self.deleted_under(bound, pod_name)
+            deleted = self.deleted_under(bound, pod_name, pod_uid)
             if deleted:
-                result = ExecResult(None, result.stdout, result.stderr, error=deleted, reason="SandboxDeleted",
+                reason, message = deleted
+                result = ExecResult(None, result.stdout, result.stderr, error=message, reason=reason,
                                     sent_at=result.sent_at, opened_at=result.opened_at)
         if result.opened_at is not None:
             self.observed[name]["stream_open"] = result.opened_at
@@ -6075,17 +6150,41 @@ class WarmPoolRun:
         self.run.stream.offer(index if self.spec.episode else name, [(record, log_text(result.stdout))], created,
                               self.observed, WarmPoolBackend.scheme, final=True)
 
-    def deleted_under(self, sandbox_name, pod_name):
-        """Why an episode's exec ended: its Sandbox or its pod was deleted while it ran (this run
-        deletes nothing before its batch ends, so someone else did). None when both are there."""
+    def deleted_under(self, sandbox_name, pod_name, pod_uid=None):
+        """Why an episode's exec ended, as (status reason, message): its pod was evicted ("Evicted",
+        with the eviction's own message: agent-sandbox then makes a new pod, perhaps of the same
+        name, so the pod's uid tells them apart), or its Sandbox or pod was deleted while it ran
+        ("SandboxDeleted": this run deletes nothing before its batch ends, so someone else did).
+        None when both are there, unchanged."""
         try:
-            for kind, resource, name in (("Sandbox", "sandboxes", sandbox_name), ("pod", "pods", pod_name)):
-                live = self.cluster.get_json("-n", self.namespace, resource, name)
-                if live is None or live["metadata"].get("deletionTimestamp"):
-                    return ("its %s %s was deleted while the episode ran, by someone else (this run deletes "
-                            "nothing before its batch ends)" % (kind, name))
+            sandbox = self.cluster.get_json("-n", self.namespace, "sandboxes", sandbox_name)
+            pod = self.cluster.get_json("-n", self.namespace, "pods", pod_name)
         except DemoError:
             return None
+        replaced = pod is not None and pod_uid is not None and pod["metadata"].get("uid") != pod_uid
+        pod_gone = pod is None or replaced or bool(pod["metadata"].get("deletionTimestamp"))
+        if pod_gone:
+            last = pod if pod is not None and not replaced else self.last_pod_state(pod_uid)
+            evicted = eviction_message(last) if last is not None else None
+            if evicted:
+                return "Evicted", ("pod %s of Sandbox %s was evicted while the episode ran (%s)%s" % (
+                    pod_name, sandbox_name, evicted, "; agent-sandbox replaced it with a new pod" if replaced else ""))
+        for kind, name, live, gone in (("Sandbox", sandbox_name, sandbox, sandbox is None or bool(
+                (sandbox or {}).get("metadata", {}).get("deletionTimestamp"))), ("pod", pod_name, pod, pod_gone)):
+            if gone:
+                return "SandboxDeleted", ("its %s %s was deleted while the episode ran, by someone else (this run "
+                                          "deletes nothing before its batch ends)" % (kind, name))
+        return None
+
+    def last_pod_state(self, uid, patience=SANDBOX_WATCH_PATIENCE_SECONDS):
+        """The pod of `uid` as the watch last showed it, once that shows its deletion (the watch
+        may be behind the exec's end for a moment); None when the watch never showed that pod."""
+        give_up = time.monotonic() + patience
+        while uid is not None:
+            pod = self.pods.get(uid)
+            if pod is not None and pod["metadata"].get("deletionTimestamp") or time.monotonic() > give_up:
+                return pod
+            time.sleep(0.05)
         return None
 
     def wait_for_sandbox(self, name, patience=SANDBOX_WATCH_PATIENCE_SECONDS):
@@ -6129,6 +6228,13 @@ class WarmPoolRun:
             claims, sandbox_list, pods = [self.latest[n] for n in names if n in self.latest], \
                 list(self.sandboxes.values()), []
             self.console.warn("could not read the claims, Sandboxes and pods (%s); saved what the watches saw" % error)
+        self.absorb_pods()
+        listed = {pod["metadata"].get("uid") for pod in pods}
+        gone = [pod for uid, pod in self.pods.items() if uid not in listed]  # evicted, deleted: as last seen
+        pods += gone
+        if gone:
+            self.run_info["pods_seen_only_by_watch"] = sorted(pod["metadata"]["name"] for pod in gone)
+            write_json(output / "run.json", self.run_info)
         write_json(output / "claims.json", claims)
         write_json(output / "sandboxes.json", sorted(sandbox_list, key=by_creation))
         write_json(output / "pods.json", sorted(pods, key=by_creation))
@@ -6206,7 +6312,7 @@ class WarmPoolBackend(Backend):
     timeline_origin = "first claim"
     takes_parallelism = False  # every claim is fired at once
     REPORT_ROWS = {
-        "setup": [("launch types warm / cold", "launch", None),
+        "setup": [("launch types warm / cold", "counts", ("launch_types", ("warm", "cold"))),
                   ("warm pool fill (setup, not measured in the batch)", "batch", "pool.fill_seconds")],
         "ready": [("batch all claims Ready", "batch", "batch_to_all_claims_ready_seconds"),
                   ("time to all claims Ready (agent-sandbox stress test definition)", "batch",
@@ -6299,6 +6405,10 @@ class WarmPoolBackend(Backend):
         # loop got round to them.
         claim_watch = cluster.watch("SandboxClaim", "-n", namespace, "sandboxclaims", "-l", batch.selector, timed=True)
         sandbox_watch = cluster.watch("Sandbox", "-n", namespace, "sandboxes")
+        # Every state of the run's pods, also of those deleted (an evicted sandbox pod is replaced
+        # by one of the same name: only the watch keeps what happened to the first).
+        pod_watch = cluster.watch("Pod", "-n", namespace, "pods", "-l", batch.selector)
+        watches = (claim_watch, sandbox_watch, pod_watch)
         try:
             run.receipt["pool_uid"] = cluster.create_owned(pool, run.run_id)["metadata"]["uid"]
             run.save_receipt()
@@ -6324,18 +6434,18 @@ class WarmPoolBackend(Backend):
             write_json(output / "claims-submitted.json", claims)
             batch.channel = open_exec_channel(cluster, namespace, self.console, [
                 "^/apis/%s/namespaces/%s/%s$" % (re.escape(EXTENSIONS_API), re.escape(namespace), CLAIM_PLURAL)])
-            batch.fire(claims, claim_watch, sandbox_watch)
+            batch.fire(claims, claim_watch, sandbox_watch, pod_watch)
         except DemoError as error:
-            claim_watch.stop()
-            sandbox_watch.stop()
+            for watch in watches:
+                watch.stop()
             batch.close_channels()
             if not batch.names:
                 raise  # no claim was fired: what the pool held is saved already
             batch.save_state()
             raise with_context(error, WARM_DIAGNOSTICS % output) from None
         finally:
-            claim_watch.stop()
-            sandbox_watch.stop()
+            for watch in watches:
+                watch.stop()
             batch.close_channels()  # the proxy and its socket go on every way out
         batch.save_state()
         where = WARM_DIAGNOSTICS % output
@@ -6425,12 +6535,27 @@ class WarmPoolBackend(Backend):
         return objects
 
     @classmethod
-    def list_fields(cls, objects):
-        return {"claims": len(objects["claims"])}
+    def list_fields(cls, objects, folder):
+        """The claims on the cluster; the episodes' outcomes, which only the run's results.json
+        holds (an exec leaves nothing on the cluster): null without it."""
+        try:
+            results = read_saved(folder / "results.json") if folder is not None else None
+        except (OSError, ValueError):
+            results = None
+        done = {} if not isinstance(results, dict) else {
+            "completions": results.get("episodes"), "succeeded": results.get("successful_episodes"),
+            "failed": (results["episodes"] - results["successful_episodes"])
+            if isinstance(results.get("episodes"), int) and isinstance(results.get("successful_episodes"), int)
+            else None}
+        return {"claims": len(objects["claims"]), "completions": done.get("completions"),
+                "succeeded": done.get("succeeded"), "failed": done.get("failed"), "counts_from": "results.json"
+                if done.get("succeeded") is not None else None}
 
     @classmethod
     def episodes_cell(cls, row):
-        return "%d claims" % row["claims"]
+        if row.get("succeeded") is None:
+            return "%d claims, no results.json found" % row["claims"]
+        return "%d claims; %s/%s done, %s failed" % (row["claims"], row["succeeded"], row["completions"], row["failed"])
 
     @classmethod
     def list_state(cls, objects):
@@ -6559,6 +6684,17 @@ def local_record(name, index, created, finished, code, message, timed_out, inter
     return {"apiVersion": "rl-batch-demo/local", "kind": LOCAL_KIND,
             "metadata": {"name": name, "creationTimestamp": iso_micro(created), "annotations": {INDEX_KEY: str(index)}},
             "spec": {"nodeName": "local:" + socket.gethostname()}, "status": status}
+
+
+def local_episode_times(record, ready, reward, observed=None):
+    """A local episode's points: a pod's, with no scheduler and no sandbox to time."""
+    times, missing, fallbacks = episode_times(record, ready, reward, observed)
+    for point in ("scheduled", "sandbox_ready"):
+        missing[point] = "local backend: no scheduler and no sandbox"
+    return times, missing, fallbacks
+
+
+LOCAL_SCHEME = dataclasses.replace(POD_SCHEME, times_of=local_episode_times)
 
 
 class LocalBatch:
@@ -6706,6 +6842,7 @@ class LocalBackend(Backend):
     uses_cluster = False
     leaves_remote_state = False
     api_timestamps = False  # every time comes from this machine's clock, to the microsecond
+    scheme = LOCAL_SCHEME
     batch_origin = "batch started"
     startup_label = "Episode process launched -> ready"
 
@@ -7181,12 +7318,14 @@ def run_row(namespace, objects, receipts, now):
     backend = backend_named((meta.get("labels") or {}).get(BACKEND_LABEL))
     jobs = objects["jobs"]
     state = "Terminating" if meta.get("deletionTimestamp") else backend.list_state(objects)
-    receipt = "-"
+    receipt, folder = "-", None
     if name in receipts:
-        folder, saved = receipts[name]
-        receipt = str(folder)
+        found, saved = receipts[name]
+        receipt = str(found)
         if saved.get("uid") != meta.get("uid"):
             receipt += " (uid differs: not this namespace)"
+        else:
+            folder = found
 
     def total(key):
         return sum(job.get("status", {}).get(key, 0) for job in jobs)
@@ -7195,7 +7334,7 @@ def run_row(namespace, objects, receipts, now):
             "jobs": sorted(job["metadata"]["name"] for job in jobs),
             "completions": sum(job.get("spec", {}).get("completions", 0) for job in jobs) if jobs else None,
             "succeeded": total("succeeded"), "failed": total("failed"), "active": total("active"),
-            **backend.list_fields(objects), "receipt": receipt}
+            **backend.list_fields(objects, folder), "receipt": receipt}
 
 
 def human_age(seconds):

@@ -7,11 +7,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
-from conftest import EPISODE, ROOT
+from conftest import EPISODE, ROOT, wait_for
 
 def being_deleted(cluster, namespace):
     """The namespace is gone, or going (Terminating)."""
@@ -116,9 +115,16 @@ LOOP = textwrap.dedent("""
     import rl_batch_demo
     batch = rl_batch_demo.stream_batch(backend="local", episode=%r, tasks=[{"reward": 1}, {"sleep": 60}],
                                        output="out", quiet=True)
+
+    def resumed(frame, event, arg):  # the loop is back in the tool's iterator: say so, once
+        if event == "call" and frame.f_globals.get("__name__") == "rl_batch_demo":
+            sys.setprofile(None)
+            open("in-iterator", "w").close()
+
     try:
         for episode in batch:
             print("episode", episode["task"], flush=True)
+            sys.setprofile(resumed)
     except rl_batch_demo.RunInterrupted as stop:
         print("interrupted", stop.exit_code, stop.output, flush=True)
         raise
@@ -129,7 +135,8 @@ def test_ctrl_c_in_the_training_loop_stops_the_batch_and_raises_run_interrupted(
     loop = subprocess.Popen([sys.executable, "-c", LOOP % (str(ROOT), EPISODE)], cwd=str(tmp_path),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert loop.stdout.readline() == "episode 0\n"
-    time.sleep(1)  # the loop is back in the iterator, waiting for the slow episode (60 s)
+    wait_for("the loop back in the iterator, waiting for the slow episode (60 s)",
+             lambda: (tmp_path / "in-iterator").exists())
     loop.send_signal(signal.SIGINT)
     stdout, stderr = loop.communicate(timeout=60)
     assert loop.returncode == 1 and stdout == "interrupted 130 out\n"

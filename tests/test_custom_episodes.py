@@ -54,7 +54,8 @@ def test_crash_and_malformed_events_are_infrastructure_failures_not_rewards(back
     failures = {failure["index"]: failure["reason"] for failure in results["infrastructure_failures"]}
     assert failures[1] == "crashed: exit code 3 (RuntimeError: the sandbox lost its tools)"
     assert failures[2] == "malformed reward: 'high' is not a finite number"
-    assert failures[3] == "never ready: no ready event"
+    assert failures[3].startswith("never ready: no ready event in its log, yet a reward event: the episode did not "
+                                  "emit one, or the log's beginning is gone"), failures[3]
 
 
 def test_a_failed_episode_is_retried_and_then_succeeds(backend, run_tool, tmp_path):
@@ -198,6 +199,15 @@ def test_sample_events_prefer_the_termination_message(tool):
 def test_sample_events_name_the_malformation(tool, log, reason):
     with pytest.raises(tool.EpisodeInvalid, match=re.escape(reason)):
         tool.sample_events(custom_pod(), log)
+
+
+def test_a_log_with_a_reward_but_no_ready_event_names_a_rotation_as_one_cause(tool):
+    # what a log rotated by the kubelet keeps: the later part, its reward, not its ready event
+    log = "step 9999 of the episode's own output\n" + events("rollout-0-abc").splitlines()[1] + "\n"
+    with pytest.raises(tool.EpisodeInvalid) as raised:
+        tool.sample_events(custom_pod(), log)
+    assert str(raised.value).startswith("never ready: no ready event in its log, yet a reward event")
+    assert "containerLogMaxSize" in str(raised.value) and "events seen: reward" in str(raised.value)
 
 
 def test_a_pod_deleted_before_its_log_was_read_is_no_sample(tool):

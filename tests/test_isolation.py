@@ -1,7 +1,6 @@
 """Isolation on a shared cluster: Pod Security `restricted`, default-deny networking, the
 recommended labels on every object."""
 
-import time
 
 from conftest import read
 
@@ -38,10 +37,8 @@ def test_pod_security_rejection_stops_the_run_early_with_the_reason(make_cluster
     # VM-sandbox cluster whose new namespaces get their ServiceAccount 2 s late (a refusal
     # that passes), so the stall check must tell the two apart.
     cluster = make_cluster({"injectSidecar": SIDECAR, "profile": "vm-sandbox", "serviceAccountDelaySeconds": 2})
-    started = time.monotonic()
     result = run_tool("run", "--count", "2", "--timeout", "120", "--output", "out", cluster=cluster)
-    assert result.code == 1, result
-    assert time.monotonic() - started < 60
+    assert result.code == 1, result  # not 3: the refusal ended the wait, not the 120 s deadline
     assert result.stderr.splitlines()[-1].startswith(
         "Error: the cluster refused to create the episode pods: pods \"rollout-")
     assert ('is forbidden: violates PodSecurity "restricted:latest": allowPrivilegeEscalation != false '

@@ -1,6 +1,7 @@
 """The Kueue gate: the batch through a Kueue LocalQueue, its queue wait apart from startup, end to end
 through the simulated cluster (Kueue v0.19.2), and the preflight's quota arithmetic in-process."""
 
+import calendar
 import json
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import EPISODE, SCRIPT, read, write_tasks
+from conftest import EPISODE, SCRIPT, read, start_tool, wait_for, write_tasks
 
 
 TEAM = {"name": "team", "nominalQuota": {"cpu": "2", "memory": "4Gi"}}
@@ -22,7 +23,7 @@ def queued_run(run_tool, cluster, output, *args):
     return run_tool("run", "--no-runtime-class", "--count", "4", "--output", output, *args, cluster=cluster)
 
 
-def test_a_batch_through_a_free_queue_is_queued_about_a_tick_and_returns_every_reward(make_cluster, run_tool,
+def test_a_batch_through_a_free_queue_is_admitted_once_and_returns_every_reward(make_cluster, run_tool,
                                                                                      tmp_path):
     cluster = make_cluster(kueue())
     done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "team")
@@ -31,7 +32,7 @@ def test_a_batch_through_a_free_queue_is_queued_about_a_tick_and_returns_every_r
     assert (results["successful_episodes"], results["reward_sum"]) == (4, 4)
     queue = results["queue"]
     assert (queue["local_queue"], queue["cluster_queue"], queue["admission_cycles"]) == ("team", "team", 1)
-    assert 0 <= queue["queued_seconds"] < 3  # whole seconds; a loaded machine slows the admission tick
+    assert queue["queued_seconds"] >= 0  # whole seconds: the admission's API time, not the client's
     assert queue["workload"].startswith("job-rollout-") and queue["batch_figures_include_queueing"] is True
     assert results["batch_to_all_ready_after_admission_seconds"] is not None
     job = read(tmp_path / "out" / "job-submitted.json")
@@ -89,7 +90,7 @@ def wait_until_queued(cluster, process):
                        c["type"] == "QuotaReserved" and c.get("reason") == "Pending"
                        for c in w.get("status", {}).get("conditions", []))]
         if pending:
-            return
+            return pending[0]
         assert time.monotonic() < deadline and process.poll() is None, "the run's Workload never waited for quota"
         time.sleep(0.1)
 
@@ -103,14 +104,15 @@ def test_a_slow_job_create_is_not_counted_as_queue_wait(make_cluster, run_tool, 
     assert done.code == 0, done
     [cycle] = read(tmp_path / "out" / "results.json")["queue"]["cycles"]
     assert cycle["queued_source"] in ("Job create call returned (client clock)", "Job creationTimestamp (API clock)")
-    assert cycle["queued_seconds"] < 4, cycle
+    assert cycle["queued_seconds"] < 6, cycle  # the create's 6 s are not in it
 
 
 def test_a_batch_queued_behind_another_shows_the_wait_and_the_message(busy_cluster, tmp_path):
     start_blocker(busy_cluster)
     process = start_queued_run(busy_cluster, tmp_path)
-    wait_until_queued(busy_cluster, process)
-    time.sleep(1.5)
+    created = wait_until_queued(busy_cluster, process)["metadata"]["creationTimestamp"]
+    created = calendar.timegm(time.strptime(created, "%Y-%m-%dT%H:%M:%SZ"))  # the API server's clock
+    wait_for("two seconds of queueing since the Workload was created", lambda: time.time() >= created + 2)
     (tmp_path / "release-blocker").touch()
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 0, stderr
@@ -171,10 +173,8 @@ def test_a_batch_that_never_fits_an_unreadable_queue_stops_early_with_the_condit
         clusterQueues=[{"name": "tiny", "nominalQuota": {"cpu": "200m", "memory": "4Gi"}}],
         newNamespaceLocalQueue={"name": "team", "clusterQueue": "tiny", "delaySeconds": 0.2}),
         forbid=[{"verb": "get", "resource": "clusterqueues"}]))
-    started = time.monotonic()
     done = queued_run(run_tool, cluster, "out", "--queue", "team")
-    assert done.code == 1, done
-    assert time.monotonic() - started < 30  # not the client's deadline
+    assert done.code == 1, done  # not 3: the condition ended the wait, not the client's deadline
     assert ("the Job's Workload can never be admitted: couldn't assign flavors to pod set main: insufficient quota "
             "for cpu in flavor default-flavor, previously considered podsets requests (0) + current podset request "
             "(400m) > maximum capacity (200m)") in done.stderr
@@ -186,7 +186,6 @@ def test_a_preempted_and_readmitted_batch_reports_two_cycles_and_correct_results
     cluster = make_cluster(dict(kueue(preempt={"whilePodsPending": 4}), profile="vm-sandbox"))
     done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "team")
     assert done.code == 0, done
-    assert "rollout: evicted (Preempted), its pods terminating: Preempted to accommodate a workload" in done.stderr
     results = read(tmp_path / "out" / "results.json")
     queue = results["queue"]
     assert queue["admission_cycles"] == 2
@@ -200,6 +199,36 @@ def test_a_preempted_and_readmitted_batch_reports_two_cycles_and_correct_results
     assert second["draining_seconds"] is not None and second["draining_seconds"] >= 0
     assert second["queued_source"].startswith("Requeued=True") and second["queued_seconds"] >= 0
     assert queue["total_draining_seconds"] == second["draining_seconds"]
+
+
+def test_a_workload_deleted_under_its_running_job_is_a_new_admission_cycle(make_cluster, tmp_path):
+    # someone deletes the admitted Workload while the episodes start (VM sandboxes: 2-5 s): Kueue
+    # stops the Job (Missing Workload), makes a new Workload of the same name, admits it again
+    cluster = make_cluster(dict(kueue(), profile="vm-sandbox"))
+    process = start_tool(cluster, tmp_path, "run", "--no-runtime-class", "--count", "4", "--queue", "team",
+                         "--cluster-queue", "team", "--output", "out")
+    wait_for("the Job's uid in the receipt", lambda: (tmp_path / "out" / "receipt.json").exists() and
+             "job_uid" in (tmp_path / "out" / "receipt.json").read_text())
+    namespace = read(tmp_path / "out" / "receipt.json")["namespace"]
+
+    def admitted_with_pods():
+        workloads = cluster.get_json("-n", namespace, "workloads")["items"]
+        pods = cluster.get_json("-n", namespace, "pods")["items"]
+        return workloads and pods and any(c["type"] == "Admitted" and c["status"] == "True"
+                                          for c in workloads[0].get("status", {}).get("conditions", [])) and workloads[0]
+
+    first = wait_for("the Workload admitted and the Job's pods made", admitted_with_pods)
+    cluster.kubectl("-n", namespace, "delete", "workload", first["metadata"]["name"], "--wait=false")
+    _, stderr = process.communicate(timeout=180)
+    assert process.returncode == 0, stderr
+    results = read(tmp_path / "out" / "results.json")
+    queue = results["queue"]
+    assert queue["admission_cycles"] == 2, queue
+    assert queue["cycles"][0]["evicted_reason"] == "WorkloadDeleted"
+    assert first["metadata"]["uid"] in queue["cycles"][0]["evicted_message"]
+    assert queue["cycles"][1]["queued_source"].startswith("the new Workload") and queue["preempted_cycle_pods"] >= 1
+    assert read(tmp_path / "out" / "workload.json")["metadata"]["uid"] != first["metadata"]["uid"]
+    assert (results["successful_episodes"], results["reward_sum"]) == (4, 4)
 
 
 def test_kueue_that_does_not_manage_jobs_is_named_as_such(make_cluster, run_tool, tmp_path):
@@ -341,7 +370,7 @@ def test_an_interrupted_queued_run_leaves_what_cleanup_needs(busy_cluster, run_t
     start_blocker(busy_cluster)
     process = start_queued_run(busy_cluster, tmp_path)
     wait_until_queued(busy_cluster, process)
-    time.sleep(0.5)
+    wait_for("the Job's uid in the receipt", lambda: "job_uid" in (tmp_path / "out" / "receipt.json").read_text())
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
@@ -375,10 +404,8 @@ def test_a_pods_ready_timeout_evicts_and_requeues_with_back_off_then_the_batch_c
 def test_a_workload_deactivated_after_its_requeue_limit_stops_the_run_early(make_cluster, run_tool, tmp_path):
     cluster = make_cluster(dict(kueue(waitForPodsReady={"timeoutSeconds": 1, "backoffLimitCount": 0}),
                                 imagePullSeconds=30))
-    started = time.monotonic()
     done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "team")
-    assert done.code == 1, done
-    assert time.monotonic() - started < 20
+    assert done.code == 1, done  # not 3: the deactivation ended the wait, not the deadline
     assert ("the Job's Workload can never be admitted: The workload is deactivated due to exceeding the maximum "
             "number of re-queuing retries") in done.stderr
     assert run_tool("cleanup", "--output", "out", cluster=cluster).code == 0
@@ -601,11 +628,9 @@ def test_a_queued_batch_whose_episodes_all_fail_fails_at_once_as_unqueued(make_c
     image.write_text("#!/bin/sh\nexit 1\n")
     image.chmod(0o755)
     cluster = make_cluster(dict(kueue(), images={"broken:1": {"python": str(image)}}))
-    started = time.monotonic()
     done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "team", "--image", "broken:1")
-    assert done.code == 4, done
+    assert done.code == 4, done  # not 3: the failures ended it, not the Job's 240 s deadline
     assert "Job rollout failed (BackoffLimitExceeded: Job has reached the specified backoff limit)" in done.stderr
-    assert time.monotonic() - started < 60  # not the Job's 240 s deadline
     # no replacement waves (backoffLimit 0, as unqueued); fewer than 4 when the first failure comes before the
     # Job controller's slow-start batches have made them all
     assert len(read(tmp_path / "out" / "pods.json")) <= 4
@@ -664,3 +689,18 @@ def test_shared_code_reaches_the_kueue_gate_only_through_the_registry():
     outside = source[:start] + source[end:]
     assert [line.strip() for line in outside.splitlines() if "KueueGate" in line] == [
         "GATES = (KueueGate,)  # admission gates (Gate); shared code asks each, in this order"]
+
+
+def test_the_state_line_of_an_evicted_workload_whose_pods_still_terminate_says_so(tool):
+    cycles = tool.AdmissionCycles(1.0, 1.0)
+    conditions = [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "",
+                   "lastTransitionTime": "2026-12-02T10:00:01Z"},
+                  {"type": "Admitted", "status": "True", "reason": "Admitted", "message": "",
+                   "lastTransitionTime": "2026-12-02T10:00:01Z"}]
+    workload = {"metadata": {"name": "job-rollout-1", "uid": "u1"}, "status": {"conditions": conditions}}
+    cycles.update(2.0, workload)
+    evicted = dict(workload, status={"conditions": conditions + [{
+        "type": "Evicted", "status": "True", "reason": "Preempted", "message": "Preempted to accommodate a workload",
+        "lastTransitionTime": "2026-12-02T10:00:02Z"}]})
+    cycles.update(3.0, evicted)
+    assert cycles.state() == "evicted (Preempted), its pods terminating: Preempted to accommodate a workload"

@@ -108,7 +108,8 @@ def test_validation_requires_phase_succeeded(tool):
 
 def test_validation_requires_a_ready_event(tool):
     log = good_log().splitlines()[1] + "\n"
-    assert invalid(tool, log=log) == "pod rollout-abcde: expected exactly one ready event, found 0"
+    assert invalid(tool, log=log).startswith("pod rollout-abcde: never ready: no ready event in its log, yet a reward "
+                                             "event: the episode did not emit one, or the log's beginning is gone")
 
 
 def test_validation_requires_exactly_one_reward_event(tool):

@@ -126,7 +126,6 @@ class AgentSandbox:
     def __init__(self, cluster):
         self.cluster = cluster
         self.retry_at = {}  # sandbox uid -> when to try creating its pod again
-        self.pods_created = set()  # sandbox uids whose pod was created (a deleted pod is not remade here)
         # Controllers are event-driven: an object is reconciled again only when it, or what it
         # follows, changed (resourceVersions as of its last pass), or a retry is due.
         self.synced = {}
@@ -150,12 +149,20 @@ class AgentSandbox:
             namespace = sandbox["metadata"]["namespace"]
             pod_name = sandbox["metadata"].get("annotations", {}).get(POD_NAME, sandbox["metadata"]["name"])
             pod = c.get("pods", namespace, pod_name)
+            if pod is None and POD_NAME in (sandbox["metadata"].get("annotations") or {}):
+                # reconcilePod: the annotated pod is gone (evicted, deleted): the annotation is
+                # cleared and a new pod is made, named after the Sandbox
+                del sandbox["metadata"]["annotations"][POD_NAME]
+                c.put("sandboxes", sandbox)
+                sandbox = c.get("sandboxes", namespace, sandbox["metadata"]["name"])
+                pod_name = sandbox["metadata"]["name"]
+                pod = c.get("pods", namespace, pod_name)
             key = (sandbox["metadata"]["resourceVersion"], (pod or {}).get("metadata", {}).get("resourceVersion"))
             if self.synced.get(sandbox["metadata"]["uid"]) == key:
                 continue
             status = json.loads(json.dumps(sandbox.get("status") or {}))
             generation = sandbox["metadata"].get("generation", 1)
-            if pod is None and sandbox["metadata"]["uid"] not in self.pods_created:
+            if pod is None:
                 if time.time() < self.retry_at.get(sandbox["metadata"]["uid"], 0):
                     continue
                 template = sandbox["spec"].get("podTemplate") or {}
@@ -175,7 +182,6 @@ class AgentSandbox:
                         "Ready", "False", "ReconcilerError", "Error seen: failed to create pod: %s" % error, generation))
                     self.write_status("sandboxes", sandbox, status)
                     continue
-                self.pods_created.add(sandbox["metadata"]["uid"])
             ready = False
             message = "Pod does not exist"
             if pod is not None:

@@ -365,6 +365,21 @@ class ApiServer:
         self.put(resource, obj)
         return obj
 
+    def api_evict(self, namespace, name):
+        """POST pods/NAME/eviction (kubectl drain; no PodDisruptionBudget is simulated): the pod
+        gets DisruptionTarget (EvictionByEvictionAPI) and is deleted with its grace period; the
+        answer is a Status Success (ASSUMPTIONS.md "The Eviction API")."""
+        self.check_rbac("create", "pods", namespace, name)
+        pod = self.api_get("pods", namespace, name)
+        if not pod["metadata"].get("deletionTimestamp"):
+            pod.setdefault("status", {}).setdefault("conditions", []).append({
+                "type": "DisruptionTarget", "status": "True", "lastProbeTime": None,
+                "lastTransitionTime": now_rfc3339(), "reason": "EvictionByEvictionAPI",
+                "message": "Eviction API: evicting"})
+            self.begin_pod_termination(pod)
+            self.put("pods", pod)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
+
     def api_label(self, resource, namespace, name, labels, overwrite):
         obj = self.api_get(resource, namespace, name)
         current = obj["metadata"].setdefault("labels", {})

@@ -578,6 +578,9 @@ class HttpApi:
             return self.serve_log(conn, sock, namespace, name, query)
         if sub == "exec":
             return self.serve_exec(conn, sock, namespace, name, query, multi, headers)
+        if sub == "eviction" and method == "POST":
+            return self.answer(conn, sock, 201, self.call("create", "pods", lambda: locked(
+                cluster, cluster.api_evict, namespace, name)))
         if method == "GET" and name is None and query.get("watch") in ("true", "1"):
             return self.serve_watch(conn, sock, resource, namespace, query)
         if method == "GET" and name is None:

@@ -88,9 +88,14 @@ class JobController:
                 continue
             book = self.job_books[job["metadata"]["uid"]]
             batch = self.timing["jobSyncBatchSeconds"]
-            if batch and time.time() - self.job_synced.get(job["metadata"]["uid"], 0.0) < batch:
-                continue  # pod updates wait for the next batched sync of their Job
+            # A spec change (Kueue's suspend, say) is synced at once; pod and status updates wait
+            # for the next batched sync of their Job (ASSUMPTIONS.md "Sync batching").
+            spec_seen = json.dumps(job["spec"], sort_keys=True)
+            if batch and time.time() - self.job_synced.get(job["metadata"]["uid"], 0.0) < batch and \
+                    self.job_specs_synced.get(job["metadata"]["uid"]) == spec_seen:
+                continue
             self.job_synced[job["metadata"]["uid"]] = time.time()
+            self.job_specs_synced[job["metadata"]["uid"]] = spec_seen
             spec, status = job["spec"], job["status"]
             indexed = spec.get("completionMode") == "Indexed"
             conditions = status.get("conditions", [])

@@ -245,6 +245,16 @@ class Kueue:
             workload = next((w for w in c.items("workloads", namespace) if (w["metadata"].get("labels") or {}).get(
                 JOB_UID_LABEL) == job["metadata"]["uid"]), None)
             if workload is None:
+                finished = any(x["type"] in ("Complete", "Failed") and x["status"] == "True"
+                               for x in job["status"].get("conditions", []))
+                if not job["spec"].get("suspend") and not finished:
+                    # ensureOneWorkload: a running Job without its Workload (someone deleted it) is
+                    # stopped first; its next reconcile makes a new Workload (ASSUMPTIONS.md)
+                    job["spec"]["suspend"] = True
+                    c.put("jobs", job)
+                    c.record_event(job, "Normal", "Stopped", "Missing Workload; unable to restore pod templates",
+                                   "kueue-job-controller")
+                    continue
                 workload = self.create_workload(job, queue)
                 continue
             finished = {x["type"] for x in job["status"].get("conditions", []) if x["status"] == "True"} & {

@@ -57,6 +57,7 @@ class Cluster(ApiServer, JobController, Scheduler, Kubelet, NamespaceLifecycle):
         self.namespace_born = {}  # namespace -> when it was created (its ServiceAccount comes later)
         self.timing = dict(PROFILES[config.get("profile", "default")], **config.get("timing", {}))
         self.job_synced = {}  # job uid -> when the Job controller last synced it (batching)
+        self.job_specs_synced = {}  # job uid -> its spec (JSON) at that sync: a spec change is synced at once
         self.image_pulled = {}  # (node, image) -> when its pull is done (imagePullSeconds)
         self.mount_namespaces = pod_mount_namespaces_available(config.get("podMountNamespaces", "auto"))
         self.client_limits = client_rate_limiters(config)
