@@ -3041,8 +3041,6 @@ class RunSpec:
     tasks: str = None
     retries: int = 0
     backend: str = None
-    pool_size: int = None
-    exec_concurrency: int = None
     count: int = None
     allow_large: bool = False
     parallelism: int = None
@@ -3053,9 +3051,6 @@ class RunSpec:
     no_runtime_class: bool = False
     timeout: int = None
     network: str = "default"
-    queue: str = None
-    cluster_queue: str = None
-    queue_timeout: int = None
     dry_run: bool = False
     force: bool = False
     quiet: bool = False
@@ -3065,6 +3060,15 @@ class RunSpec:
     price_gib_hour: float = None
     program: str = None  # the episode program's text: --episode's, or the built-in one
     tasks_list: tuple = None  # --tasks, one parsed JSON task each; None without --tasks
+    # The `run` options a backend or an admission gate adds (its add_arguments), by name: read
+    # as attributes too (spec.pool_size), so a new plug-in's options need no field here.
+    options: dict = dataclasses.field(default_factory=dict)
+
+    def __getattr__(self, name):
+        options = self.__dict__.get("options") or {}
+        if name in options:
+            return options[name]
+        raise AttributeError("%s has no option %r" % (type(self).__name__, name))
 
     @property
     def custom_episodes(self):
@@ -3079,6 +3083,7 @@ class RunSpec:
     def flags(self):
         """Every flag of the command line, as given or defaulted (for run.json)."""
         flags = dataclasses.asdict(self)
+        flags.update(flags.pop("options"))
         flags["runtime"] = self.runtime_class
         return flags
 
@@ -7485,11 +7490,13 @@ def build_parser():
     episodes.add_argument("--retries", type=int, default=0, metavar="N",
                           help="with --episode: retry an episode that failed for infrastructure reasons up to "
                                "N times, per episode (default 0)")
+    run.plugin_options = []  # the dests of the options the backends and gates add: RunSpec.options
     for backend in BACKENDS.values():
         if backend.own_flags:
-            backend.add_arguments(run.add_argument_group("%s backend" % backend.name))
+            backend.add_arguments(RecordingGroup(run.add_argument_group("%s backend" % backend.name),
+                                                 run.plugin_options))
     for gate in GATES:
-        gate.add_arguments(run.add_argument_group(gate.argument_group))
+        gate.add_arguments(RecordingGroup(run.add_argument_group(gate.argument_group), run.plugin_options))
     cost = run.add_argument_group("cost (results.json's `cost`; no prices: capacity only, never a made-up price)")
     cost.add_argument("--price-cpu-hour", type=float, metavar="PRICE",
                       help="price of one CPU core for an hour, in your currency (with --price-gib-hour)")
@@ -7576,6 +7583,19 @@ def read_episode_inputs(args, fail):
     return program, tasks
 
 
+class RecordingGroup:
+    """An argument group that notes the dest of every option added to it (a plug-in's options,
+    which RunSpec keeps in `options`)."""
+
+    def __init__(self, group, dests):
+        self.group, self.dests = group, dests
+
+    def add_argument(self, *args, **kwargs):
+        action = self.group.add_argument(*args, **kwargs)
+        self.dests.append(action.dest)
+        return action
+
+
 def run_spec(args):
     """The RunSpec of `run`, checked once: every refusal is one usage line (exit 2)."""
     fail = args.subparser.error
@@ -7622,7 +7642,9 @@ def run_spec(args):
     fields["parallelism"] = parallelism
     if args.timeout is None:
         fields["timeout"] = default_deadline(args.count, parallelism)
-    return RunSpec(**fields)
+    plugin = set(args.subparser.plugin_options)
+    options = {dest: fields.pop(dest, getattr(args, dest)) for dest in sorted(plugin)}
+    return RunSpec(**fields, options=options)
 
 
 COMMANDS = {"run": start_run, "cleanup": cmd_cleanup, "report": cmd_report, "list": cmd_list}

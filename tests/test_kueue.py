@@ -182,8 +182,10 @@ def test_a_batch_that_never_fits_an_unreadable_queue_stops_early_with_the_condit
 
 
 def test_a_preempted_and_readmitted_batch_reports_two_cycles_and_correct_results(make_cluster, run_tool, tmp_path):
-    # VM sandboxes start in 2-5 s: the preemption comes once the Job's 4 pods exist, none started.
-    cluster = make_cluster(dict(kueue(preempt={"whilePodsPending": 4}), profile="vm-sandbox"))
+    # VM sandboxes start in 2-5 s: the preemption comes 1 s after the admission, the Job's 4 pods
+    # made and none started (at once, it could come before the run's pod watch has listed them,
+    # as on a real cluster: the Job controller syncs a resume at once).
+    cluster = make_cluster(dict(kueue(preempt={"whilePodsPending": 4, "afterSeconds": 1}), profile="vm-sandbox"))
     done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "team")
     assert done.code == 0, done
     results = read(tmp_path / "out" / "results.json")
@@ -424,7 +426,7 @@ def test_each_round_of_a_queued_run_is_queued_and_reported(make_cluster, run_too
 def test_custom_episodes_of_a_preempted_cycle_are_retried_and_only_the_last_cycle_counts(make_cluster, run_tool,
                                                                                         tmp_path):
     write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok", "reward": 1}, {"mode": "ok", "reward": 0.5}])
-    cluster = make_cluster(dict(kueue(preempt={"whilePodsPending": 2}), profile="vm-sandbox"))
+    cluster = make_cluster(dict(kueue(preempt={"whilePodsPending": 2, "afterSeconds": 1}), profile="vm-sandbox"))
     done = run_tool("run", "--no-runtime-class", "--episode", EPISODE, "--tasks", "tasks.jsonl", "--retries", "1",
                     "--queue", "team", "--cluster-queue", "team", "--output", "out", cluster=cluster)
     assert done.code == 0, done
