@@ -80,6 +80,8 @@ Sections of this file, in order (each under a banner of the same name)
     Backend registry                   BACKENDS and GATES: the one place that lists the backends
                                        and the admission gates
     Cleanup, report and list           the other subcommands; foreign objects, --receipt
+    Compare                            arms run interleaved, bootstrap intervals, verdicts, the
+                                       ECDF picture
     Command line                       argparse, the RunSpec built once, main()
     Python API                         run_batch(), stream_batch() for a training loop
                                        (`import rl_batch_demo` once installed)
@@ -89,16 +91,19 @@ import argparse
 import base64
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import datetime
 import hashlib
 import http.client
+import io
 import json
 import math
 import os
 from pathlib import Path
 import platform
 import queue
+import random
 import re
 import select
 import shlex
@@ -7264,6 +7269,14 @@ def wait_for_namespace(cluster, namespace):
 
 
 def cmd_report(args, console):
+    if len(args.folders) == 1 and (Path(args.folders[0]) / COMPARE_FILE).exists():
+        # a comparison's folder: its figures recomputed from the batches' results (same seed, same draws)
+        folder = Path(args.folders[0])
+        record = read_json(folder / COMPARE_FILE, "the comparison record", keys=("arms", "rounds", "seed", "completed"))
+        result = comparison(compare_rounds(folder, record), record["seed"], record.get("resamples", COMPARE_RESAMPLES))
+        result.update(order=record["order"], completed=record["completed"], status=record.get("status"))
+        console.say(json.dumps(result, indent=2) if args.json else "\n".join(comparison_lines(result)))
+        return EXIT_OK
     labels = args.label or [Path(folder).name or str(folder) for folder in args.folders]
     columns = []
     for label, folder in zip(labels, args.folders):
@@ -7372,6 +7385,358 @@ def cmd_list(args, console):
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     for line in table:
         console.say("   ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+    return EXIT_OK
+
+
+# ============================================================================
+# Compare: arms run interleaved, bootstrap intervals, a verdict only where the data carries one
+# ============================================================================
+# `compare --arm A='OPTIONS' --arm B='OPTIONS' [shared run options] --rounds R --output DIR`
+# runs every arm's batch R times, interleaved (round 1: A B, round 2: B A, ...; the first
+# round's order seeded), so that a drift in the cluster's load spreads over every arm. Each
+# batch is a full `run` in DIR/<arm>/round-N/ (its own receipt, cleaned up after it). The
+# figures: per arm and metric the pooled value and a percentile-bootstrap 95% interval that
+# resamples rounds, then episodes within them (so the interval holds round-to-round variation,
+# not only episode noise); per pair of arms the ratio and its interval; a verdict only where
+# the interval stays on one side of 1 (and the difference is not below the figure's
+# resolution). comparison.json and comparison.svg are recomputed from the folder by `report DIR`.
+
+COMPARE_FILE = "compare.json"  # the comparison's record: arms, order, seed, what completed
+COMPARISON_FILE = "comparison.json"  # the figures, intervals and verdicts
+COMPARE_RESAMPLES = 2000
+COMPARE_LEVEL = 0.95
+ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$")
+ARM_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
+
+
+def interleaved_order(arms, rounds, seed):
+    """[(round, arm)] in the order the batches run: every arm once a round, the order reversed
+    every other round (A B, B A, A B, ...), the first round's order drawn with `seed`."""
+    first = list(arms)
+    random.Random(seed).shuffle(first)
+    return [(number, arm) for number in range(1, rounds + 1)
+            for arm in (first if number % 2 == 1 else first[::-1])]
+
+
+def comparison_metrics(arms):
+    """The figures a decision turns on, for {arm: [results.json of each completed round]}: [{key,
+    label, level ("episode": one value per episode, "round": one per batch), q (the quantile of
+    an episode metric), resolution (seconds; the coarsest of the arms'), values {arm: [per
+    round: [episode values] or value]}}]; only those every arm has."""
+    metrics = []
+
+    def add(key, label, level, q, resolution, extract, unit="s"):
+        values = {arm: [extract(results) for results in rounds] for arm, rounds in arms.items()}
+        if level == "episode":
+            values = {arm: [v for v in per_round if v] for arm, per_round in values.items()}
+        else:
+            values = {arm: [v for v in per_round if isinstance(v, (int, float))] for arm, per_round in values.items()}
+        if all(values.values()):
+            metrics.append({"key": key, "label": label, "level": level, "q": q, "resolution": resolution,
+                            "unit": unit, "values": values})
+
+    every = [results for rounds in arms.values() for results in rounds]
+    startups = sorted({backend_of(results).scheme.startup_metric for results in every})
+    labels = {arm: backend_of(rounds[0]).scheme.phases[backend_of(rounds[0]).scheme.startup_metric][2]
+              for arm, rounds in arms.items() if rounds}
+    startup = next(iter(labels.values())) if len(set(labels.values())) == 1 else "startup (%s)" % "; ".join(
+        "%s: %s" % item for item in labels.items())
+    for q in (0.5, 0.95):
+        add("startup_p%d" % round(q * 100), "%s P%d" % (startup, round(q * 100)), "episode", q,
+            max(startup_resolution(r) for r in every),
+            lambda results: [row.get(backend_of(results).scheme.startup_metric + "_seconds") for row in results["pods"]
+                             if isinstance(row.get(backend_of(results).scheme.startup_metric + "_seconds"),
+                                           (int, float))])
+    for key, label in (("batch_to_all_ready_seconds", "batch all ready"),
+                       ("batch_to_all_rewards_seconds", "batch all rewards")):
+        add(key, label, "round", None, max(1.0 if backend_of(r).api_timestamps and key in backend_of(r).coarse_batch_keys
+                                           else 1e-6 for r in every), lambda results, key=key: results.get(key))
+    shared = set.intersection(*(set(r.get("phases") or {}) for r in every))
+    for phase in sorted(shared - set(startups), key=lambda name: list(every[0]["phases"]).index(name)):
+        add("phase." + phase, "%s P50" % phase, "episode", 0.5,
+            max(r["phases"][phase].get("resolution_seconds") or 1e-6 for r in every),
+            lambda results, phase=phase: [row["phases"][phase] for row in results["pods"]
+                                          if isinstance((row.get("phases") or {}).get(phase), (int, float))])
+    add("cost.per_reward.cpu_seconds", "reserved CPU per reward", "round", None, 1e-6,
+        lambda results: lookup(results, "cost.per_reward.cpu_seconds"), unit="CPU-s")
+    return metrics
+
+
+def startup_resolution(results):
+    metric = backend_of(results).scheme.startup_metric
+    return (results.get("phases") or {}).get(metric, {}).get("resolution_seconds") or 1e-6
+
+
+def metric_statistic(metric, per_round):
+    """A metric's figure over the rounds given: the quantile of every episode pooled, or the
+    mean of the batches' values."""
+    if metric["level"] == "episode":
+        pooled = [value for values in per_round for value in values]
+        return percentile(pooled, metric["q"]) if pooled else None
+    return statistics.fmean(per_round) if per_round else None
+
+
+def bootstrap_statistics(metric, per_round, rng, resamples):
+    """The metric's figure over `resamples` resamples: rounds drawn with replacement, then (for
+    an episode metric) each drawn round's episodes drawn with replacement."""
+    drawn = []
+    for _ in range(resamples):
+        rounds = [per_round[rng.randrange(len(per_round))] for _ in per_round]
+        if metric["level"] == "episode":
+            rounds = [[values[rng.randrange(len(values))] for _ in values] for values in rounds]
+        drawn.append(metric_statistic(metric, rounds))
+    return drawn
+
+
+def interval(values, level=COMPARE_LEVEL):
+    """The percentile interval of bootstrap values (None where a value is None)."""
+    known = [value for value in values if value is not None]
+    if not known:
+        return None, None
+    return percentile(known, (1 - level) / 2), percentile(known, 1 - (1 - level) / 2)
+
+
+def at_resolution(value, resolution):
+    """A figure rounded to what its clock can tell (whole seconds for API times)."""
+    if value is None or resolution < 1:
+        return value
+    return round(value / resolution) * resolution
+
+
+def comparison(arms, seed, resamples=COMPARE_RESAMPLES):
+    """comparison.json's figures for {arm: [results of each completed round]}: per arm and
+    metric the value and its interval, per pair of arms the ratio, its interval and the verdict."""
+    rng = random.Random(seed)
+    names = [arm for arm in arms if arms[arm]]
+    figures = {arm: {"rounds": len(arms[arm])} for arm in names}
+    pairs = []
+    for metric in comparison_metrics({arm: arms[arm] for arm in names}) if names else []:
+        by_arm, draws = metric_figures(metric, names, rng, resamples)
+        for arm in names:
+            figures[arm][metric["key"]] = by_arm[arm]
+        for position, first in enumerate(names):
+            for second in names[position + 1:]:
+                pairs.append(pair_verdict(metric, first, second, by_arm, draws))
+    return {"method": {"interval": "%d%% percentile bootstrap" % round(COMPARE_LEVEL * 100),
+                       "resampling": "rounds with replacement, then the episodes of each drawn round with "
+                                     "replacement (episode metrics); rounds with replacement (batch metrics)",
+                       "episode_figure": "the quantile of the pooled episodes (linear interpolation, as results.json)",
+                       "batch_figure": "the mean over the rounds",
+                       "resamples": resamples, "seed": seed,
+                       "resolution": "a figure and its interval are rounded to the resolution of its clock; a "
+                                     "difference below it is no difference shown"},
+            "arms": figures, "pairs": pairs}
+
+
+def metric_figures(metric, names, rng, resamples):
+    """One metric for each arm: ({arm: its figure, interval and size}, {arm: its bootstrap draws})."""
+    figures, draws = {}, {}
+    resolution = metric["resolution"]
+    for arm in names:
+        values = metric["values"][arm]
+        draws[arm] = bootstrap_statistics(metric, values, rng, resamples)
+        low, high = interval(draws[arm])
+        figures[arm] = {"label": metric["label"], "value": at_resolution(metric_statistic(metric, values), resolution),
+                        "low": at_resolution(low, resolution), "high": at_resolution(high, resolution),
+                        "unit": metric["unit"], "resolution_seconds": resolution,
+                        "episodes" if metric["level"] == "episode" else "batches":
+                        sum(len(v) for v in values) if metric["level"] == "episode" else len(values)}
+    return figures, draws
+
+
+def pair_verdict(metric, first, second, figures, draws):
+    """The ratio second/first of one metric (figures and draws of metric_figures) with its
+    interval, and the one line a person acts on."""
+    a, b = (metric_statistic(metric, metric["values"][arm]) for arm in (first, second))  # not yet rounded
+    ratios = [y / x for x, y in zip(draws[first], draws[second]) if x and y is not None]
+    low, high = interval(ratios)
+    entry = {"metric": metric["key"], "label": metric["label"], "a": first, "b": second,
+             "ratio": b / a if a and b is not None else None, "low": low, "high": high}
+    resolution = metric["resolution"]
+    if entry["ratio"] is None or low is None:
+        entry["verdict"] = "%s: no ratio (%s is 0 or unknown)" % (metric["label"], first)
+    elif resolution >= 1 and abs(b - a) < resolution:
+        entry["verdict"] = "%s: no difference shown at this figure's resolution (%g s): %s %s s, %s %s s" % (
+            metric["label"], resolution, first, format_figure(figures[first]["value"]), second,
+            format_figure(figures[second]["value"]))
+    elif low > 1 or high < 1:
+        digits = 2 if round(low, 2) != round(high, 2) or round(low, 2) != 1 else 4  # 1.0003x, not 1.00x
+        entry["verdict"] = "%s: %s is %.*fx %s (%.*f-%.*fx)" % (metric["label"], second, digits, entry["ratio"],
+                                                               first, digits, low, digits, high)
+    else:
+        entry["verdict"] = "%s: no difference shown between %s and %s (%.2f-%.2fx); more rounds would tell" % (
+            metric["label"], second, first, low, high)
+    return entry
+
+
+def format_figure(value):
+    return "%.3g" % value if value is not None else "n/a"
+
+
+def comparison_svg(arms, result):
+    """Per episode metric, each arm's empirical CDF (one line per arm), with its interval at P50 and
+    P95 drawn as a band on those lines: readable without hovering."""
+    from xml.sax.saxutils import escape
+    # one panel per distribution: the startup metric's P50 and P95 bands share one
+    metrics = [m for m in comparison_metrics({arm: rounds for arm, rounds in arms.items() if rounds})
+               if m["level"] == "episode" and m["key"] != "startup_p95"]
+    width, panel, left, top = 760, 230, 70, 40
+    parts = []
+    y0 = top
+    for metric in metrics:
+        values = {arm: sorted(v for per_round in rounds for v in per_round) for arm, rounds in metric["values"].items()}
+        high = max(max(v) for v in values.values()) or 1.0
+        scale_x = (width - left - 20) / high
+        plot_h = panel - 70
+        bands = "P50 and P95" if metric["key"] == "startup_p50" else "P50"
+        parts.append('<text x="%d" y="%d" font-size="13" font-weight="bold">%s: empirical CDF of every episode, '
+                     'the 95%% interval of its %s as a band</text>' % (
+                         left, y0 + 14, escape(metric["label"].rsplit(" P", 1)[0]), bands))
+        base = y0 + 30 + plot_h
+        parts.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#555"/>' % (left, base, width - 20, base))
+        parts.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#555"/>' % (left, base, left, base - plot_h))
+        for tick in range(5):
+            x = left + tick * (width - left - 20) / 4
+            parts.append('<text x="%.0f" y="%d" font-size="10" text-anchor="middle">%s s</text>' % (
+                x, base + 14, format_figure(high * tick / 4)))
+        for fraction in (0.5, 0.95):
+            parts.append('<text x="%d" y="%.0f" font-size="10" text-anchor="end">P%d</text>' % (
+                left - 4, base - fraction * plot_h + 3, round(fraction * 100)))
+        for number, (arm, ordered) in enumerate(values.items()):
+            colour = ARM_COLOURS[number % len(ARM_COLOURS)]
+            points = ["%.1f,%.1f" % (left, base)]
+            for index, value in enumerate(ordered, 1):
+                x = left + value * scale_x
+                points += ["%.1f,%.1f" % (x, base - (index - 1) / len(ordered) * plot_h),
+                           "%.1f,%.1f" % (x, base - index / len(ordered) * plot_h)]
+            parts.append('<polyline class="ecdf" data-arm="%s" fill="none" stroke="%s" stroke-width="1.5" '
+                         'points="%s"/>' % (escape(arm), colour, " ".join(points)))
+            for fraction in (0.5, 0.95):
+                figure = result["arms"][arm].get(metric["key"][:-3] + "p%d" % round(fraction * 100)) \
+                    if metric["key"].startswith("startup_") else (result["arms"][arm].get(metric["key"])
+                                                                   if fraction == 0.5 else None)
+                if figure and figure["low"] is not None:
+                    y = base - fraction * plot_h
+                    parts.append('<line class="interval" data-arm="%s" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" '
+                                 'stroke="%s" stroke-width="6" stroke-opacity="0.35"/>' % (
+                                     escape(arm), left + figure["low"] * scale_x, y, left + figure["high"] * scale_x,
+                                     y, colour))
+            parts.append('<text x="%d" y="%d" font-size="11" fill="%s">%s</text>' % (
+                width - 180, y0 + 34 + 14 * number, colour, escape(arm)))
+        y0 += panel
+    return ('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif">'
+            '<rect width="100%%" height="100%%" fill="white"/>%s</svg>\n' % (width, y0 + 10, "".join(parts)))
+
+
+def compare_rounds(folder, record):
+    """{arm: [results of each completed round, in round order]} from a comparison's folder."""
+    arms = {}
+    for arm in record["arms"]:
+        arms[arm] = []
+        for number in range(1, record["rounds"] + 1):
+            path = folder / arm / ("round-%d" % number) / "results.json"
+            if [number, arm] in record["completed"] and path.exists():
+                arms[arm].append(read_json(path, "the results", keys=RESULT_KEYS))
+    return arms
+
+
+def write_comparison(folder, record):
+    """comparison.json and comparison.svg from the folder (what `report DIR` recomputes)."""
+    arms = compare_rounds(folder, record)
+    result = comparison(arms, record["seed"], record["resamples"])
+    result.update(order=record["order"], completed=record["completed"], status=record["status"])
+    write_json(folder / COMPARISON_FILE, result)
+    if sum(1 for rounds in arms.values() if rounds):
+        (folder / "comparison.svg").write_text(comparison_svg(arms, result))
+    return result
+
+
+def comparison_lines(result):
+    """What `compare` and `report DIR` print for people: each arm's figures, then the verdicts."""
+    lines = ["method: %s, %d resamples, seed %s; rounds %s" % (
+        result["method"]["interval"], result["method"]["resamples"], result["method"]["seed"],
+        ", ".join("%s %d" % (arm, figures["rounds"]) for arm, figures in result["arms"].items()))]
+    for arm, figures in result["arms"].items():
+        for key, figure in figures.items():
+            if isinstance(figure, dict):
+                lines.append("  %s: %s %s %s (%s to %s)" % (arm, figure["label"], format_figure(figure["value"]),
+                                                         figure["unit"], format_figure(figure["low"]),
+                                                         format_figure(figure["high"])))
+    lines += [pair["verdict"] for pair in result["pairs"]]
+    return lines
+
+
+def parse_arms(values, fail):
+    """--arm NAME=OPTIONS, in the order given: {name: [run options]}."""
+    arms = {}
+    for value in values or ():
+        name, sep, options = value.partition("=")
+        if not sep or not ARM_NAME.match(name):
+            fail("--arm wants NAME='RUN OPTIONS' (a name of letters, digits, '.', '_', '-'), got %r" % value)
+        if name in arms:
+            fail("--arm %s is given twice" % name)
+        try:
+            arms[name] = shlex.split(options)
+        except ValueError as error:
+            fail("--arm %s: %s" % (name, error))
+    if len(arms) < 2:
+        fail("compare needs two --arm or more (NAME='RUN OPTIONS' each)")
+    return arms
+
+
+def cmd_compare(args, console):
+    output = Path(args.output)
+    if output.exists():
+        raise DemoError("output folder %s already exists; choose a new --output so that no comparison is "
+                        "overwritten" % output)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2 ** 32)
+    order = interleaved_order(list(args.arms), args.rounds, seed)
+    record = {"arms": args.arms, "shared": args.shared, "rounds": args.rounds, "seed": seed,
+              "resamples": args.resamples, "order": [[number, arm] for number, arm in order], "completed": [],
+              "status": "running", "started_at": utc_now()}
+    output.mkdir(parents=True)
+    write_json(output / COMPARE_FILE, record)
+    script = str(Path(__file__).resolve())
+    failure, code = None, EXIT_OK
+    for number, arm in order:
+        folder = output / arm / ("round-%d" % number)
+        console.note("compare: round %d of %d, arm %s (%s)" % (number, args.rounds, arm,
+                                                              " ".join(args.arms[arm] + args.shared) or "defaults"))
+        process = subprocess.Popen([sys.executable, script, "run", *args.arms[arm], *args.shared, "--output",
+                                    str(folder), "--quiet"], stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)  # a Ctrl-C reaches it once, from here
+        try:
+            returned = process.wait()
+        except KeyboardInterrupt:
+            stop_batch(process)  # it got the Ctrl-C too: what it saw is saved, its cleanup printed
+            record["status"] = "interrupted"
+            failure = "interrupted during round %d of arm %s (%s)" % (number, arm, folder)
+            code = EXIT_INTERRUPTED
+            break
+        finally:
+            receipt = read_saved(folder / "receipt.json") if (folder / "receipt.json").exists() else None
+            if receipt is not None and backend_named(receipt.get("backend")).leaves_remote_state:
+                subprocess.call([sys.executable, script, "cleanup", "--output", str(folder)],
+                                stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        if returned in (EXIT_OK, EXIT_INFRA_FAILURES) and (folder / "results.json").exists():
+            record["completed"].append([number, arm])
+            write_json(output / COMPARE_FILE, record)
+            continue
+        record["status"] = "stopped"
+        failure = "round %d of arm %s failed (exit code %d; its folder %s says why)" % (number, arm, returned, folder)
+        code = returned if returned else EXIT_ERROR
+        break
+    else:
+        record["status"] = "complete"
+    record["finished_at"] = utc_now()
+    write_json(output / COMPARE_FILE, record)
+    result = write_comparison(output, record)
+    console.say(json.dumps(result, indent=2) if args.json else "\n".join(comparison_lines(result)))
+    if failure:
+        stopped = DemoError("comparison %s: %s; the %d complete batch(es) are compared above (%s)" % (
+            record["status"], failure, len(record["completed"]), output / COMPARISON_FILE))
+        stopped.exit_code = code
+        raise stopped
     return EXIT_OK
 
 
@@ -7536,7 +7901,52 @@ def build_parser():
                          help="kubectl context (default: kubectl's current context)")
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
     listing.set_defaults(subparser=listing)
+
+    compare = commands.add_parser(
+        "compare", help="run two or more arms interleaved and compare them with intervals",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run each arm's batch --rounds times, interleaved (A B, B A, ...), each a full `run` in\n"
+                    "DIR/ARM/round-N/ cleaned up after it; then per arm and metric the pooled figure with a\n"
+                    "95%% bootstrap interval (rounds, then episodes, resampled), per pair the ratio with its\n"
+                    "interval, and a verdict only where the interval stays on one side of 1. Every other\n"
+                    "option is a `run` option shared by every arm.",
+        epilog="example (local processes, no cluster):\n  %s compare --arm serial='--parallelism 1' --arm parallel='' "
+               "--backend local --count 8 --rounds 4 --output cmp" % program_name())
+    compare.add_argument("--arm", action="append", metavar="NAME='RUN OPTIONS'", required=True,
+                         help="an arm: its name and its own `run` options (quoted); twice or more")
+    compare.add_argument("--rounds", type=int, default=3, metavar="R",
+                         help="batches per arm, interleaved (default 3)")
+    compare.add_argument("--output", metavar="DIR", required=True, help="a new folder for every batch and the comparison")
+    compare.add_argument("--seed", type=int, metavar="N", help="the seed of the order and the bootstrap (default: "
+                                                               "drawn, and recorded)")
+    compare.add_argument("--resamples", type=int, default=COMPARE_RESAMPLES, metavar="N",
+                         help="bootstrap resamples (default %d)" % COMPARE_RESAMPLES)
+    compare.add_argument("--json", action="store_true", help="print comparison.json instead of lines")
+    compare.set_defaults(subparser=compare)
     return parser
+
+
+def compare_args(args, shared):
+    """`compare`: the arms, and the `run` options every arm shares (whatever compare does not
+    take itself), each arm's options checked as `run` checks them before any batch runs."""
+    fail = args.subparser.error
+    args.arms, args.shared = parse_arms(args.arm, fail), shared
+    if args.rounds < 1:
+        fail("--rounds must be at least 1, got %d" % args.rounds)
+    if args.resamples < 100:
+        fail("--resamples must be at least 100, got %d" % args.resamples)
+    for name, options in args.arms.items():
+        given = set(options + shared)
+        for flag in ("--output", "--dry-run", "--stream"):
+            if flag in given or any(option.startswith(flag + "=") for option in given):
+                fail("%s is compare's to choose (arm %s); leave it out" % (flag, name))
+        try:
+            with contextlib.redirect_stderr(io.StringIO()) as said:
+                parse_args(["run", *options, *shared, "--output", str(Path(args.output) / name)])
+        except SystemExit:
+            said = [line for line in said.getvalue().splitlines() if ": error: " in line]
+            fail("arm %s: %s" % (name, said[-1].split(": error: ", 1)[1] if said else "refused by `run`"))
+    return args
 
 
 def read_episode_inputs(args, fail):
@@ -7647,13 +8057,15 @@ def run_spec(args):
     return RunSpec(**fields, options=options)
 
 
-COMMANDS = {"run": start_run, "cleanup": cmd_cleanup, "report": cmd_report, "list": cmd_list}
+COMMANDS = {"run": start_run, "cleanup": cmd_cleanup, "report": cmd_report, "list": cmd_list, "compare": cmd_compare}
 
 
 def parse_args(argv):
     """The command line: a RunSpec for `run`, the parsed arguments for the other subcommands."""
     # Unknown flags are the subcommand's error (its usage, its --help), not the top level's.
     args, unknown = build_parser().parse_known_args(argv)
+    if args.command == "compare":
+        return compare_args(args, unknown)
     if unknown:
         args.subparser.error("unrecognized arguments: %s" % " ".join(unknown))
     if args.command == "cleanup":

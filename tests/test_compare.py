@@ -1,0 +1,140 @@
+"""`compare`: arms run interleaved, bootstrap intervals, a verdict only where the data carries one
+(issue "Compare with confidence"). The statistics in-process on synthetic data of known
+distributions (seeded); the subcommand end to end on the local backend."""
+
+import json
+import random
+import signal
+import subprocess
+import sys
+
+from conftest import EPISODE, SCRIPT, read, wait_for, write_tasks
+
+
+# ---------------------------------------------------------------- the order of the batches
+
+def test_every_arm_runs_once_a_round_and_the_order_reverses_every_other_round(tool):
+    order = tool.interleaved_order(["a", "b"], 4, seed=1)
+    rounds = [[arm for number, arm in order if number == r] for r in range(1, 5)]
+    assert sorted(rounds[0]) == ["a", "b"] and rounds[1] == rounds[0][::-1]
+    assert rounds[2] == rounds[0] and rounds[3] == rounds[1]  # A B, B A, A B, B A
+
+
+def test_the_first_rounds_order_is_drawn_from_the_seed(tool):
+    firsts = {tuple(arm for number, arm in tool.interleaved_order(["a", "b", "c"], 1, seed)) for seed in range(20)}
+    assert len(firsts) > 1  # the seed decides, and the same seed decides the same
+    assert tool.interleaved_order(["a", "b", "c"], 3, 5) == tool.interleaved_order(["a", "b", "c"], 3, 5)
+
+
+# ---------------------------------------------------------------- intervals and verdicts (synthetic)
+
+def synthetic(rng, low, high, rounds=6, episodes=30):
+    return [[rng.uniform(low, high) for _ in range(episodes)] for _ in range(rounds)]
+
+
+def verdict_of(tool, values, resolution=1e-6, level="episode"):
+    metric = {"key": "x", "label": "x P50", "level": level, "q": 0.5 if level == "episode" else None,
+              "resolution": resolution, "unit": "s", "values": values}
+    figures, draws = tool.metric_figures(metric, ["a", "b"], random.Random(11), 2000)
+    return figures, tool.pair_verdict(metric, "a", "b", figures, draws)
+
+
+def test_an_interval_holds_a_known_ratio_and_the_verdict_names_it(tool):
+    rng = random.Random(3)
+    # medians 1.5 and 3.0: b is 2x a
+    figures, pair = verdict_of(tool, {"a": synthetic(rng, 1, 2), "b": synthetic(rng, 2, 4)})
+    assert pair["low"] < 2.0 < pair["high"] and pair["low"] > 1
+    assert pair["verdict"].startswith("x P50: b is %.2fx a (" % pair["ratio"])
+    assert figures["a"]["low"] < 1.5 < figures["a"]["high"] and figures["a"]["episodes"] == 180
+
+
+def test_two_arms_drawn_from_one_distribution_show_no_difference(tool):
+    rng = random.Random(4)
+    _, pair = verdict_of(tool, {"a": synthetic(rng, 1, 2), "b": synthetic(rng, 1, 2)})
+    assert pair["low"] < 1 < pair["high"]
+    assert pair["verdict"].startswith("x P50: no difference shown between b and a (")
+    assert pair["verdict"].endswith("more rounds would tell")
+
+
+def test_a_difference_below_the_figures_resolution_is_no_difference(tool):
+    # whole-second API times: 10.2 s against 10.6 s cannot be told apart
+    _, pair = verdict_of(tool, {"a": [10.2, 10.2, 10.2], "b": [10.6, 10.6, 10.6]}, resolution=1.0, level="round")
+    assert pair["verdict"].startswith("x P50: no difference shown at this figure's resolution (1 s)")
+
+
+def test_round_to_round_variation_widens_the_interval(tool):
+    # the same episodes, but rounds that drift: the interval must hold the drift, not only episode noise
+    rng = random.Random(5)
+    steady = synthetic(rng, 1, 2)
+    drifting = [[value + shift for value in values] for values, shift in zip(synthetic(rng, 1, 2), (0, 2, 0, 2, 0, 2))]
+    figures, _ = verdict_of(tool, {"a": steady, "b": drifting})
+    assert figures["b"]["high"] - figures["b"]["low"] > 2 * (figures["a"]["high"] - figures["a"]["low"])
+
+
+# ---------------------------------------------------------------- the subcommand on the local backend
+
+def test_a_comparison_of_two_local_arms_writes_every_batch_the_figures_and_the_verdicts(run_tool, tmp_path):
+    done = run_tool("compare", "--arm", "serial=--parallelism 1", "--arm", "parallel=", "--backend", "local",
+                    "--count", "4", "--rounds", "2", "--output", "cmp", "--seed", "7")
+    assert done.code == 0, done
+    record = read(tmp_path / "cmp" / "compare.json")
+    assert record["status"] == "complete" and record["seed"] == 7 and len(record["completed"]) == 4
+    assert [arm for _, arm in record["order"]][:2] == [arm for _, arm in record["order"]][2:][::-1]
+    for arm in ("serial", "parallel"):
+        for number in (1, 2):
+            assert (tmp_path / "cmp" / arm / ("round-%d" % number) / "results.json").exists()
+    result = read(tmp_path / "cmp" / "comparison.json")
+    assert result["method"]["seed"] == 7 and result["method"]["resamples"] == 2000
+    [ready] = [pair for pair in result["pairs"] if pair["metric"] == "batch_to_all_ready_seconds"]
+    assert ready["verdict"] in done.stdout and ready["a"] == "serial" and ready["b"] == "parallel"
+    svg = (tmp_path / "cmp" / "comparison.svg").read_text()
+    assert svg.count('class="ecdf" data-arm="serial"') == svg.count('class="ecdf" data-arm="parallel"') >= 1
+
+
+def test_report_of_a_comparison_recomputes_the_same_figures_from_the_folder(run_tool, tmp_path):
+    assert run_tool("compare", "--arm", "a=", "--arm", "b=--parallelism 1", "--backend", "local", "--count", "3",
+                    "--rounds", "1", "--output", "cmp", "--seed", "2").code == 0
+    again = run_tool("report", "cmp", "--json")
+    assert again.code == 0, again
+    assert json.loads(again.stdout) == read(tmp_path / "cmp" / "comparison.json")
+
+
+def test_a_batch_that_fails_stops_the_comparison_with_what_was_complete(tool, run_tool, tmp_path):
+    # an arm on a cluster that cannot be reached fails its first batch (exit 1); the local arm ran first
+    seed = next(s for s in range(100) if tool.interleaved_order(["good", "bad"], 2, s)[0][1] == "good")
+    done = run_tool("compare", "--arm", "good=--backend local", "--arm", "bad=--backend kubernetes", "--count", "2",
+                    "--rounds", "2", "--output", "cmp", "--seed", str(seed),
+                    env={"KUBECONFIG": str(tmp_path / "no-such-kubeconfig")})
+    assert done.code == 1, done
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("Error: comparison stopped: round 1 of arm bad failed (exit code 1; "), line
+    record = read(tmp_path / "cmp" / "compare.json")
+    assert record["status"] == "stopped" and record["completed"] == [[1, "good"]]
+    assert read(tmp_path / "cmp" / "comparison.json")["arms"]["good"]["rounds"] == 1
+
+
+def test_ctrl_c_stops_the_comparison_and_keeps_the_record(tmp_path):
+    write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok", "sleep": 3600}])
+    process = subprocess.Popen([sys.executable, str(SCRIPT), "compare", "--arm", "a=", "--arm", "b=",
+                                "--backend", "local", "--episode", EPISODE, "--tasks", "tasks.jsonl",
+                                "--rounds", "1", "--output", "cmp"], cwd=str(tmp_path),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for("the first batch running", lambda: list((tmp_path / "cmp").glob("*/round-1/run.json")))
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)  # an episode of an hour: stopped, not waited for
+    assert process.returncode == 130, stderr
+    assert "Error: comparison interrupted: interrupted during round 1 of arm" in stderr
+    record = read(tmp_path / "cmp" / "compare.json")
+    assert record["status"] == "interrupted" and record["completed"] == []
+
+
+def test_options_compare_chooses_itself_are_refused_in_an_arm(run_tool, tmp_path):
+    done = run_tool("compare", "--arm", "a=--output x", "--arm", "b=", "--backend", "local", "--output", "cmp")
+    assert done.code == 2 and "--output is compare's to choose (arm a)" in done.stderr
+    assert not (tmp_path / "cmp").exists()
+
+
+def test_an_arm_whose_options_run_would_refuse_is_refused_before_any_batch(run_tool, tmp_path):
+    done = run_tool("compare", "--arm", "a=--parallelism 0", "--arm", "b=", "--backend", "local", "--output", "cmp")
+    assert done.code == 2 and "arm a: --parallelism must be between 1 and --count" in done.stderr
+    assert not (tmp_path / "cmp").exists()
