@@ -7707,11 +7707,12 @@ def cmd_compare(args, console):
                                    start_new_session=True)  # a Ctrl-C reaches it once, from here
         try:
             returned = process.wait()
-        except KeyboardInterrupt:
-            stop_batch(process)  # it got the Ctrl-C too: what it saw is saved, its cleanup printed
+        except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (Terminated)
+            stop_batch(process)  # one SIGINT: what it saw is saved, its cleanup printed
             record["status"] = "interrupted"
-            failure = "interrupted during round %d of arm %s (%s)" % (number, arm, folder)
-            code = EXIT_INTERRUPTED
+            failure = "%s during round %d of arm %s (%s)" % (
+                "terminated" if isinstance(interrupt, Terminated) else "interrupted", number, arm, folder)
+            code = EXIT_TERMINATED if isinstance(interrupt, Terminated) else EXIT_INTERRUPTED
             break
         finally:
             receipt = read_saved(folder / "receipt.json") if (folder / "receipt.json").exists() else None
@@ -7723,7 +7724,8 @@ def cmd_compare(args, console):
             write_json(output / COMPARE_FILE, record)
             continue
         record["status"] = "stopped"
-        failure = "round %d of arm %s failed (exit code %d; its folder %s says why)" % (number, arm, returned, folder)
+        failure = "round %d of arm %s failed (exit code %d; its line is above, its folder %s keeps what it saw)" % (
+            number, arm, returned, folder)
         code = returned if returned else EXIT_ERROR
         break
     else:

@@ -107,7 +107,7 @@ def test_a_batch_that_fails_stops_the_comparison_with_what_was_complete(tool, ru
                     env={"KUBECONFIG": str(tmp_path / "no-such-kubeconfig")})
     assert done.code == 1, done
     line = done.stderr.strip().splitlines()[-1]
-    assert line.startswith("Error: comparison stopped: round 1 of arm bad failed (exit code 1; "), line
+    assert line.startswith("Error: comparison stopped: round 1 of arm bad failed (exit code 1; its line is above"), line
     record = read(tmp_path / "cmp" / "compare.json")
     assert record["status"] == "stopped" and record["completed"] == [[1, "good"]]
     assert read(tmp_path / "cmp" / "comparison.json")["arms"]["good"]["rounds"] == 1
