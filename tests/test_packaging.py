@@ -68,12 +68,21 @@ def test_ci_runs_the_readme_test_command():
     assert command in readme and command in ci
 
 
+def source_copy(folder):
+    """The checkout copied (its symlink kept), to build from: a build writes its scratch trees
+    into the source folder, and two builds of one checkout at once (two suites) tore each
+    other's down."""
+    import shutil
+    return Path(shutil.copytree(ROOT, folder / "src", symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache")))
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """The wheel, built as pip builds it, offline (the test extra installs setuptools)."""
     dist = tmp_path_factory.mktemp("dist")
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                           str(dist), str(ROOT)],
+                           str(dist), str(source_copy(dist))],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     return next(dist.glob("*.whl"))
@@ -124,7 +133,7 @@ def test_an_editable_install_runs_the_checkouts_script(tmp_path):
 def test_the_source_package_carries_what_its_tests_and_example_need(tmp_path):
     import tarfile
     done = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(tmp_path),
-                           str(ROOT)],
+                           str(source_copy(tmp_path))],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     with tarfile.open(next(tmp_path.glob("*.tar.gz"))) as sdist:
