@@ -13,6 +13,9 @@ What it does
     `run --queue NAME` submits the Job through a Kueue LocalQueue, its queue wait apart.
     `run --stream` prints each episode's JSON line as soon as it is verified, and a training
     loop can call the same run from Python: rl_batch_demo.run_batch(...) (section Python API).
+    `pool up` keeps one warm pool across a training loop's steps: each `run --backend warm-pool
+    --pool POOLDIR` claims from it and deletes only its own claims; `pool down` removes it
+    (from Python: `with rl_batch_demo.warm_pool(size=64) as pool: pool.run_batch(...)`).
 
     "The tutorial", wherever this file says it, is the one this tool started as a port of:
     Tencent Cloud Agent Runtime's RL batch tutorial (README, first section). Its choices are
@@ -28,6 +31,9 @@ How to run
     python3 rl-batch-demo.py run --backend local --episode my_episode.py --tasks tasks.jsonl \
         --output trial                            # your own episodes, no cluster needed
     python3 rl-batch-demo.py run --backend warm-pool --count 10 --output warm-10
+    python3 rl-batch-demo.py pool up --size 64 --output pool      # a warm pool kept across steps
+    python3 rl-batch-demo.py run --backend warm-pool --pool pool --count 64 --output step-1
+    python3 rl-batch-demo.py pool down pool
     python3 rl-batch-demo.py run --count 10 --queue team --cluster-queue team-cq --output queued-10
 
     Only the Python standard library (3.9+) and `kubectl` are needed. Set KUBECTL to use
@@ -42,6 +48,10 @@ The safety promise
       warm-pool run, also every claim's label and the pool's and template's UIDs. It refuses
       while the namespace holds objects the run did not create, naming them (--delete-foreign
       deletes them too). It never removes finalizers. Local output is never deleted.
+    * A step of a kept pool (`run --pool`) shares the pool's namespace: it creates, and at its
+      end deletes, only its own claims (named and labelled with its run id); its cleanup proves
+      the namespace is the pool's and deletes those claims only. `pool down` is `cleanup` of
+      the pool's folder, with the same checks and refusals.
     * Every way out of a run saves what it saw before the error is reported; a receipt that
       can no longer be kept is printed, and `cleanup --receipt -` finishes from it.
     * An existing output folder is never overwritten.
@@ -75,7 +85,8 @@ Sections of this file, in order (each under a banner of the same name)
     Job backend                        one batch/v1 Job: watches, logs, rounds, prewarm, what a
                                        failed wait saves
     Kueue gate                         --queue: the Job's admission by Kueue, a plug-in of the Job backend
-    Warm-pool backend                  agent-sandbox claims from a warm pool, episodes exec'd
+    Warm-pool backend                  agent-sandbox claims from a warm pool, episodes exec'd; a
+                                       kept pool: `pool up/status/down`, steps with `run --pool`
     Local backend                      local processes, no cluster
     Backend registry                   BACKENDS and GATES: the one place that lists the backends
                                        and the admission gates
@@ -83,7 +94,7 @@ Sections of this file, in order (each under a banner of the same name)
     Compare                            arms run interleaved, bootstrap intervals, verdicts, the
                                        ECDF picture
     Command line                       argparse, the RunSpec built once, main()
-    Python API                         run_batch(), stream_batch() for a training loop
+    Python API                         run_batch(), stream_batch(), warm_pool() for a training loop
                                        (`import rl_batch_demo` once installed)
 """
 
@@ -3308,6 +3319,12 @@ class Backend:
     # --- cleanup and list -----------------------------------------------------------------
 
     @classmethod
+    def cleanup_in_shared_namespace(cls, receipt, source, console):
+        """For a run that owns only some objects of a namespace it shares (a step of a kept pool):
+        prove and delete those, and return the exit code. None: the run owns its namespace."""
+        return None
+
+    @classmethod
     def delete_objects(cls, cluster, namespace, run_id, receipt, output, listing):
         """Prove (and where it matters, delete) what this backend made in the run's namespace,
         before the namespace goes; `listing` is what cleanup read of it (a NamespaceListing)."""
@@ -5675,12 +5692,13 @@ def warm_pool_manifest(namespace, run_id, replicas):
             "spec": {"replicas": replicas, "sandboxTemplateRef": {"name": TEMPLATE_NAME}}}
 
 
-def claim_manifests(namespace, run_id, count, shutdown_time):
-    """One SandboxClaim per episode, named episode-<i> (also the episode id). No env: claim env
-    forces a cold start; the episode gets its id on the exec command line. The lifecycle is a
-    safety net: if the tool dies, the claims (and through them the Sandboxes) go anyway."""
+def claim_manifests(namespace, run_id, count, shutdown_time, prefix=CLAIM_PREFIX):
+    """One SandboxClaim per episode, named <prefix><i> (also the episode id: episode-<i>, or for a
+    step of a kept pool episode-<step>-<i>, so that steps sharing the pool never collide). No env:
+    claim env forces a cold start; the episode gets its id on the exec command line. The lifecycle
+    is a safety net: if the tool dies, the claims (and through them the Sandboxes) go anyway."""
     return [{"apiVersion": EXTENSIONS_API, "kind": "SandboxClaim",
-             "metadata": {"name": "%s%d" % (CLAIM_PREFIX, index), "namespace": namespace,
+             "metadata": {"name": "%s%d" % (prefix, index), "namespace": namespace,
                           "labels": object_labels(run_id, "claim")},
              "spec": {"warmPoolRef": {"name": POOL_NAME},
                       "lifecycle": {"shutdownTime": shutdown_time, "shutdownPolicy": "Delete"}}}
@@ -5723,7 +5741,7 @@ def warm_pool_summary(output, report, observed):
     create_ack = [(back - call) * 1000 for back, call in zip(returned, called) if back and call]
     # Refill: pods of the pool made after the claims were fired (not in the pool then, and not
     # a claim's own cold pod), and those of them already started before the last reward.
-    at_fire = set(record.get("pool_pods_at_fire") or [])
+    at_fire = set(record.get("pool_pods_at_fire") or []) | set(record.get("other_pods_at_fire") or [])
     claimed = {row.get("pod") for row in rows} | {claim["metadata"]["name"] for claim in claims}
     refill = [pod for pod in pods if pod["metadata"]["name"] not in at_fire and pod["metadata"]["name"] not in claimed]
     last_reward = max((row["times"]["reward"] for row in rows if row["times"].get("reward")), default=None)
@@ -5731,6 +5749,16 @@ def warm_pool_summary(output, report, observed):
                      .get("running", {}).get("startedAt") for pod in refill]
     started = [since for since in running_since
                if since and last_reward is not None and parse_k8s_time(since) <= last_reward]
+    step = {}
+    if record.get("kept_pool"):  # a step of a kept pool: what the pool held for it, and its refill
+        refill, counts = record.get("refill") or {}, collections.Counter(launch.values())
+        step = {"kept_pool_step": {
+            "pool_folder": record["kept_pool"].get("folder"), "size": record.get("size"),
+            "ready_at_start": record.get("ready_at_fire"), "warm": counts.get("warm", 0), "cold": counts.get("cold", 0),
+            "expected_cold": record.get("expected_cold"), "refill_seconds": refill.get("seconds"),
+            "refill_state": refill.get("state"), "ready_at_end": refill.get("ready_at_end"),
+            "refill_definition": refill.get("definition"),
+            "changes_since_pool_up": record["kept_pool"].get("changes") or []}}
     by_type = {}
     for kind in sorted(set(row.get("launch_type") for row in rows) - {None}):
         subset = [row for row in rows if row.get("launch_type") == kind]
@@ -5761,6 +5789,7 @@ def warm_pool_summary(output, report, observed):
                                "percentile in this file interpolates linearly",
         },
         "phases_by_launch_type": by_type,
+        **step,
     }
 
 
@@ -5959,13 +5988,19 @@ def claim_ready(claim):
 
 def episode_command(claim_name, index, spec):
     """The command exec'd into a claimed sandbox. The episode id (and task) go on the command
-    line: claim env would force a cold start."""
+    line: claim env would force a cold start. A kept pool's sandboxes were started before this
+    step's tasks existed, so there the task itself travels on the command line and is written
+    into the sandbox's workspace before the episode starts (one episode per sandbox)."""
     env = ["EPISODE_ID=" + claim_name]
     if spec.episode:
         env.append("JOB_COMPLETION_INDEX=%d" % index)
-    if spec.tasks_list is not None:
-        env += ["TASK_INDEX=%d" % index, "TASK_FILE=/tasks/task-%d.json" % index]
-    return ["env", *env, "python", "-B", "/demo/episode.py"]
+    if spec.tasks_list is None:
+        return ["env", *env, "python", "-B", "/demo/episode.py"]
+    if not spec.pool:
+        return ["env", *env, "TASK_INDEX=%d" % index, "TASK_FILE=/tasks/task-%d.json" % index,
+                "python", "-B", "/demo/episode.py"]
+    return ["sh", "-c", 'printf "%%s" "$0" > %s && exec "$@"' % STEP_TASK_FILE, json.dumps(spec.tasks_list[index]),
+            "env", *env, "TASK_INDEX=%d" % index, "TASK_FILE=" + STEP_TASK_FILE, "python", "-B", "/demo/episode.py"]
 
 
 def warm_episode_record(claim, index, sandbox, pod, result, times):
@@ -6000,11 +6035,13 @@ class WarmPoolRun:
     delivers them, and each episode exec'd as soon as its claim is Ready. Everything it saw is
     kept here, so that every way out can save it."""
 
-    def __init__(self, run, run_info):
+    def __init__(self, run, run_info, pool_run_id=None):
         self.run, self.run_info = run, run_info
         self.spec, self.cluster, self.console, self.output = run.spec, run.cluster, run.console, run.output
         self.namespace = run.namespace
-        self.selector = "%s=%s" % (RUN_LABEL, run.run_id)
+        self.selector = "%s=%s" % (RUN_LABEL, run.run_id)  # the claims: this batch's
+        # the pods: the template labels them with the run that made the pool (a kept pool's, not the step's)
+        self.pod_selector = "%s=%s" % (RUN_LABEL, pool_run_id or run.run_id)
         self.names, self.position, self.observed = [], {}, {}  # claim names, the episode's index, times seen
         self.latest, self.sandboxes, self.results = {}, {}, {}  # claim and Sandbox states; finished episodes
         self.pods = {}  # pod uid -> its last state the watch delivered (deleted pods too)
@@ -6233,7 +6270,7 @@ class WarmPoolRun:
             claims += [self.latest[name] for name in names if name in self.latest and name not in listed]
             claims.sort(key=lambda claim: self.position.get(claim["metadata"]["name"], 0))
             sandbox_list = self.cluster.read_items("-n", self.namespace, "get", "sandboxes")
-            pods = self.cluster.read_items("-n", self.namespace, "get", "pods", "-l", self.selector)
+            pods = self.cluster.read_items("-n", self.namespace, "get", "pods", "-l", self.pod_selector)
         except DemoError as error:
             claims, sandbox_list, pods = [self.latest[n] for n in names if n in self.latest], \
                 list(self.sandboxes.values()), []
@@ -6316,7 +6353,7 @@ class WarmPoolBackend(Backend):
             "exec'd into it")
     scheme = WARM_SCHEME
     episodes_file = "episodes.json"  # exec'd episodes, one pod-shaped record per claim (pods.json keeps the pods)
-    own_flags = (("--pool-size", "pool_size"), ("--exec-concurrency", "exec_concurrency"))
+    own_flags = (("--pool-size", "pool_size"), ("--exec-concurrency", "exec_concurrency"), ("--pool", "pool"))
     batch_origin = "first claim was created"
     coarse_batch_keys = Backend.coarse_batch_keys + ("batch_to_all_claims_ready_seconds",)
     timeline_origin = "first claim"
@@ -6340,6 +6377,9 @@ class WarmPoolBackend(Backend):
                                  "WebSocket channel, at most %d `kubectl exec` processes if it falls back); episodes "
                                  "beyond it wait on this machine, which shows as claim Ready -> exec started"
                                  % (DEFAULT_EXEC_CONCURRENCY, FALLBACK_EXEC_PROCESSES))
+        parser.add_argument("--pool", metavar="POOLDIR",
+                            help="warm-pool: a step against the kept pool `pool up --output POOLDIR` made: claim from "
+                                 "it (no pool made or deleted), delete only this step's claims at its end")
 
     @classmethod
     def check_options(cls, args, fail):
@@ -6357,7 +6397,10 @@ class WarmPoolBackend(Backend):
             else args.exec_concurrency
         if exec_concurrency < 1:
             fail("--exec-concurrency must be at least 1")
-        return {"pool_size": pool_size, "exec_concurrency": exec_concurrency}
+        derived = {"pool_size": pool_size, "exec_concurrency": exec_concurrency}
+        if args.pool is not None:
+            derived.update(kept_pool_options(args, fail))
+        return derived
 
     def manifests(self, namespace, run_id):
         spec = self.spec
@@ -6374,19 +6417,27 @@ class WarmPoolBackend(Backend):
             % (self.spec.timeout + CLIENT_GRACE_SECONDS + CLAIM_SAFETY_NET_SECONDS))
 
     def new_receipt(self, context, namespace, run_id):
-        # cleanup then proves and deletes claims, pool and template
-        return dict(super().new_receipt(context, namespace, run_id), backend=self.name)
+        # cleanup then proves and deletes claims, pool and template; a step's, only its claims,
+        # in the kept pool's namespace
+        receipt = dict(super().new_receipt(context, namespace, run_id), backend=self.name)
+        if self.spec.pool:
+            record = read_pool_record(Path(self.spec.pool))
+            receipt.update(namespace=record["namespace"], kept_pool={
+                "folder": str(Path(self.spec.pool).resolve()), "run_id": record["run_id"],
+                "namespace_uid": record["namespace_uid"], "pool_uid": record["pool_uid"]})
+        return receipt
 
     def check_server(self, cluster, facts):
         facts["agent_sandbox"] = check_agent_sandbox(cluster)
 
     def pods_at_once(self):
-        # A warm pool holds its pods idle, and refills as it is claimed: about pool + count pods.
-        return self.spec.pool_size + self.spec.count
+        # A warm pool holds its pods idle, and refills as it is claimed: about pool + count pods
+        # (a step of a kept pool: its claims' pods and their refill).
+        return self.spec.count + (self.spec.count if self.spec.pool else self.spec.pool_size)
 
     def never_fits(self, fit, runtime_class, nodes):
         # The pool is waited for until every replica is Ready: one that does not fit never fills.
-        if fit >= self.spec.pool_size:
+        if fit >= self.spec.pool_size or self.spec.pool:
             return None
         _, arithmetic = preflight(self.spec.pool_size, runtime_class, nodes)
         return ("the warm pool of %d sandboxes can never fill: %s; lower --pool-size, add capacity, or use a "
@@ -6398,49 +6449,57 @@ class WarmPoolBackend(Backend):
 
     def run(self, run):
         """Template and pool, the pool filled (not measured), then every claim at once and each
-        episode exec'd as soon as its claim is Ready."""
+        episode exec'd as soon as its claim is Ready. `pool up` stops once the pool is full
+        (bring_up_pool); a step of a kept pool (--pool) claims from it instead (KeptPoolStep)."""
+        if self.spec.command == POOL_UP_COMMAND:
+            return bring_up_pool(self, run)
         spec, cluster, output, namespace = self.spec, run.cluster, run.output, run.namespace
         run_info = run.new_run_info(self)
         run_info.update(pool_size=spec.pool_size, exec_concurrency=spec.exec_concurrency,
                         agent_sandbox=run.facts.get("agent_sandbox"))
         if run.facts["preflight"] is not None:
             run_info["preflight"] = run.facts["preflight"]
+        kept = KeptPoolStep(run) if spec.pool else None
+        if kept is not None:
+            run_info["kept_pool"] = kept.info()
         run.write_facts(run_info)
-        namespace_obj, *supporting, template, pool = self.manifests(namespace, run.run_id)
-        run.create_namespace(namespace_obj, supporting)
-        run.receipt["template_uid"] = cluster.create_owned(template, run.run_id)["metadata"]["uid"]
-        run.save_receipt()
-        batch = WarmPoolRun(run, run_info)
+        if kept is None:
+            namespace_obj, *supporting, template, pool = self.manifests(namespace, run.run_id)
+            run.create_namespace(namespace_obj, supporting)
+            run.receipt["template_uid"] = cluster.create_owned(template, run.run_id)["metadata"]["uid"]
+            run.save_receipt()
+        else:
+            self.console.note("step %s of the kept pool in %s (namespace %s)" % (run.run_id, kept.folder, namespace))
+            kept.check(cluster)
+        batch = WarmPoolRun(run, run_info, kept and kept.record["run_id"])
         # Timed: a claim's bound and Ready times are when the watch delivered them, not when this
         # loop got round to them.
         claim_watch = cluster.watch("SandboxClaim", "-n", namespace, "sandboxclaims", "-l", batch.selector, timed=True)
         sandbox_watch = cluster.watch("Sandbox", "-n", namespace, "sandboxes")
         # Every state of the run's pods, also of those deleted (an evicted sandbox pod is replaced
         # by one of the same name: only the watch keeps what happened to the first).
-        pod_watch = cluster.watch("Pod", "-n", namespace, "pods", "-l", batch.selector)
+        pod_watch = cluster.watch("Pod", "-n", namespace, "pods", "-l", batch.pod_selector)
         watches = (claim_watch, sandbox_watch, pod_watch)
+        if kept is not None:
+            kept.watch(cluster)
         try:
-            run.receipt["pool_uid"] = cluster.create_owned(pool, run.run_id)["metadata"]["uid"]
-            run.save_receipt()
-            fill_started = time.monotonic()
-            try:
-                live_pool = wait_for_pool(cluster, namespace, spec.pool_size, spec.timeout,
-                                          (run.facts.get("agent_sandbox") or {}).get("controller_unread"))
-            except DemoError as error:
-                raise with_context(error, save_pool_state(cluster, namespace, output)) from None
-            pool_record = {"name": POOL_NAME, "template": TEMPLATE_NAME, "size": spec.pool_size,
-                           "fill_seconds": time.monotonic() - fill_started,
-                           "fill_definition": "client monotonic clock: pool created -> readyReplicas = replicas "
-                                              "seen; setup, not part of any batch figure",
-                           "ready_at_fire": (live_pool.get("status") or {}).get("readyReplicas", 0)}
+            if kept is None:
+                pool_record = self.fill_pool(run, pool)
+            else:
+                pool_record = kept.pool_record(cluster, spec.count)
             pool_pods = cluster.read_items("-n", namespace, "get", "pods", "-l", POOL_MEMBER_LABEL)
             pool_record["pool_pods_at_fire"] = sorted(pod["metadata"]["name"] for pod in pool_pods)
+            if kept is not None:  # pods of earlier or concurrent steps are neither refill nor this step's
+                pool_record["other_pods_at_fire"] = sorted(set(pod["metadata"]["name"] for pod in cluster.read_items(
+                    "-n", namespace, "get", "pods", "-l", batch.pod_selector)) - set(pool_record["pool_pods_at_fire"]))
             write_json(output / "warm-pool.json", pool_record)
-            self.console.note("warm pool: %d of %d ready after %.1f s; firing %d claims" % (
-                pool_record["ready_at_fire"], spec.pool_size, pool_record["fill_seconds"], spec.count))
+            self.console.note("warm pool: %d of %d ready%s; firing %d claims" % (
+                pool_record["ready_at_fire"], pool_record["size"], " after %.1f s" % pool_record["fill_seconds"]
+                if pool_record["fill_seconds"] is not None else "", spec.count))
             shutdown = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(
                 seconds=spec.timeout + CLIENT_GRACE_SECONDS + CLAIM_SAFETY_NET_SECONDS)).strftime("%Y-%m-%dT%H:%M:%SZ")
-            claims = claim_manifests(namespace, run.run_id, spec.count, shutdown)
+            claims = claim_manifests(namespace, run.run_id, spec.count, shutdown,
+                                     CLAIM_PREFIX if kept is None else "%s%s-" % (CLAIM_PREFIX, run.run_id[:8]))
             write_json(output / "claims-submitted.json", claims)
             batch.channel = open_exec_channel(cluster, namespace, self.console, [
                 "^/apis/%s/namespaces/%s/%s$" % (re.escape(EXTENSIONS_API), re.escape(namespace), CLAIM_PLURAL)])
@@ -6453,11 +6512,14 @@ class WarmPoolBackend(Backend):
                 raise  # no claim was fired: what the pool held is saved already
             batch.save_state()
             raise with_context(error, WARM_DIAGNOSTICS % output) from None
+        else:
+            batch.save_state()
         finally:
             for watch in watches:
                 watch.stop()
             batch.close_channels()  # the proxy and its socket go on every way out
-        batch.save_state()
+            if kept is not None:
+                kept.finish(batch)  # the step's claims go, every way out; the pool stays
         where = WARM_DIAGNOSTICS % output
         unfinished = batch.unfinished_error(where)
         if unfinished:
@@ -6465,6 +6527,23 @@ class WarmPoolBackend(Backend):
         report = write_results(output, where)
         run.stream.finish(report)
         return conclude(report, run)
+
+    def fill_pool(self, run, pool):
+        """The run's own pool, created and waited for until full: warm-pool.json's first fields."""
+        spec, cluster, output, namespace = self.spec, run.cluster, run.output, run.namespace
+        run.receipt["pool_uid"] = cluster.create_owned(pool, run.run_id)["metadata"]["uid"]
+        run.save_receipt()
+        fill_started = time.monotonic()
+        try:
+            live_pool = wait_for_pool(cluster, namespace, spec.pool_size, spec.timeout,
+                                      (run.facts.get("agent_sandbox") or {}).get("controller_unread"))
+        except DemoError as error:
+            raise with_context(error, save_pool_state(cluster, namespace, output)) from None
+        return {"name": POOL_NAME, "template": TEMPLATE_NAME, "size": spec.pool_size,
+                "fill_seconds": time.monotonic() - fill_started,
+                "fill_definition": "client monotonic clock: pool created -> readyReplicas = replicas seen; setup, "
+                                   "not part of any batch figure",
+                "ready_at_fire": (live_pool.get("status") or {}).get("readyReplicas", 0)}
 
     @classmethod
     def describe_results(cls, output, report, observed):
@@ -6508,7 +6587,10 @@ class WarmPoolBackend(Backend):
 
     @classmethod
     def summary_view(cls, report):
-        return {"launch_types": report["launch_types"],
+        step = report.get("kept_pool_step")
+        return {**({"kept_pool_step": {key: step[key] for key in ("ready_at_start", "warm", "cold", "refill_seconds",
+                                                                   "ready_at_end", "size")}} if step else {}),
+                "launch_types": report["launch_types"],
                 "batch_to_all_claims_ready_seconds": report["batch_to_all_claims_ready_seconds"],
                 "pool_fill_seconds": report["pool"]["fill_seconds"],
                 "refill_pods_created_during_batch": report["refill_pods"]["created_during_batch"],
@@ -6517,13 +6599,24 @@ class WarmPoolBackend(Backend):
 
     @classmethod
     def summary_lines(cls, report):
-        return ["Launch types: %s; %d refill pods started during the batch." % (", ".join(
+        lines = ["Launch types: %s; %d refill pods started during the batch." % (", ".join(
             "%s %d" % item for item in report["launch_types"].items()), report["refill_pods"]["created_during_batch"])]
+        step = report.get("kept_pool_step")
+        if step:
+            lines.append("Kept pool: %s of %s Ready at the step's start; %s" % (
+                step["ready_at_start"], step["size"], "back to full %.2f s after the first claim" % step["refill_seconds"]
+                if step["refill_seconds"] is not None else "%s (%s of %s Ready at its end)" % (
+                    step["refill_state"], step["ready_at_end"], step["size"])))
+        return lines
 
     @classmethod
     def timeline_where(cls, results):
         return super().timeline_where(results) + ", warm pool of %s, launch types %s" % (
             results["pool"]["size"], ", ".join("%s %d" % item for item in results["launch_types"].items()) or "none")
+
+    @classmethod
+    def cleanup_in_shared_namespace(cls, receipt, source, console):
+        return cleanup_step(receipt, source, console) if receipt.get("kept_pool") else None
 
     @classmethod
     def delete_objects(cls, cluster, namespace, run_id, receipt, output, listing):
@@ -6669,6 +6762,325 @@ def delete_through_proxy(cluster, base, deletes):
         return [(resource, kubectl_args, last_line(str(unavailable))) for resource, kubectl_args, _, _ in deletes]
     finally:
         proxy.close()
+
+
+# ---------------------------------------------------------------------------- a kept pool
+# `pool up` makes a namespace, template and pool as a warm-pool run does, waits for it to fill,
+# and stops there, leaving pool.json (what steps read) beside its receipt.json (what `pool down`,
+# which is `cleanup`, proves). A step (`run --backend warm-pool --pool POOLDIR`) makes and deletes
+# only its own claims in that namespace, named and labelled with its own run id, and watches the
+# pool's status for its refill. The pool's status carries no time: the refill is timed by when
+# the tool's watch delivered it.
+
+POOL_UP_COMMAND = "pool up"  # RunSpec.command of `pool up` (a warm-pool run that fires no claim)
+POOL_RECORD_FILE = "pool.json"  # in POOLDIR: what a step needs of the pool, written once it is full
+POOL_STEPS_FILE = "steps.jsonl"  # in POOLDIR: one line per step served, appended as each step ends
+STEP_TASK_FILE = "/workspace/task.json"  # a step's task, written into its sandbox by the exec'd command
+MAX_STEP_TASK_BYTES = 100000  # one command-line argument: Linux takes up to 128 KiB (MAX_ARG_STRLEN)
+POOL_RECORD_KEYS = ("context", "namespace", "run_id", "namespace_uid", "pool_uid", "template_uid", "size",
+                    "image", "runtime", "network")
+REFILL_DEFINITION = ("client clock (time.time()), watch-arrival precision: the step's first claim create call -> "
+                     "the first SandboxWarmPool state the tool's watch delivered with status.readyReplicas >= "
+                     "spec.replicas after one below it (the pool's status has no time of its own); includes the "
+                     "watch's delivery delay. null: not back to full by the step's end (its claims deleted)")
+
+
+def read_pool_record(folder):
+    """pool.json of a kept pool's folder; one line saying what the folder is otherwise."""
+    if not folder.is_dir():
+        raise NoSuchFolder("no such folder: %s (give the folder of `pool up --output DIR`)" % folder)
+    if not (folder / POOL_RECORD_FILE).exists():
+        if (folder / "receipt.json").exists():
+            raise DemoError("%s holds no %s: `pool up` did not finish there (the pool never filled, or it was "
+                            "interrupted); `%s pool down %s` deletes what it made" % (
+                                folder, POOL_RECORD_FILE, invocation(), folder))
+        raise DemoError("%s is not a kept pool's folder (no %s); bring one up with `%s pool up --size N --output "
+                        "DIR`" % (folder, POOL_RECORD_FILE, invocation()))
+    return read_json(folder / POOL_RECORD_FILE, "a kept pool's record", keys=POOL_RECORD_KEYS)
+
+
+def kept_pool_options(args, fail):
+    """`run --pool DIR`: the RunSpec fields the pool fixed at `pool up` (image, RuntimeClass,
+    network, context, episode program), each refused when the step asks for another."""
+    folder = Path(args.pool)
+    try:
+        record = read_pool_record(folder)
+    except DemoError as error:
+        fail("--pool %s: %s" % (args.pool, error))
+    for flag, given in (("--pool-size", args.pool_size is not None), ("--image", args.image),
+                        ("--runtime", args.runtime), ("--no-runtime-class", args.no_runtime_class),
+                        ("--network", args.network != "default" and args.network != record["network"])):
+        if given:
+            fail("%s is the kept pool's, fixed by `pool up` (image %s, RuntimeClass %s, network %s, %d sandboxes): "
+                 "leave it out with --pool" % (flag, record["image"], record["runtime"], record["network"],
+                                               record["size"]))
+    if args.context and args.context != record["context"]:
+        fail("--context %s: the kept pool in %s is on context %s" % (args.context, folder, record["context"]))
+    episode, program = args.episode, args.program
+    if record.get("episode"):
+        kept = folder / record["episode"]
+        if args.episode and hashlib.sha256(args.program.encode()).hexdigest() != record.get("episode_sha256"):
+            fail("--episode %s differs from the program the kept pool's sandboxes hold (%s): bring up a pool with "
+                 "this --episode, or leave --episode out" % (args.episode, kept))
+        if not args.episode:
+            try:
+                episode, program = str(kept), kept.read_text()
+            except OSError as error:
+                fail("--pool %s: cannot read its episode program %s: %s" % (args.pool, kept, error.strerror))
+    elif args.episode or args.tasks:
+        fail("the kept pool in %s runs the built-in episode, which takes no --tasks: bring up a pool with `pool up "
+             "--episode %s`" % (folder, args.episode or "FILE.py"))
+    for index, task in enumerate(args.tasks_list or ()):
+        if len(json.dumps(task)) > MAX_STEP_TASK_BYTES:
+            fail("task %d is over %d bytes of JSON: a kept pool's task travels on the exec command line; shrink it "
+                 "(or run the batch without --pool)" % (index, MAX_STEP_TASK_BYTES))
+    return {"pool": args.pool, "pool_size": record["size"], "image": record["image"],
+            "runtime": record["runtime"] or DEFAULT_RUNTIME, "no_runtime_class": record["runtime"] is None,
+            "network": record["network"], "context": record["context"], "episode": episode, "program": program}
+
+
+def bring_up_pool(backend, run):
+    """`pool up`: namespace, episode program, template and pool as a warm-pool run makes them,
+    the pool waited for until full (with progress), then pool.json; nothing is claimed."""
+    spec, cluster, output, namespace, console = backend.spec, run.cluster, run.output, run.namespace, run.console
+    run_info = run.new_run_info(backend)
+    run_info.update(pool_size=spec.pool_size, agent_sandbox=run.facts.get("agent_sandbox"),
+                    preflight=run.facts["preflight"])
+    run.write_facts(run_info)
+    namespace_obj, *supporting, template, pool = backend.manifests(namespace, run.run_id)
+    run.create_namespace(namespace_obj, supporting)
+    template = cluster.create_owned(template, run.run_id)
+    run.receipt["template_uid"] = template["metadata"]["uid"]
+    run.save_receipt()
+    console.note("warm pool: waiting for %d sandboxes to be Ready..." % spec.pool_size)
+    filled = backend.fill_pool(run, pool)
+    record = {"kind": "KeptWarmPool", "tool_version": __version__, "context": cluster.context, "namespace": namespace,
+              "run_id": run.run_id, "namespace_uid": run.receipt["uid"], "pool_uid": run.receipt["pool_uid"],
+              "template_uid": run.receipt["template_uid"],
+              "template_generation": template["metadata"].get("generation"), "size": spec.pool_size,
+              "image": spec.image, "runtime": spec.runtime_class, "network": spec.network,
+              "episode": "episode.py" if spec.episode else None,
+              "episode_sha256": hashlib.sha256(spec.program.encode()).hexdigest(), "created_at": utc_now(),
+              "fill_seconds": filled["fill_seconds"], "fill_definition": filled["fill_definition"],
+              "ready_at_up": filled["ready_at_fire"]}
+    if spec.episode:
+        (output / "episode.py").write_text(spec.program)
+    write_json(output / POOL_RECORD_FILE, record)
+    console.say(json.dumps({"pool": str(output), "namespace": namespace, "size": spec.pool_size,
+                            "ready": record["ready_at_up"], "fill_seconds": round(record["fill_seconds"], 3)}))
+    console.note("warm pool of %d Ready after %.1f s. Steps: %s run --backend warm-pool --pool %s --output STEP-DIR; "
+                 "bring it down with: %s pool down %s" % (spec.pool_size, record["fill_seconds"], invocation(),
+                                                         shlex.quote(str(output)), invocation(),
+                                                         shlex.quote(str(output))))
+    return EXIT_OK
+
+
+class KeptPoolStep:
+    """A step of a kept pool (`run --pool POOLDIR`): the pool `pool up` made is checked, never
+    made or deleted; the step's claims (its own names and run-id label) are deleted at its end,
+    every way out; the pool's status is watched for the refill."""
+
+    def __init__(self, run):
+        self.run, self.console = run, run.console
+        self.folder = Path(run.spec.pool)
+        self.record = read_pool_record(self.folder)
+        self.size = self.record["size"]  # spec.replicas as the step found it
+        self.changes = []  # what changed since `pool up`, one sentence each
+        self.pool_watch = None
+        self.started_at = utc_now()
+
+    def info(self):
+        return {"folder": str(self.folder), "namespace": self.record["namespace"], "run_id": self.record["run_id"],
+                "size_at_up": self.record["size"]}
+
+    def check(self, cluster):
+        """The pool and its template are the ones `pool up` made; one line for each change since
+        (a warning), a DemoError where no claim could ever be served."""
+        namespace, folder = self.record["namespace"], self.folder
+        again = "bring it down with `%s pool down %s` and up again" % (invocation(), folder)
+        live_namespace = cluster.get_json("namespace", namespace)
+        if live_namespace is None or live_namespace["metadata"].get("uid") != self.record["namespace_uid"] or \
+                live_namespace["metadata"].get("deletionTimestamp"):
+            raise DemoError("the kept pool in %s is gone: its namespace %s %s; bring up a new one with `%s pool up`"
+                            % (folder, namespace, "no longer exists" if live_namespace is None else
+                               "is being deleted" if live_namespace["metadata"].get("deletionTimestamp")
+                               else "is another one now (its uid differs from pool.json's)", invocation()))
+        for kind, resource, name, key in (("SandboxWarmPool", "sandboxwarmpools", POOL_NAME, "pool_uid"),
+                                          ("SandboxTemplate", "sandboxtemplates", TEMPLATE_NAME, "template_uid")):
+            live = cluster.get_json("-n", namespace, resource, name)
+            if live is None:
+                raise DemoError("the kept pool in %s cannot serve: its %s %s was deleted by someone else, and claims "
+                                "would wait for it (%sNotFound: agent-sandbox requeues them, never starts them cold), "
+                                "so this step creates none; %s" % (folder, kind, name, kind[len("Sandbox"):], again))
+            if live["metadata"].get("uid") != self.record[key]:
+                raise DemoError("the kept pool in %s cannot serve: its %s %s was replaced by someone else (uid %s, "
+                                "pool.json says %s); %s" % (folder, kind, name, live["metadata"].get("uid"),
+                                                            self.record[key], again))
+            if kind == "SandboxWarmPool":
+                self.size = (live.get("spec") or {}).get("replicas", 1)
+                if self.size != self.record["size"]:
+                    self.changes.append("it was scaled to %d sandboxes since `pool up` made it %d" % (
+                        self.size, self.record["size"]))
+            elif live["metadata"].get("generation") != self.record.get("template_generation"):
+                self.changes.append("its SandboxTemplate was edited since `pool up` (generation %s, now %s): the "
+                                    "sandboxes the pool holds keep the old spec (agent-sandbox's default OnReplenish "
+                                    "update strategy), new ones get the edit" % (
+                                        self.record.get("template_generation"), live["metadata"].get("generation")))
+        for change in self.changes:
+            self.console.warn("the kept pool in %s: %s" % (folder, change))
+
+    def watch(self, cluster):
+        """The pool's states from now on, each with its arrival time (the refill is timed from them)."""
+        self.pool_watch = cluster.watch("SandboxWarmPool", "-n", self.record["namespace"], "sandboxwarmpools",
+                                        POOL_NAME, timed=True)
+        return self.pool_watch
+
+    def pool_record(self, cluster, count):
+        """warm-pool.json for this step: the pool as it is now (Ready sandboxes), and, before any
+        claim is made, how many claims will start cold."""
+        live = cluster.get_json("-n", self.record["namespace"], "sandboxwarmpools", POOL_NAME) or {}
+        ready = (live.get("status") or {}).get("readyReplicas", 0)
+        cold = max(0, count - ready)
+        if cold:
+            # agent-sandbox gives each claim 2 s for a refilling sandbox to get an IP, then starts it
+            # cold (warmCandidateGracePeriod): a fast refill may still serve some of them warm.
+            self.console.warn("%d of %d claims find no Ready sandbox: the kept pool has %d of %d Ready%s; each of "
+                              "them waits up to 2 s for a refilling sandbox, then starts cold" % (
+                                  cold, count, ready, self.size, " (this step is larger than the pool)"
+                                  if count > self.size else " (not refilled yet)"))
+        return {"name": POOL_NAME, "template": TEMPLATE_NAME, "size": self.size, "fill_seconds": None,
+                "fill_definition": "a kept pool: filled by `pool up` (%s), not by this step" % POOL_RECORD_FILE,
+                "ready_at_fire": ready, "expected_cold": cold, "kept_pool": dict(self.info(), changes=self.changes)}
+
+    def finish(self, batch):
+        """The step's end, every way out: its claims deleted (their Sandboxes go with them), the
+        refill read from the pool's watch into warm-pool.json, and one line in the pool's steps.jsonl."""
+        cluster, namespace, output = self.run.cluster, self.record["namespace"], self.run.output
+        try:
+            delete_step_claims(cluster, namespace, self.run.run_id)
+        except DemoError as error:
+            self.console.warn("could not delete this step's claims (%s); `%s` deletes them" % (
+                error, cleanup_command(output)))
+        states = self.pool_watch.drain() if self.pool_watch is not None else []
+        if self.pool_watch is not None:
+            self.pool_watch.stop()
+        fired = min((seen["create_called"] for seen in batch.observed.values() if seen.get("create_called")),
+                    default=None)
+        refill = pool_refill(states, fired, self.size)
+        record = read_saved(output / "warm-pool.json")
+        if record is not None:
+            record["refill"] = refill
+            write_json(output / "warm-pool.json", record)
+        line = {"run_id": self.run.run_id, "output": str(Path(output).resolve()), "started_at": self.started_at,
+                "ended_at": utc_now(), "episodes": len(batch.names), "finished_episodes": len(batch.results),
+                "refill_seconds": refill["seconds"]}
+        try:
+            with open(self.folder / POOL_STEPS_FILE, "a") as steps:  # one short line: an atomic append
+                steps.write(json.dumps(line) + "\n")
+        except OSError as error:
+            self.console.warn("could not count this step in %s: %s" % (self.folder / POOL_STEPS_FILE, error.strerror))
+
+
+def pool_refill(states, fired, size):
+    """When the pool was back to `size` Ready after the step's claims were fired (REFILL_DEFINITION),
+    from the (arrival time, SandboxWarmPool) states of the step's watch."""
+    below = refilled = None
+    ready = None
+    for at, pool in states:
+        ready = ((pool.get("status") or {}).get("readyReplicas") or 0)
+        if fired is None or at < fired:
+            continue
+        if ready < size and below is None:
+            below = at
+        elif ready >= size and below is not None and refilled is None:
+            refilled = at
+    state = ("refilled" if refilled is not None else "never below full" if below is None and ready is not None
+             and ready >= size else "not refilled by the step's end")
+    return {"seconds": refilled - fired if refilled is not None else None, "state": state, "size": size,
+            "ready_at_end": ready, "definition": REFILL_DEFINITION}
+
+
+def delete_step_claims(cluster, namespace, run_id):
+    """A step's claims (its run-id label), deleted at once through `kubectl proxy` (kubectl where
+    it cannot); their Sandboxes and pods go with them (owner references). Nothing else is touched."""
+    selector = "%s=%s" % (RUN_LABEL, run_id)
+    base = "/apis/%s/namespaces/%s/" % (EXTENSIONS_API, namespace)
+    deletes = [(CLAIM_PLURAL, ["-l", selector], base + CLAIM_PLURAL + "?" + urllib.parse.urlencode(
+        {"labelSelector": selector}), None)]
+    for resource, kubectl_args, failure in delete_through_proxy(cluster, base, deletes):
+        cluster.console.note("deleting %s through `kubectl proxy` failed (%s); with kubectl instead" % (resource, failure))
+        cluster.delete("-n", namespace, "delete", resource, *kubectl_args, "--wait=false")
+
+
+def cleanup_step(receipt, source, console):
+    """`cleanup STEPDIR` of a step of a kept pool: its claims only (the pool, its template and
+    namespace are `pool down`'s), once the namespace is proven to be the pool's."""
+    kept = receipt["kept_pool"]
+    try:
+        cluster = Cluster(Kubectl(console), receipt["context"])
+        namespace, run_id = receipt["namespace"], receipt["run_id"]
+    except (KeyError, TypeError):
+        raise DemoError("%s lacks context, namespace or run_id; refusing cleanup" % source) from None
+    live = cluster.get_json("namespace", namespace)
+    if live is None:
+        console.tell("The kept pool's namespace is already gone: %s" % namespace)
+        return EXIT_OK
+    problems = ownership_mismatches("namespace " + namespace, live, {
+        "uid": kept.get("namespace_uid"), "label " + RUN_LABEL: kept.get("run_id")})
+    if problems:
+        raise DemoError("ownership check failed, refusing cleanup: " + "; ".join(problems))
+    selector = "%s=%s" % (RUN_LABEL, run_id)
+    claims = cluster.read_items("-n", namespace, "get", CLAIM_PLURAL, "-l", selector)
+    if not claims:
+        console.tell("Nothing left of step %s: its claims are gone (the kept pool in %s stays; `pool down %s` "
+                     "removes it)" % (run_id, namespace, kept.get("folder")))
+        return EXIT_OK
+    console.note("Deleting the %d SandboxClaims of step %s (the kept pool stays)..." % (len(claims), run_id))
+    delete_step_claims(cluster, namespace, run_id)
+    cluster.wait_until_gone("SandboxClaims of step %s" % run_id, ("-n", namespace, CLAIM_PLURAL, "-l", selector),
+                            CLEANUP_WAIT_SECONDS)
+    return EXIT_OK
+
+
+def kept_pool_status(cluster, folder, record):
+    """`pool status`: the pool as the API has it (Ready / desired), its age, the steps it served
+    (steps.jsonl), and what keeping it costs while it waits between steps."""
+    namespace = record["namespace"]
+    live = cluster.get_json("-n", namespace, "sandboxwarmpools", POOL_NAME)
+    state = "up" if live is not None and live["metadata"].get("uid") == record["pool_uid"] else \
+        "gone" if live is None else "replaced"
+    try:
+        steps = [json.loads(line) for line in (folder / POOL_STEPS_FILE).read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        steps = []
+    pods = cluster.read_items("-n", namespace, "get", "pods", "-l", POOL_MEMBER_LABEL) if state == "up" else []
+    template = cluster.get_json("-n", namespace, "sandboxtemplates", TEMPLATE_NAME) if state == "up" else None
+    pod_spec = pods[0].get("spec") if pods else ((template or {}).get("spec") or {}).get("podTemplate", {}).get("spec")
+    request = effective_request(pod_spec or {})[0]
+    size = ((live or {}).get("spec") or {}).get("replicas", 1) if state == "up" else 0
+    age = time.time() - parse_k8s_time(record["created_at"])
+    return {"pool": str(folder), "state": state, "context": record["context"], "namespace": namespace,
+            "ready": ((live or {}).get("status") or {}).get("readyReplicas", 0) if state == "up" else 0,
+            "size": size, "size_at_up": record["size"], "age_seconds": round(age, 1),
+            "steps_served": len(steps), "last_step": steps[-1] if steps else None,
+            "idle_cost_per_hour": {
+                "cpu_core_seconds": round(size * request["cpu"] * 3600, 3),
+                "gib_seconds": round(size * request["memory"] / GIB * 3600, 3),
+                "definition": "pool size (spec.replicas) x a pool sandbox pod's effective request (as the cost "
+                              "section counts it, RuntimeClass overhead included when a pool pod shows it) x 3,600 s: "
+                              "the capacity the pool reserves each hour between steps, whether or not one runs"}}
+
+
+def pool_status_lines(status):
+    if status["state"] != "up":
+        return ["the kept pool in %s is %s (namespace %s on %s); %d steps served" % (
+            status["pool"], status["state"], status["namespace"], status["context"], status["steps_served"])]
+    idle = status["idle_cost_per_hour"]
+    return ["pool %s: %d of %d sandboxes Ready, namespace %s on %s, age %s, %d steps served" % (
+        status["pool"], status["ready"], status["size"], status["namespace"], status["context"],
+        human_age(status["age_seconds"]), status["steps_served"]),
+        "idle cost: %.0f CPU core-seconds and %.0f GiB-seconds reserved per hour between steps" % (
+            idle["cpu_core_seconds"], idle["gib_seconds"])]
 
 
 # ============================================================================
@@ -7126,7 +7538,9 @@ def not_created_by_run(items, run_id, namespace_created):
     """[(kind, name, resource for kubectl delete)], sorted: the objects among `items` that the run
     did not create: not labelled with its run id, not owned (through ownerReferences, at any
     depth) by an object that is, not a record or what every namespace has, and created after the
-    namespace's setup."""
+    namespace's setup. Nor an object already going: being deleted (deletionTimestamp), or whose
+    controller owner is gone (the garbage collector deletes it), e.g. a finished step's Sandbox
+    and pod in a kept pool's namespace: deleting the namespace destroys no one's work there."""
     owned = {item["metadata"].get("uid") for item in items
              if (item["metadata"].get("labels") or {}).get(RUN_LABEL) == run_id}
     while True:
@@ -7135,10 +7549,14 @@ def not_created_by_run(items, run_id, namespace_created):
         if not more:
             break
         owned |= more
+    present = {item["metadata"].get("uid") for item in items}
     foreign = []
     for item in items:
         meta, kind = item["metadata"], item.get("kind", "")
         if meta.get("uid") in owned or kind in RECORD_KINDS or (kind, meta["name"]) in EVERY_NAMESPACE_HAS:
+            continue
+        controller = next((ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")), None)
+        if meta.get("deletionTimestamp") or (controller is not None and controller.get("uid") not in present):
             continue
         created = meta.get("creationTimestamp")
         if created and parse_k8s_time(created) <= namespace_created + NAMESPACE_SETUP_SECONDS:
@@ -7169,6 +7587,9 @@ def cleanup_receipt(receipt, source, output, console, delete_foreign=False):
         console.tell("Nothing to clean up: %s ran with --backend %s, which leaves nothing behind"
                      % (output or source, backend.name))
         return EXIT_OK
+    shared = backend.cleanup_in_shared_namespace(receipt, source, console)
+    if shared is not None:
+        return shared
     try:
         cluster = Cluster(Kubectl(console), receipt["context"])
         namespace, run_id = receipt["namespace"], receipt["run_id"]
@@ -7925,6 +8346,53 @@ def build_parser():
                          help="bootstrap resamples (default %d)" % COMPARE_RESAMPLES)
     compare.add_argument("--json", action="store_true", help="print comparison.json instead of lines")
     compare.set_defaults(subparser=compare)
+
+    pool = commands.add_parser(
+        "pool", help="a warm pool kept across batches (a training loop's steps: run --pool POOLDIR)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Keep one agent-sandbox warm pool up across many batches: `pool up` makes it and waits for it\n"
+                    "to fill, each `run --backend warm-pool --pool POOLDIR` is a step that claims from it and deletes\n"
+                    "only its own claims, `pool status` shows it, `pool down` deletes it (as cleanup does).",
+        epilog="example:\n  %(prog)s up --size 64 --output pool\n  %(prog)s status pool\n"
+               "  " + program_name() + " run --backend warm-pool --pool pool --count 64 --output step-1\n"
+               "  %(prog)s down pool")
+    pool.set_defaults(subparser=pool)
+    actions = pool.add_subparsers(dest="pool_command", metavar="ACTION", parser_class=ArgumentParser)
+    actions.required = True
+    up = actions.add_parser("up", help="make a warm pool and wait until it is full",
+                            description="Make a namespace, SandboxTemplate and SandboxWarmPool of SIZE sandboxes "
+                                        "(shaped as `run` shapes a sandbox), wait until every one is Ready, and "
+                                        "write POOLDIR/receipt.json and POOLDIR/%s." % POOL_RECORD_FILE)
+    up.add_argument("--size", type=int, required=True, metavar="N",
+                    help="sandboxes kept Ready, 1..%d, or up to %d with --allow-large" % (MAX_COUNT, MAX_LARGE_COUNT))
+    up.add_argument("--output", required=True, metavar="POOLDIR", help="a new folder for the pool's receipt and record")
+    up.add_argument("--allow-large", action="store_true", help="lift the bound of %d sandboxes to %d"
+                    % (MAX_COUNT, MAX_LARGE_COUNT))
+    up.add_argument("--context", metavar="NAME", help="kubectl context (default: kubectl's current context)")
+    up.add_argument("--image", help="image with `python` (3.9+) runnable as UID/GID 1000 (default %s)" % DEFAULT_IMAGE)
+    runtime = up.add_mutually_exclusive_group()
+    runtime.add_argument("--runtime", metavar="NAME", help="RuntimeClass of the sandboxes (default %s)" % DEFAULT_RUNTIME)
+    runtime.add_argument("--no-runtime-class", action="store_true", help="set no RuntimeClass (the nodes' default)")
+    up.add_argument("--network", choices=("default", "none"), default="default",
+                    help="`none`: a default-deny NetworkPolicy in the pool's namespace (default: default)")
+    up.add_argument("--episode", metavar="FILE.py", help="the episode program the sandboxes hold (steps then run it, "
+                                                         "with their own --tasks)")
+    up.add_argument("--timeout", type=int, metavar="SECONDS", help="how long to wait for the pool to fill (default: "
+                                                                   "as `run` for SIZE episodes)")
+    up.add_argument("--force", action="store_true", help="make the pool even when the preflight says it cannot fill")
+    up.add_argument("--quiet", action="store_true", help="no progress or notes on stderr")
+    up.set_defaults(subparser=up)
+    status = actions.add_parser("status", help="the pool's Ready sandboxes, age, steps served and idle cost")
+    status.add_argument("folder", metavar="POOLDIR", help="the folder of `pool up --output`")
+    status.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    status.set_defaults(subparser=status)
+    down = actions.add_parser("down", help="delete what `pool up` made, after proving it owns it (as cleanup)")
+    down.add_argument("folder", metavar="POOLDIR", help="the folder of `pool up --output`")
+    down.add_argument("--delete-foreign", action="store_true",
+                      help="also delete objects in the pool's namespace it did not create (a running or unfinished "
+                           "step's claims among them); without it, pool down names them and refuses")
+    down.add_argument("--quiet", action="store_true", help="no progress or notes on stderr")
+    down.set_defaults(subparser=down)
     return parser
 
 
@@ -7951,10 +8419,49 @@ def compare_args(args, shared):
     return args
 
 
+def pool_up_spec(args):
+    """`pool up` as the RunSpec of a warm-pool run that fires no claim (count 0), checked once."""
+    fail = args.subparser.error
+    bound = MAX_LARGE_COUNT if args.allow_large else MAX_COUNT
+    if not 1 <= args.size <= bound:
+        fail("--size must be between 1 and %d%s, got %d" % (bound, "" if args.allow_large else
+                                                            " (--allow-large lifts it to %d)" % MAX_LARGE_COUNT, args.size))
+    if args.timeout is not None and args.timeout < 1:
+        fail("--timeout must be at least 1 second, got %d" % args.timeout)
+    program, _ = read_episode_inputs(argparse.Namespace(episode=args.episode, tasks=None, retries=0, count=None), fail)
+    run_parser = build_parser().parse_known_args(["run"])[0].subparser
+    options = {dest: run_parser.get_default(dest) for dest in run_parser.plugin_options}
+    options.update(pool_size=args.size, exec_concurrency=1, pool=None)
+    return RunSpec(command=POOL_UP_COMMAND, output=args.output, backend=WarmPoolBackend.name, count=0,
+                   allow_large=args.allow_large, parallelism=0, image=args.image or DEFAULT_IMAGE,
+                   runtime=args.runtime or DEFAULT_RUNTIME, no_runtime_class=args.no_runtime_class,
+                   timeout=args.timeout or default_deadline(args.size, args.size), network=args.network,
+                   force=args.force, quiet=args.quiet, context=args.context, episode=args.episode, program=program,
+                   options=options)
+
+
+def cmd_pool(args, console):
+    """`pool status` and `pool down` (`pool up` is a run: start_run)."""
+    folder = Path(args.folder)
+    if args.pool_command == "down":
+        return cleanup_one(folder, console, args.delete_foreign)
+    record = read_pool_record(folder)
+    status = kept_pool_status(Cluster(Kubectl(console), record["context"]), folder, record)
+    if args.json:
+        console.say(json.dumps(status, indent=2))
+    else:
+        for line in pool_status_lines(status):
+            console.say(line)
+    if status["state"] != "up":
+        raise DemoError("the kept pool in %s is %s: bring up a new one with `%s pool up`" % (
+            folder, status["state"], invocation()))
+    return EXIT_OK
+
+
 def read_episode_inputs(args, fail):
     """--episode and --tasks, read and checked before anything touches the cluster or disk:
     (program text, tasks as a tuple or None)."""
-    if args.tasks and not args.episode:
+    if args.tasks and not args.episode and not getattr(args, "pool", None):  # a kept pool's own episode serves
         fail("--tasks needs --episode: the built-in task takes no input")
     if args.retries and not args.episode:
         fail("--retries needs --episode: the built-in task keeps the tutorial's rule that any failure is an error")
@@ -8059,7 +8566,8 @@ def run_spec(args):
     return RunSpec(**fields, options=options)
 
 
-COMMANDS = {"run": start_run, "cleanup": cmd_cleanup, "report": cmd_report, "list": cmd_list, "compare": cmd_compare}
+COMMANDS = {"run": start_run, "cleanup": cmd_cleanup, "report": cmd_report, "list": cmd_list, "compare": cmd_compare,
+            "pool": cmd_pool, POOL_UP_COMMAND: start_run}
 
 
 def parse_args(argv):
@@ -8082,6 +8590,8 @@ def parse_args(argv):
     if args.command == "report" and args.label and len(args.label) != len(args.folders):
         args.subparser.error("give one --label per folder (%d folders, %d labels)"
                              % (len(args.folders), len(args.label)))
+    if args.command == "pool" and args.pool_command == "up":
+        return pool_up_spec(args)
     return run_spec(args) if args.command == "run" else args
 
 
@@ -8114,7 +8624,7 @@ def failed(options, console, message, exit_code):
 
 
 # ============================================================================
-# Python API: run_batch() and stream_batch(), for a training loop
+# Python API: run_batch(), stream_batch() and warm_pool(), for a training loop
 # ============================================================================
 # `import rl_batch_demo` (the installed package's module, which is this file) gives a training
 # loop the command without a shell: the same options as `run`, as keyword arguments. Each
@@ -8356,12 +8866,116 @@ def run_batch(**options):
 def cleanup_output(output):
     """`cleanup DIR`: delete what the run of that folder created, after proving it owns it;
     RunFailed when cleanup refuses or fails."""
-    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "cleanup", str(output)],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True)
-    if done.returncode != 0:
-        lines = [line for line in done.stderr.splitlines() if line.startswith("Error: ")]
-        raise RunFailed(lines[-1][len("Error: "):] if lines else done.stderr.strip(), done.returncode, Path(output))
-    return done.stderr
+    return tool_command(["cleanup", str(output)], output)[1]
+
+
+def tool_command(argv, output, passing_stderr=False):
+    """This file run as a command (cleanup, pool ...) in a process of its own: (its stdout, its
+    stderr), the stderr passed on line by line as it comes when `passing_stderr` (a pool's fill
+    takes a while); RunFailed with its `Error:` line and exit code when it fails."""
+    process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv], stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    said = []
+
+    def pass_stderr():
+        for line in process.stderr:
+            said.append(line)
+            if passing_stderr:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+
+    reader = threading.Thread(target=pass_stderr, daemon=True)
+    reader.start()
+    stdout = process.stdout.read()
+    code = process.wait()
+    reader.join()
+    stderr = "".join(said)
+    if code != 0:
+        lines = [line for line in stderr.splitlines() if line.startswith("Error: ")]
+        raise RunFailed(lines[-1][len("Error: "):] if lines else stderr.strip() or "`%s` ended with exit code %d"
+                        % (" ".join(argv[:2]), code), code, Path(output))
+    return stdout, stderr
+
+
+class WarmPool:
+    """A kept warm pool (warm_pool()): a training loop's steps against it, each a batch in a new
+    folder under the pool's (step-0001, ...) unless output= names one. Steps take `run`'s options
+    except those the pool fixed (image, RuntimeClass, network, context, size); with a pool of
+    custom episodes, its program is the steps' --episode."""
+
+    FIXED = ("backend", "pool", "pool_size", "image", "runtime", "no_runtime_class", "network", "context")
+
+    def __init__(self, folder):
+        self.folder = Path(folder)
+        self.record = json.loads((self.folder / POOL_RECORD_FILE).read_text())
+        self.steps = 0
+
+    def step_options(self, options):
+        fixed = [name for name in self.FIXED if name in options]
+        if fixed:
+            raise TypeError("%s is the kept pool's (fixed by warm_pool()); leave it out of a step" % fixed[0])
+        options = dict(options, backend=WarmPoolBackend.name, pool=str(self.folder))
+        if "output" not in options:
+            while True:
+                self.steps += 1
+                output = self.folder / ("step-%04d" % self.steps)
+                if not output.exists():
+                    break
+            options["output"] = str(output)
+        if self.record.get("episode") and "episode" not in options:
+            options["episode"] = str(self.folder / self.record["episode"])
+        return options
+
+    def run_batch(self, **options):
+        """One step: run_batch() against this pool; rewards in task order. Its claims are deleted
+        when it ends; the pool stays."""
+        return run_batch(**self.step_options(options))
+
+    def stream_batch(self, **options):
+        """One step as stream_batch(): its episodes as they are verified."""
+        return stream_batch(**self.step_options(options))
+
+    def status(self):
+        """`pool status --json`: Ready sandboxes, size, age, steps served, idle cost per hour."""
+        return json.loads(tool_command(["pool", "status", str(self.folder), "--json"], self.folder)[0])
+
+    def down(self):
+        """`pool down`: delete what warm_pool() made, after proving it owns it."""
+        return tool_command(["pool", "down", str(self.folder)], self.folder)[1]
+
+    def __repr__(self):
+        return "WarmPool(%r, size=%r, namespace=%r)" % (str(self.folder), self.record["size"], self.record["namespace"])
+
+
+@contextlib.contextmanager
+def warm_pool(size, output=None, **options):
+    """`with warm_pool(size=64, no_runtime_class=True) as pool:` a warm pool kept for the block
+    (`pool up`'s options as keyword arguments: image, runtime, no_runtime_class, network, episode,
+    context, timeout, allow_large); `pool.run_batch(tasks=...)` per step; leaving the block
+    brings the pool down (`pool down`). Its folder is `output`, or a new temporary one."""
+    folder = Path(output) if output is not None else Path(tempfile.mkdtemp(prefix="rl-batch-demo-pool-")) / "pool"
+    up_parser = build_parser().parse_known_args(["pool", "up", "--size", "1", "--output", "-"])[0].subparser
+    actions = {action.dest: action for action in up_parser._actions
+               if action.option_strings and action.dest not in ("help", "size", "output")}
+    argv = ["pool", "up", "--size", str(size), "--output", str(folder)]
+    for name, value in options.items():
+        if name not in actions:
+            raise TypeError("warm_pool() got an unexpected keyword argument %r" % name)
+        if actions[name].nargs == 0:
+            argv += [actions[name].option_strings[0]] if value else []
+        elif value is not None:
+            argv += [actions[name].option_strings[0], str(value)]
+    try:
+        tool_command(argv, folder, passing_stderr=True)
+    except RunFailed:
+        if (folder / "receipt.json").exists():
+            tool_command(["pool", "down", str(folder)], folder)  # what a failed `pool up` made
+        raise
+    pool = WarmPool(folder)
+    try:
+        yield pool
+    finally:
+        pool.down()
 
 
 if __name__ == "__main__":

@@ -1,13 +1,11 @@
 """`cleanup` and `list`: ownership proven before anything is deleted, several folders,
 concurrent and interrupted cleanups."""
 
-import calendar
 import json
 import subprocess
 import sys
-import time
 
-from conftest import SCRIPT, read, wait_for
+from conftest import SCRIPT, after_the_namespace_setup_window, read
 
 
 def test_cleanup_deletes_the_namespace_and_keeps_the_output(cluster, run_tool, tmp_path):
@@ -278,9 +276,7 @@ def run_with_foreign_objects(cluster, run_tool, tmp_path):
     namespace's setup window, as anyone who learnt its name would)."""
     assert run_tool("run", "--count", "1", "--output", "out", cluster=cluster).code == 0
     namespace = read(tmp_path / "out" / "receipt.json")["namespace"]
-    born = cluster.get_json("namespace", namespace)["metadata"]["creationTimestamp"]
-    born = calendar.timegm(time.strptime(born, "%Y-%m-%dT%H:%M:%SZ"))
-    wait_for("the namespace's setup window to pass", lambda: time.time() > born + 7, timeout=30)
+    after_the_namespace_setup_window(cluster, namespace)
     notes = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "notes", "namespace": namespace},
              "data": {"todo": "keep me"}}
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "colleague", "namespace": namespace},

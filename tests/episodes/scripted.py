@@ -10,6 +10,7 @@ crash_once crash if `marker` does not exist yet (creating it), else like ok: a f
 "chatter": n prints n lines of its own output after ready; "trailing": text is written last,
 without a newline; "stderr": text is written to stderr after ready; "binary": true prints a line
 that is not UTF-8 after ready.
+"wait_for": path holds the episode after ready until that file exists.
 "termination_message": true also writes the events to the termination-message file.
 "on_sigterm": "exit" installs a SIGTERM handler that exits 143 (without it, a `python` that is
 a container's PID 1 does not see SIGTERM at all).
@@ -43,6 +44,8 @@ mode = task.get("mode", "ok")
 if mode != "no_ready":
     emit("ready", started_at=started_at, imports_done_at=time.time())
 time.sleep(task.get("sleep", 0))
+while task.get("wait_for") and not os.path.exists(task["wait_for"]):
+    time.sleep(0.05)  # held until the test creates the file: a step that stays under way
 if task.get("stderr"):
     print(task["stderr"], file=sys.stderr, flush=True)
 if task.get("binary"):
