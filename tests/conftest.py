@@ -106,7 +106,7 @@ def interrupt_a_run(make_cluster, tmp_path, signal_number=None):
                                 "--output", "out"], cwd=str(tmp_path), env=cluster.env(),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     receipt = tmp_path / "out" / "receipt.json"
-    wait_for("the run's Job", lambda: receipt.exists() and "job_uid" in receipt.read_text(), timeout=30)
+    wait_for("the run's Job", lambda: receipt.exists() and "job_uid" in receipt.read_text())
     namespace = json.loads(receipt.read_text())["namespace"]
     wait_for("the run's episodes to be running", lambda: [
         pod for pod in cluster.get_json("-n", namespace, "pods")["items"] if pod["status"].get("phase") == "Running"])
@@ -161,11 +161,12 @@ def after_the_namespace_setup_window(cluster, namespace):
     import time
     born = cluster.get_json("namespace", namespace)["metadata"]["creationTimestamp"]
     born = calendar.timegm(time.strptime(born, "%Y-%m-%dT%H:%M:%SZ"))
-    wait_for("the namespace's setup window to pass", lambda: time.time() > born + 7, timeout=30)
+    wait_for("the namespace's setup window to pass", lambda: time.time() > born + 7)
 
 
-def wait_for(what, predicate, timeout=60.0):
-    """predicate()'s first true value, asked every 0.1 s; fails the test after `timeout` seconds."""
+def wait_for(what, predicate, timeout=300.0):
+    """predicate()'s first true value, asked every 0.1 s; fails the test after `timeout` seconds: a
+    safety net against a hang, never a bound (a loaded machine may take minutes)."""
     import time
     deadline = time.monotonic() + timeout
     while True:

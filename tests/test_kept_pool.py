@@ -49,7 +49,7 @@ def held_step(cluster, tmp_path, name, marker):
     process = start_tool(cluster, tmp_path, "run", "--backend", "warm-pool", "--pool", "pool", "--episode", EPISODE,
                          "--tasks", tasks, "--output", name)
     receipt = tmp_path / name / "receipt.json"
-    wait_for("the held step's receipt", receipt.exists, timeout=60)
+    wait_for("the held step's receipt", receipt.exists)
     run_id = read(receipt)["run_id"]
     namespace = read(receipt)["namespace"]
     wait_for("the held step's episode to run", lambda: (tmp_path / name / "claims-submitted.json").exists() and [

@@ -50,7 +50,7 @@ def start_blocker(cluster):
                {"name": "work", "image": "slow:1", "command": ["python", "-c", "pass"],
                 "resources": {"requests": {"cpu": "1900m", "memory": "64Mi"}}}]}}}}
     cluster.kubectl("create", "-f", "-", stdin=json.dumps(job))
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 300  # a safety net against a hang, not a bound
     while True:
         workloads = cluster.get_json("-n", "default", "workloads")["items"]
         if workloads and any(c["type"] == "Admitted" and c["status"] == "True"
@@ -83,7 +83,7 @@ def start_queued_run(cluster, tmp_path):
 
 def wait_until_queued(cluster, process):
     """Until the run's Workload waits for quota (QuotaReserved=False, reason Pending)."""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300  # a safety net against a hang, not a bound
     while True:
         pending = [w for w in cluster.get_json("-A", "workloads")["items"]
                    if w["metadata"]["namespace"].startswith("agc-rl-") and any(

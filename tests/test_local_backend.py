@@ -64,7 +64,7 @@ def test_ctrl_c_twice_on_a_local_batch_stops_every_episode_and_leaves_nothing(tm
     process = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--backend", "local", "--episode", str(episode),
                                 "--count", "6", "--output", "out"], cwd=str(tmp_path), env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 300  # a safety net against a hang, not a bound
     while len(list(pids.iterdir())) < 6:
         assert time.monotonic() < deadline, "the episodes never started"
         time.sleep(0.05)
@@ -81,7 +81,7 @@ def test_ctrl_c_twice_on_a_local_batch_stops_every_episode_and_leaves_nothing(tm
     assert stderr.strip().splitlines()[-1] == "Error: interrupted"
     assert list(scratch.iterdir()) == []  # no temporary folder left
     for pid in (int(path.name) for path in pids.iterdir()):
-        wait_for("episode %d to be gone" % pid, lambda: not process_exists(pid), timeout=10)
+        wait_for("episode %d to be gone" % pid, lambda: not process_exists(pid))
     assert (tmp_path / "out" / "pods.json").exists() and (tmp_path / "out" / "job.json").exists()
     # none had finished: every record says it was interrupted, and job.json counts none finished
     status = read(tmp_path / "out" / "job.json")["status"]

@@ -271,7 +271,7 @@ def start_two_endless_warm_episodes(cluster, tmp_path):
     process = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--backend", "warm-pool", "--no-runtime-class",
                                 "--episode", EPISODE, "--tasks", "tasks.jsonl", "--output", "out"], cwd=str(tmp_path),
                                env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 300  # a safety net against a hang, not a bound
     while len(cluster.execs()) < 2:
         assert time.monotonic() < deadline and process.poll() is None, "the episodes were never exec'd"
         time.sleep(0.1)
