@@ -6428,6 +6428,9 @@ class WarmPoolBackend(Backend):
         return receipt
 
     def check_server(self, cluster, facts):
+        if self.spec.pool:  # a step: its kept pool's existence proves agent-sandbox (KeptPoolStep.check)
+            facts["agent_sandbox"] = {"checked": "by the kept pool's existence"}
+            return
         facts["agent_sandbox"] = check_agent_sandbox(cluster)
 
     def pods_at_once(self):
@@ -6483,15 +6486,15 @@ class WarmPoolBackend(Backend):
         if kept is not None:
             kept.watch(cluster)
         try:
-            if kept is None:
-                pool_record = self.fill_pool(run, pool)
-            else:
-                pool_record = kept.pool_record(cluster, spec.count)
-            pool_pods = cluster.read_items("-n", namespace, "get", "pods", "-l", POOL_MEMBER_LABEL)
-            pool_record["pool_pods_at_fire"] = sorted(pod["metadata"]["name"] for pod in pool_pods)
-            if kept is not None:  # pods of earlier or concurrent steps are neither refill nor this step's
-                pool_record["other_pods_at_fire"] = sorted(set(pod["metadata"]["name"] for pod in cluster.read_items(
-                    "-n", namespace, "get", "pods", "-l", batch.pod_selector)) - set(pool_record["pool_pods_at_fire"]))
+            pool_record = self.fill_pool(run, pool) if kept is None else kept.pool_record(spec.count)
+            # the pool's pods now: its members, and (a kept pool's) pods of earlier or concurrent
+            # steps, which are neither refill nor this step's
+            pods = cluster.read_items("-n", namespace, "get", "pods", "-l", batch.pod_selector)
+            members = [pod for pod in pods if POOL_MEMBER_LABEL in (pod["metadata"].get("labels") or {})]
+            pool_record["pool_pods_at_fire"] = sorted(pod["metadata"]["name"] for pod in members)
+            if kept is not None:
+                pool_record["other_pods_at_fire"] = sorted(set(pod["metadata"]["name"] for pod in pods) - set(
+                    pool_record["pool_pods_at_fire"]))
             write_json(output / "warm-pool.json", pool_record)
             self.console.note("warm pool: %d of %d ready%s; firing %d claims" % (
                 pool_record["ready_at_fire"], pool_record["size"], " after %.1f s" % pool_record["fill_seconds"]
@@ -6554,30 +6557,38 @@ class WarmPoolBackend(Backend):
         """Every pod of the run (claimed, pool and refill sandboxes) to the run's end (the last
         exec's return: a sandbox kept after it is cleanup's business). A claimed sandbox is idle
         from its start to its claim's creation, the episode's after; a sandbox no claim of the
-        batch took (the pool's rest, the refill) is idle throughout. Plus the pool's steady idle
-        rate: what keeping the pool costs per hour between batches."""
-        pods = read_saved(output / "pods.json") or []
+        batch took (the pool's rest, the refill) is idle throughout. A step of a kept pool counts
+        from its first claim's creation. Plus the pool's steady idle rate: what keeping the pool
+        costs per hour between batches."""
+        pool = read_saved(output / "warm-pool.json") or {}
+        others = set(pool.get("other_pods_at_fire") or [])  # a kept pool's earlier or concurrent steps'
+        pods = [pod for pod in read_saved(output / "pods.json") or [] if pod["metadata"]["name"] not in others]
         episodes = records  # episodes.json as read
         claimed_at = {}
-        for record in episodes:
-            annotations = record["metadata"].get("annotations") or {}
+        for episode in episodes:
+            annotations = episode["metadata"].get("annotations") or {}
             created = parse_rfc3339_nano(annotations.get(CLIENT_REQUESTED_ANNOTATION)) or \
-                parse_k8s_time(record["metadata"]["creationTimestamp"])
-            if record["spec"].get("pod"):
-                claimed_at[record["spec"]["pod"]] = created
-        ends = [parse_rfc3339_nano(((record["status"].get("containerStatuses") or [{}])[0].get("state") or {}).get(
-            "terminated", {}).get("finishedAt")) for record in episodes]
+                parse_k8s_time(episode["metadata"]["creationTimestamp"])
+            if episode["spec"].get("pod"):
+                claimed_at[episode["spec"]["pod"]] = created
+        ends = [parse_rfc3339_nano(((episode["status"].get("containerStatuses") or [{}])[0].get("state") or {}).get(
+            "terminated", {}).get("finishedAt")) for episode in episodes]
         run_end = max((end for end in ends if end), default=None)
 
+        # A step of a kept pool counts from its first claim: the pool held its sandboxes before,
+        # and that is the pool's cost between steps (`pool status`), not this step's.
+        window_start = min(claimed_at.values(), default=None) if pool.get("kept_pool") else None
+
         def split(pod, start, end):
+            if window_start is not None:
+                start = min(max(start, window_start), end)
             claim = claimed_at.get(pod["metadata"]["name"])
             if claim is None:
                 return [("idle", start, end)]
             middle = min(max(claim, start), end)  # claimed before it was Ready: no idle time
             return [("idle", start, middle), ("episodes", middle, end)]
 
-        record = read_saved(output / "warm-pool.json") or {}
-        size = record.get("size") or 0
+        size = pool.get("size") or 0
         request = effective_request(pods[0].get("spec") or {})[0] if pods else {"cpu": 0.0, "memory": 0.0}
         rate = {"cpu_core_hours": round(size * request["cpu"], 6), "gib_hours": round(size * request["memory"] / GIB, 6),
                 "definition": "pool size x a sandbox pod's effective request: what keeping the pool full costs "
@@ -6886,7 +6897,7 @@ class KeptPoolStep:
         self.record = read_pool_record(self.folder)
         self.size = self.record["size"]  # spec.replicas as the step found it
         self.changes = []  # what changed since `pool up`, one sentence each
-        self.pool_watch = None
+        self.pool_watch, self.pool, self.early_states = None, None, []
         self.started_at = utc_now()
 
     def info(self):
@@ -6898,16 +6909,18 @@ class KeptPoolStep:
         (a warning), a DemoError where no claim could ever be served."""
         namespace, folder = self.record["namespace"], self.folder
         again = "bring it down with `%s pool down %s` and up again" % (invocation(), folder)
-        live_namespace = cluster.get_json("namespace", namespace)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=3) as reads:  # three kubectl processes at once
+            live_namespace, *parts = reads.map(lambda parts: cluster.get_json(*parts), (
+                ("namespace", namespace), ("-n", namespace, "sandboxwarmpools", POOL_NAME),
+                ("-n", namespace, "sandboxtemplates", TEMPLATE_NAME)))
         if live_namespace is None or live_namespace["metadata"].get("uid") != self.record["namespace_uid"] or \
                 live_namespace["metadata"].get("deletionTimestamp"):
             raise DemoError("the kept pool in %s is gone: its namespace %s %s; bring up a new one with `%s pool up`"
                             % (folder, namespace, "no longer exists" if live_namespace is None else
                                "is being deleted" if live_namespace["metadata"].get("deletionTimestamp")
                                else "is another one now (its uid differs from pool.json's)", invocation()))
-        for kind, resource, name, key in (("SandboxWarmPool", "sandboxwarmpools", POOL_NAME, "pool_uid"),
-                                          ("SandboxTemplate", "sandboxtemplates", TEMPLATE_NAME, "template_uid")):
-            live = cluster.get_json("-n", namespace, resource, name)
+        for (kind, name, key), live in zip((("SandboxWarmPool", POOL_NAME, "pool_uid"),
+                                            ("SandboxTemplate", TEMPLATE_NAME, "template_uid")), parts):
             if live is None:
                 raise DemoError("the kept pool in %s cannot serve: its %s %s was deleted by someone else, and claims "
                                 "would wait for it (%sNotFound: agent-sandbox requeues them, never starts them cold), "
@@ -6917,6 +6930,7 @@ class KeptPoolStep:
                                 "pool.json says %s); %s" % (folder, kind, name, live["metadata"].get("uid"),
                                                             self.record[key], again))
             if kind == "SandboxWarmPool":
+                self.pool = live
                 self.size = (live.get("spec") or {}).get("replicas", 1)
                 if self.size != self.record["size"]:
                     self.changes.append("it was scaled to %d sandboxes since `pool up` made it %d" % (
@@ -6935,10 +6949,13 @@ class KeptPoolStep:
                                         POOL_NAME, timed=True)
         return self.pool_watch
 
-    def pool_record(self, cluster, count):
-        """warm-pool.json for this step: the pool as it is now (Ready sandboxes), and, before any
-        claim is made, how many claims will start cold."""
-        live = cluster.get_json("-n", self.record["namespace"], "sandboxwarmpools", POOL_NAME) or {}
+    def pool_record(self, count):
+        """warm-pool.json for this step: the pool as it is now (Ready sandboxes: its last state the
+        watch delivered, else as check() read it), and, before any claim is made, how many claims
+        find no Ready sandbox."""
+        states = self.pool_watch.drain()
+        live = states[-1][1] if states else self.pool
+        self.early_states = states  # kept for the refill (states before the fire count as such)
         ready = (live.get("status") or {}).get("readyReplicas", 0)
         cold = max(0, count - ready)
         if cold:
@@ -6961,7 +6978,7 @@ class KeptPoolStep:
         except DemoError as error:
             self.console.warn("could not delete this step's claims (%s); `%s` deletes them" % (
                 error, cleanup_command(output)))
-        states = self.pool_watch.drain() if self.pool_watch is not None else []
+        states = self.early_states + (self.pool_watch.drain() if self.pool_watch is not None else [])
         if self.pool_watch is not None:
             self.pool_watch.stop()
         fired = min((seen["create_called"] for seen in batch.observed.values() if seen.get("create_called")),
