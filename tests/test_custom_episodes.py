@@ -260,3 +260,95 @@ def test_results_list_every_task_in_task_order_with_its_reward_or_failure(backen
     assert [(t["task"], t["reward"]) for t in by_task] == [(0, 0.25), (1, None), (2, 0.75)]
     assert by_task[1]["infrastructure_failure"].startswith("crashed: exit code 3")
     assert by_task[0]["infrastructure_failure"] is None and by_task[0]["episode"] and by_task[0]["attempts"] == 1
+
+
+# ---------------------------------------------------------------- episodes written for a pod, and on a skewed node
+
+def test_custom_episodes_on_a_skewed_node_never_report_a_negative_batch_time(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"nodes": [{"name": "kind-worker", "clockOffsetSeconds": -5}]})
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": i} for i in range(2)])
+    result = run_tool("run", "--episode", EPISODE, "--tasks", tasks, "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    results = read(tmp_path / "out" / "results.json")
+    assert results["batch_to_all_ready_seconds"] is None
+    assert results["pod_to_ready_p50_seconds"] is None
+    finding = results["clock_skew"]["findings"][0]
+    assert (finding["node"], finding["clock"], finding["direction"]) == ("kind-worker", "episode", "behind")
+    assert 2.0 <= finding["at_least_seconds"] <= 5.0  # a lower bound of the 5 s (whole-second API times)
+    phrase = "the episode clock on node kind-worker is at least %.1f s behind the API server" % finding[
+        "at_least_seconds"]
+    assert results["clock_skew"]["headline_withheld"] == phrase
+    assert finding["bound"].startswith("an episode cannot start before its pod's creation")
+    assert "warning: clock skew: " + phrase in result.stderr
+
+
+POD_PATHS_EPISODE = '''import json, os, time
+started = time.time()
+assert os.path.exists("/demo/episode.py"), "the ConfigMap is mounted at /demo"
+with open("/workspace/scratch.txt", "w") as scratch:  # the emptyDir at /workspace
+    scratch.write("ok")
+events = []
+for event in ("ready", "reward"):
+    fields = dict(event=event, at=time.time(), episode_id=os.environ["EPISODE_ID"])
+    if event == "ready":
+        fields.update(started_at=started, imports_done_at=started)
+    else:
+        fields.update(reward=1, cwd=os.getcwd())
+    events.append(json.dumps(fields))
+    print(events[-1], flush=True)
+with open("/dev/termination-log", "w") as message:
+    message.write("\\n".join(events) + "\\n")
+'''
+
+
+def run_pod_program(make_cluster, run_tool, tmp_path, source, count):
+    """Run an episode program written for a pod (real pod paths) through the simulated cluster."""
+    cluster = make_cluster()
+    if "pod mount namespaces: on" not in (cluster.state / "server.log").read_text():
+        pytest.skip("per-pod mount namespaces need root and a working `unshare --mount` here")
+    episode = tmp_path / "episode_for_a_pod.py"
+    episode.write_text(source)
+    result = run_tool("run", "--episode", str(episode), "--count", str(count), "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    return read(tmp_path / "out" / "results.json")
+
+
+def test_an_episode_written_for_a_pod_runs_unchanged(make_cluster, run_tool, tmp_path):
+    rows = run_pod_program(make_cluster, run_tool, tmp_path, POD_PATHS_EPISODE, 2)["pods"]
+    assert [row["events_source"] for row in rows] == ["termination-message"] * 2
+    assert [row["reward_fields"]["cwd"] for row in rows] == ["/", "/"]
+
+
+# The tutorial's own episode program (its WORKER, as the seed ships it): it writes /workspace
+# directly, with no RL_WORKSPACE fallback.
+TUTORIAL_WORKER = """import json, os, pathlib, subprocess, time
+p = pathlib.Path('/workspace')
+os.chdir(p)
+p.joinpath('shipping.py').write_text('def shipping(total):\\n    return 0 if total > 99 else 10\\n')
+p.joinpath('test_shipping.py').write_text('''import unittest
+from shipping import shipping
+class ShippingTest(unittest.TestCase):
+    def test_below(self): self.assertEqual(shipping(98), 10)
+    def test_boundary(self): self.assertEqual(shipping(99), 0)
+    def test_above(self): self.assertEqual(shipping(100), 0)
+if __name__ == '__main__': unittest.main()
+''')
+def emit(event, **data):
+    print(json.dumps(dict(event=event, at=time.time(), episode_id=os.environ['EPISODE_ID'], **data)), flush=True)
+def test():
+    result = subprocess.run(['python', '-B', 'test_shipping.py'], text=True, capture_output=True, timeout=20)
+    return result.returncode, result.stderr
+emit('ready')
+before, before_output = test()
+if before == 0:
+    raise RuntimeError('baseline must fail the boundary test')
+p.joinpath('shipping.py').write_text(p.joinpath('shipping.py').read_text().replace('total > 99', 'total >= 99'))
+after, after_output = test()
+emit('reward', reward=int(after == 0), baseline_exit=before, tests_exit=after, tests_output=after_output)
+if after != 0:
+    raise RuntimeError('patched code failed its tests')
+"""
+def test_the_tutorials_own_episode_runs_unchanged(make_cluster, run_tool, tmp_path):
+    results = run_pod_program(make_cluster, run_tool, tmp_path, TUTORIAL_WORKER, 3)
+    assert (results["successful_episodes"], results["reward_sum"]) == (3, 3)
+    assert {row["reward_fields"]["baseline_exit"] for row in results["pods"]} == {1}

@@ -3,6 +3,9 @@ prewarm, the log archive, interrupts; and its stall check in-process."""
 
 import json
 from pathlib import Path
+import re
+
+import pytest
 
 from conftest import (EPISODE, SLEEPS_UNTIL_TERM, cluster_with_image, interrupt_a_run, read, start_tool, wait_for,
                       write_tasks)
@@ -122,15 +125,6 @@ def test_mismatched_episode_id_fails_validation(make_cluster, run_tool, tmp_path
     assert "ready event has episode_id 'someone-else', expected the pod name" in result.stderr
 
 
-def test_clock_skew_fails_validation_with_out_of_order_timestamps(make_cluster, run_tool, tmp_path):
-    nodes = [{"name": "kind-worker", "clockOffsetSeconds": -30}]
-    cluster = make_cluster({"nodes": nodes})
-    result = run_tool("run", "--count", "1", "--output", "out", cluster=cluster)
-    assert result.code == 4, result
-    assert "the episode clock on node kind-worker is at least 2" in result.stderr
-    assert "synchronise that node's clock with the API server's (NTP)" in result.stderr
-
-
 def test_job_past_its_deadline_times_out(make_cluster, run_tool, tmp_path):
     cluster = cluster_with_image(make_cluster, tmp_path, "slow:1", SLEEPS_UNTIL_TERM.split("\n", 1)[1])
     result = run_tool("run", "--count", "2", "--image", "slow:1", "--timeout", "2", "--output", "out",
@@ -140,16 +134,6 @@ def test_job_past_its_deadline_times_out(make_cluster, run_tool, tmp_path):
     assert "cleanup --output out" in result.stderr
     assert read(tmp_path / "out" / "job.json")["status"]["conditions"][-1]["reason"] == "DeadlineExceeded"
     assert run_tool("cleanup", "--output", "out", cluster=cluster).code == 0
-
-
-def test_image_that_cannot_be_pulled_times_out_with_saved_events(cluster, run_tool, tmp_path):
-    result = run_tool("run", "--count", "1", "--image", "no-such/image:1", "--timeout", "2", "--output", "out",
-                      cluster=cluster)
-    assert result.code == 3, result
-    assert "ErrImagePull" in (tmp_path / "out" / "events.txt").read_text()
-    # the pod went with the Job's deadline, before its log could be read: logs.json says so
-    [source] = read(tmp_path / "out" / "logs.json").values()
-    assert source.startswith("not available: the pod was gone from the API")
 
 
 def log_calls(cluster):
@@ -363,3 +347,56 @@ def test_the_waits_fallback_poll_goes_through_the_runs_proxy_once_it_is_open(mak
     # no `kubectl get job` after the first poll through the proxy
     assert [r["target"] for r in cluster.requests() if r["target"].startswith(job_path + "?")
             and r.get("command") == "kubectl get" and r["at"] > proxied[0]["at"]] == []
+
+
+# ---------------------------------------------------------------- the Job's deadline and what a timed-out wait names; a skewed node clock
+
+def test_deadline_ends_the_run_at_failure_target_not_after_the_grace_period(make_cluster, run_tool, tmp_path):
+    # `sleep` as the container's PID 1 ignores SIGTERM: the pods take their full 30 s grace period.
+    cluster = cluster_with_image(make_cluster, tmp_path, "slow:1", "exec sleep 60")
+    result = run_tool("run", "--count", "2", "--image", "slow:1", "--timeout", "2", "--output", "out", cluster=cluster)
+    assert result.code == 3, result
+    assert "Job rollout failed (DeadlineExceeded: Job was active longer than specified deadline)" in result.stderr
+    assert "client's" not in result.stderr
+    # Saved at FailureTarget: Failed comes only once the pods' 30 s grace period has ended.
+    job = read(tmp_path / "out" / "job.json")
+    assert [c["type"] for c in job["status"]["conditions"]] == ["FailureTarget"]
+
+
+def test_an_unpullable_image_timeout_names_the_pull_error_and_keeps_the_pods(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster()
+    result = run_tool("run", "--count", "2", "--image", "nosuch:1", "--timeout", "3", "--output", "out",
+                      cluster=cluster)
+    assert result.code == 3, result
+    # the waiting reason flips from ErrImagePull to ImagePullBackOff a moment after the failed pull
+    assert re.search(r'pods not running: (ErrImagePull: failed to pull and unpack image "docker.io/library/nosuch:1"|'
+                     r'ImagePullBackOff: Back-off pulling image "nosuch:1")', result.stderr), result.stderr
+    pods = read(tmp_path / "out" / "pods.json")
+    assert len(pods) == 2  # the Job controller deleted them; the watch kept their last state
+    assert "pods_seen_only_by_watch" in read(tmp_path / "out" / "run.json")
+    assert "ErrImagePull" in (tmp_path / "out" / "events.txt").read_text()
+    # the pods went with the Job's deadline, before their logs could be read: logs.json says so
+    assert all(source.startswith("not available: the pod was gone from the API")
+               for source in read(tmp_path / "out" / "logs.json").values())
+
+
+def test_an_unschedulable_batch_timeout_names_the_scheduler_message(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"nodes": [{"name": "tiny", "cpu": "50m", "memory": "1Gi"}]})
+    result = run_tool("run", "--count", "2", "--timeout", "3", "--force", "--output", "out", cluster=cluster)
+    assert result.code == 3, result
+    assert "FailedScheduling: 0/1 nodes are available: 1 Insufficient cpu." in result.stderr
+
+
+@pytest.mark.parametrize("offset", [-8, 5])
+def test_a_skewed_node_clock_fails_validation_naming_the_node_and_size(make_cluster, run_tool, tmp_path, offset):
+    cluster = make_cluster({"nodes": [{"name": "kind-worker", "clockOffsetSeconds": offset}]})
+    result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
+    assert result.code == 4, result
+    direction = "behind" if offset < 0 else "ahead of"
+    found = re.search(r"the episode clock on node kind-worker is at least ([0-9.]+) s %s the API server" % direction,
+                      result.stderr)
+    assert found, result.stderr
+    # a lower bound: the API's whole seconds and the episode's own run time make it smaller
+    assert abs(offset) - 3.0 <= float(found.group(1)) <= abs(offset)
+    assert "synchronise that node's clock with the API server's (NTP)" in result.stderr
+    assert not (tmp_path / "out" / "results.json").exists()

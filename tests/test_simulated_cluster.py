@@ -5,6 +5,10 @@ import io
 import json
 import sys
 
+import pytest
+
+from conftest import read
+
 
 def test_the_fake_kubectl_throttles_each_process_at_five_requests_a_second_after_a_burst_of_ten(monkeypatch):
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent / "fakecluster"))
@@ -54,3 +58,17 @@ def test_a_delete_whose_uid_precondition_fails_is_refused_with_409(cluster, tmp_
     assert refused.returncode == 1
     assert "(Conflict)" in refused.stderr and "Precondition failed: UID in precondition: not-it" in refused.stderr
     assert cluster.get_json("-n", "default", "configmap", "notes")["metadata"]["name"] == "notes"
+
+
+# ---------------------------------------------------------------- client rate limits of a default installation
+
+@pytest.mark.parametrize("rates, spread", [({"jobController": [2, 3]}, (2, 10)), ("unlimited", (0, 1))])
+def test_the_job_controller_creates_pods_no_faster_than_its_client_rate_limit(make_cluster, run_tool, tmp_path,
+                                                                              rates, spread):
+    # 9 pods with a burst of 3 at 2 a second: the last is created 3 s after the first
+    cluster = make_cluster({"clientRates": rates})
+    done = run_tool("run", "--no-runtime-class", "--count", "9", "--output", "out", cluster=cluster)
+    assert done.code == 0, done
+    created = sorted(pod["metadata"]["creationTimestamp"] for pod in read(tmp_path / "out" / "pods.json"))
+    seconds = int(created[-1][17:19]) - int(created[0][17:19]) + 60 * (int(created[-1][14:16]) - int(created[0][14:16]))
+    assert spread[0] <= seconds <= spread[1], created

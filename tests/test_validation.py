@@ -273,3 +273,10 @@ def test_a_reward_after_the_job_finished_bounds_an_ahead_clock(tool):
 def test_skew_within_the_api_resolution_is_not_reported(tool):
     skew = phased_result(tool, started_at=T0 + 2.5)["clock_skew"]
     assert skew["findings"] == [] and skew["max_seconds"] is None
+
+
+# ---------------------------------------------------------------- clocks of the phases
+
+def test_pod_scheduled_is_on_the_api_server_clock(tool):
+    definition = tool.phase_definition("scheduling")
+    assert (definition["clocks"], definition["mixed_clocks"]) == (["api-server"], False)
