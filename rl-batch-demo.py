@@ -2666,16 +2666,23 @@ def phase_schemes():
 
 
 def report_rows():
-    """Every row the comparison table can have, in order: (label, kind, key, phase scheme or None)."""
-    rows = []
+    """Every row the comparison table can have, in order, each once: (label, kind, key, phase
+    scheme or None). Two schemes that share a phase (the local one is the pod one, timed
+    another way) give it one row."""
+    rows, seen = [], set()
     for slot in REPORT_SLOTS:
+        candidates = []
         for scheme in phase_schemes():
-            rows += [(scheme.phases[name][2] + " P50 / P95", "phase", name, scheme)
-                     for name in scheme.report_phases.get(slot, ())]
+            candidates += [(scheme.phases[name][2] + " P50 / P95", "phase", name, scheme)
+                           for name in scheme.report_phases.get(slot, ())]
         for part in (*BACKENDS.values(), *GATES):
-            rows += [(label, kind, key, None) for label, kind, key in part.REPORT_ROWS.get(slot, ())]
-        rows += [(label, kind, key, POD_SCHEME if kind == "phase" else None)
-                 for label, kind, key in SHARED_REPORT_ROWS.get(slot, ())]
+            candidates += [(label, kind, key, None) for label, kind, key in part.REPORT_ROWS.get(slot, ())]
+        candidates += [(label, kind, key, POD_SCHEME if kind == "phase" else None)
+                       for label, kind, key in SHARED_REPORT_ROWS.get(slot, ())]
+        for row in candidates:
+            if row[:3] not in seen:
+                seen.add(row[:3])
+                rows.append(row)
     return rows
 
 
@@ -6264,13 +6271,18 @@ class WarmPoolRun:
         output, names = self.output, self.names
         write_json(output / "observed.json", self.observed)
         write_json(output / "run.json", self.run_info)
+        # the four reads at once, one kubectl process each (each its own 5-a-second client): the
+        # trainer waits for them after the batch's last reward
+        reads = concurrent.futures.ThreadPoolExecutor(max_workers=4)
+        events = reads.submit(save_events, self.cluster, self.namespace, output)
+        lists = [reads.submit(self.cluster.read_items, "-n", self.namespace, "get", *what) for what in (
+            (CLAIM_PLURAL, "-l", self.selector), ("sandboxes",), ("pods", "-l", self.pod_selector))]
+        reads.shutdown(wait=True)
         try:
-            claims = self.cluster.read_items("-n", self.namespace, "get", CLAIM_PLURAL, "-l", self.selector)
+            claims, sandbox_list, pods = [listed.result() for listed in lists]
             listed = {claim["metadata"]["name"] for claim in claims}
             claims += [self.latest[name] for name in names if name in self.latest and name not in listed]
             claims.sort(key=lambda claim: self.position.get(claim["metadata"]["name"], 0))
-            sandbox_list = self.cluster.read_items("-n", self.namespace, "get", "sandboxes")
-            pods = self.cluster.read_items("-n", self.namespace, "get", "pods", "-l", self.pod_selector)
         except DemoError as error:
             claims, sandbox_list, pods = [self.latest[n] for n in names if n in self.latest], \
                 list(self.sandboxes.values()), []
@@ -6311,7 +6323,7 @@ class WarmPoolRun:
                                          "metadata": {"name": POOL_NAME, "creationTimestamp": created},
                                          "status": {"episodes": len(names), "finished_episodes": len(records)}})
         try:
-            save_events(self.cluster, self.namespace, output)
+            events.result()
         except DemoError as error:
             self.console.warn("could not save the events: %s" % error)
 
@@ -6724,27 +6736,44 @@ def delete_warm_pool_objects(cluster, namespace, run_id, receipt, listing):
         raise DemoError("ownership check failed, refusing cleanup: " + "; ".join(problems))
     # The claims by the run's label, which every claim of the namespace was just shown to carry;
     # the pool and template by name, on condition that their UIDs are still the ones proven.
-    base = "/apis/%s/namespaces/%s/" % (EXTENSIONS_API, namespace)
-    selector = "%s=%s" % (RUN_LABEL, run_id)
-    deletes = ([("sandboxclaims", ["-l", selector],
-                 base + "sandboxclaims?" + urllib.parse.urlencode({"labelSelector": selector}), None)]
-               if claims else [])
+    base = extensions_base(namespace)
+    deletes = [claims_of_run(namespace, run_id)] if claims else []
     deletes += [(resource, [obj["metadata"]["name"]], base + resource + "/" + obj["metadata"]["name"],
                  obj["metadata"]["uid"]) for resource, obj in live.items() if obj is not None]
     if not deletes:
         return
     console.note("Deleting %d SandboxClaims, the warm pool and its template..." % len(claims))
-    for resource, kubectl_args, failure in delete_through_proxy(cluster, base, deletes):
-        console.note("deleting %s through `kubectl proxy` failed (%s); with kubectl instead" % (resource, failure))
+    delete_at_once(cluster, namespace, deletes)
+
+
+def extensions_base(namespace):
+    """The API path of agent-sandbox's namespaced resources in `namespace` (a plural follows)."""
+    return "/apis/%s/namespaces/%s/" % (EXTENSIONS_API, namespace)
+
+
+def claims_of_run(namespace, run_id):
+    """The DELETE of every claim a run (or a kept pool's step) made, by its run-id label, for delete_at_once."""
+    selector = "%s=%s" % (RUN_LABEL, run_id)
+    return (CLAIM_PLURAL, ["-l", selector],
+            extensions_base(namespace) + CLAIM_PLURAL + "?" + urllib.parse.urlencode({"labelSelector": selector}),
+            None)
+
+
+def delete_at_once(cluster, namespace, deletes):
+    """The agent-sandbox DELETEs [(resource, kubectl arguments, path, uid precondition or None)]
+    in `namespace`, at once through one `kubectl proxy`; those the proxy could not send, with kubectl."""
+    for resource, kubectl_args, failure in delete_through_proxy(cluster, extensions_base(namespace), deletes):
+        cluster.console.note("deleting %s through `kubectl proxy` failed (%s); with kubectl instead"
+                             % (resource, failure))
         cluster.delete("-n", namespace, "delete", resource, *kubectl_args, "--wait=false")
 
 
 def delete_through_proxy(cluster, base, deletes):
-    """Send the DELETEs [(resource, kubectl arguments, path, uid precondition or None)] at once
-    through one `kubectl proxy` (`delete NAME...` shares one 5-a-second bucket: 1,000 claims took
-    198 s, issue 31; kubectl has no deletecollection). [(resource, kubectl arguments, why)] of those
-    that failed, for kubectl to send; 404 is done (someone else's deletion went first); a failed
-    uid precondition (409) raises the ownership refusal."""
+    """Send the DELETEs (as delete_at_once) at once through one `kubectl proxy` (`delete NAME...`
+    shares one 5-a-second bucket: 1,000 claims took 198 s, issue 31; kubectl has no
+    deletecollection). [(resource, kubectl arguments, why)] of those that failed, for kubectl to
+    send; 404 is done (someone else's deletion went first); a failed uid precondition (409) raises
+    the ownership refusal."""
     proxy = ApiProxy(cluster, ["^%s[a-z]+(/[^/]+)?$" % re.escape(base)])
 
     def send(delete):
@@ -7020,13 +7049,7 @@ def pool_refill(states, fired, size):
 def delete_step_claims(cluster, namespace, run_id):
     """A step's claims (its run-id label), deleted at once through `kubectl proxy` (kubectl where
     it cannot); their Sandboxes and pods go with them (owner references). Nothing else is touched."""
-    selector = "%s=%s" % (RUN_LABEL, run_id)
-    base = "/apis/%s/namespaces/%s/" % (EXTENSIONS_API, namespace)
-    deletes = [(CLAIM_PLURAL, ["-l", selector], base + CLAIM_PLURAL + "?" + urllib.parse.urlencode(
-        {"labelSelector": selector}), None)]
-    for resource, kubectl_args, failure in delete_through_proxy(cluster, base, deletes):
-        cluster.console.note("deleting %s through `kubectl proxy` failed (%s); with kubectl instead" % (resource, failure))
-        cluster.delete("-n", namespace, "delete", resource, *kubectl_args, "--wait=false")
+    delete_at_once(cluster, namespace, [claims_of_run(namespace, run_id)])
 
 
 def cleanup_step(receipt, source, console):

@@ -51,6 +51,15 @@ def test_local_runs_are_titled_and_footnoted_as_local(run_tool, tmp_path):
     assert " *" not in report.stdout
 
 
+def test_a_local_runs_report_shows_each_row_once(run_tool, tmp_path):
+    local_results(run_tool, tmp_path)
+    report = run_tool("report", "out")
+    assert report.code == 0, report
+    rows = [line.split("|")[1].strip() for line in report.stdout.splitlines() if line.startswith("| ")]
+    assert "pod created -> ready P50 / P95" in rows
+    assert len(rows) == len(set(rows)), rows
+
+
 SVG = "{http://www.w3.org/2000/svg}"
 
 
