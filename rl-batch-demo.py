@@ -3068,7 +3068,6 @@ class RunSpec:
     allow_large: bool = False
     parallelism: int = None
     rounds: int = 1
-    prewarm: bool = False
     image: str = None
     runtime: str = None
     no_runtime_class: bool = False
@@ -3266,9 +3265,6 @@ class Backend:
             facts["nodes"] = cluster.read_items("get", "nodes")
         except KubectlError as error:
             facts["nodes"], facts["nodes_error"] = None, {"error": meaningful_line(error.stderr) or str(error)}
-            if spec.prewarm:
-                raise DemoError("--prewarm needs to list the nodes, and kubectl could not: %s"
-                                % meaningful_line(error.stderr)) from None
             self.console.note("preflight skipped: cannot list nodes (%s)" % meaningful_line(error.stderr))
         if facts["nodes"] is not None:
             at_once = self.pods_at_once()
@@ -4571,6 +4567,25 @@ class JobBackend(Backend):
 
     help = "one Job, a pod per episode"
     takes_queue = True
+    own_flags = (("--prewarm", "prewarm"),)
+
+    @classmethod
+    def add_arguments(cls, parser):
+        # default None, not False: a flag given to another backend is refused (own_flags)
+        parser.add_argument("--prewarm", action="store_true", default=None,
+                            help="first run one warm-up episode pinned to each usable node (kept in prewarm/, "
+                                 "excluded from the figures)")
+
+    @classmethod
+    def check_options(cls, args, fail):
+        return {"prewarm": bool(args.prewarm)}
+
+    def read_facts(self, cluster):
+        facts = super().read_facts(cluster)
+        if self.spec.prewarm and facts["nodes"] is None:
+            raise DemoError("--prewarm needs to list the nodes, and kubectl could not: %s"
+                            % facts["nodes_error"]["error"])
+        return facts
 
     @classmethod
     def describe_results(cls, output, report, observed):
@@ -6398,7 +6413,7 @@ class WarmPoolBackend(Backend):
         # One batch of claims fired at once: the Job backend's waves, rounds, prewarm and
         # retries have no counterpart here.
         for flag, used in (("--parallelism", args.parallelism not in (None, args.count)),
-                           ("--rounds", args.rounds != 1), ("--prewarm", args.prewarm), ("--retries", args.retries)):
+                           ("--rounds", args.rounds != 1), ("--retries", args.retries)):
             if used:
                 fail("%s is for the Job backend; --backend warm-pool claims every episode's sandbox at once (leave "
                      "%s out)" % (flag, flag))
@@ -7311,7 +7326,7 @@ class LocalBackend(Backend):
     @classmethod
     def check_options(cls, args, fail):
         # Every cluster-only flag is refused alike, rather than some silently ignored.
-        for flag, used in (("--dry-run", args.dry_run), ("--prewarm", args.prewarm),
+        for flag, used in (("--dry-run", args.dry_run),
                            ("--network none", args.network == "none"), ("--context", args.context),
                            ("--image", args.image), ("--runtime", args.runtime),
                            ("--no-runtime-class", args.no_runtime_class), ("--force", args.force)):
@@ -8286,9 +8301,6 @@ def build_parser():
     batch.add_argument("--rounds", type=int, default=1, metavar="R",
                        help="run the batch R times in sequence, each in round-N/; percentiles pool the "
                             "rounds (default 1)")
-    batch.add_argument("--prewarm", action="store_true",
-                       help="first run one warm-up episode pinned to each usable node (kept in prewarm/, "
-                            "excluded from the figures)")
     batch.add_argument("--timeout", type=int, metavar="SECONDS",
                        help="the Job's activeDeadlineSeconds; the client waits this plus %d s (default: "
                             "240, plus 30 per further wave of PARALLELISM episodes, plus 1 per 10 "

@@ -108,7 +108,8 @@ def test_an_oversized_task_file_is_refused_before_any_change(cluster, run_tool, 
 @pytest.mark.parametrize("args, message", [
     (["--tasks", "t.jsonl"], "--tasks needs --episode"),
     (["--retries", "2"], "--retries needs --episode"),
-    (["--backend", "local", "--prewarm"], "--prewarm is for the kubernetes backend"),
+    (["--backend", "local", "--prewarm"], "--prewarm is for --backend kubernetes"),
+    (["--backend", "warm-pool", "--prewarm"], "--prewarm is for --backend kubernetes"),
 ])
 def test_flags_that_do_not_fit_together_are_usage_errors(args, message, run_tool, tmp_path):
     (tmp_path / "t.jsonl").write_text('{"id": 1}\n')

@@ -108,3 +108,13 @@ def test_quantities_parse_as_the_api_writes_them(tool):
                         ("8", 8.0), (".5", 0.5), (4, 4.0)):
         assert abs(tool.parse_quantity(text) - value) <= 1e-9 * abs(value), text
 
+
+
+def test_prewarm_without_the_right_to_list_nodes_is_refused_before_any_change(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster({"forbid": [{"verb": "list", "resource": "nodes"}]})
+    result = run_tool("run", "--count", "2", "--prewarm", "--output", "out", cluster=cluster)
+    assert result.code == 1, result
+    assert "Error: --prewarm needs to list the nodes, and kubectl could not: " in result.stderr
+    assert 'nodes is forbidden: User "kind-user" cannot list resource "nodes"' in result.stderr
+    assert not (tmp_path / "out").exists()
+    assert not [call for call in cluster.calls() if "create" in call]
