@@ -20,7 +20,11 @@ controller's 1 s batching), the real namespace-deletion delay (5 s), every API r
 
 Figures, per step and way:
   all rewards  results.json batch_to_all_rewards_seconds: the batch's creation on the API server
-               (whole seconds) -> the last reward (episode clock)
+               (whole seconds) -> the last reward (episode clock); the creation's whole
+               second makes it up to 1 s long, so ways closer than that are not told apart
+  client done  results.json client_job_complete_seconds: client monotonic clock, from just before
+               the first claim's (or the Job's) create request to the last episode's end (a
+               Job: its Complete condition as the client's watch saw it); no rounding
   step         the `run` command, start to exit: what the trainer waits for (the new pool's fill
                included; cleanup, which a trainer need not wait for, apart)
   cleanup      the `cleanup` command after a new pool's or a Job's step (kept: none per step)
@@ -76,7 +80,8 @@ def step_figures(output, seconds, cleanup=None):
     results = json.loads((output / "results.json").read_text())
     kept = results.get("kept_pool_step") or {}
     launch = results.get("launch_types") or {}
-    return {"all rewards": results["batch_to_all_rewards_seconds"], "step": seconds, "cleanup": cleanup,
+    return {"all rewards": results["batch_to_all_rewards_seconds"],
+            "client done": results["client_job_complete_seconds"], "step": seconds, "cleanup": cleanup,
             "reserved": ((results.get("cost") or {}).get("reserved") or {}).get("cpu_seconds"),
             "ready": kept.get("ready_at_start"), "refill": kept.get("refill_seconds"),
             "warm/cold": "%s/%s" % (launch.get("warm", 0), launch.get("cold", 0)) if launch else "-",
@@ -140,7 +145,7 @@ def main():
     print("simulated cluster (default-installation rate limits, VM sandboxes), synthetic episodes of %.1f s, %.0f ms "
           "per API request, %.0f s between steps, real kubectl (%s); NOT a real cluster's timings"
           % (args.episode_seconds, args.delay * 1000, args.interval, version), flush=True)
-    columns = ("all rewards", "step", "cleanup", "reserved", "ready", "refill", "warm/cold")
+    columns = ("all rewards", "client done", "step", "cleanup", "reserved", "ready", "refill", "warm/cold")
     with tempfile.TemporaryDirectory(prefix="steps-bench-") as workdir:
         for size in args.sizes:
             rows, idle = run_size(size, args.steps, args.interval, args.episode_seconds, args.delay, Path(workdir))
@@ -149,16 +154,17 @@ def main():
             for way in WAYS:
                 for number, row in enumerate(rows[way], 1):
                     print("| %d | %s | %d | %s |" % (size, way, number, " | ".join(cell(row[c]) for c in columns)))
-            print("\n| M | way | steps | mean all rewards | mean step | total step | total cleanup | reserved "
-                  "per cycle (core-s) |")
-            print("|---:|---|---:|---:|---:|---:|---:|---:|")
+            print("\n| M | way | steps | mean all rewards | mean client done | mean step | total step | total cleanup "
+                  "| reserved per cycle (core-s) |")
+            print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
             step_mean = {way: statistics.fmean(row["step"] for row in rows[way]) for way in WAYS}
             for way in WAYS:
                 figures = rows[way]
                 cycle = idle * (step_mean[way] + args.interval) if way == "kept" else statistics.fmean(
                     row["reserved"] or 0 for row in figures)
-                print("| %d | %s | %d | %.2f | %.2f | %.2f | %s | %.0f |" % (
-                    size, way, len(figures), statistics.fmean(row["all rewards"] for row in figures), step_mean[way],
+                print("| %d | %s | %d | %.2f | %.2f | %.2f | %.2f | %s | %.0f |" % (
+                    size, way, len(figures), statistics.fmean(row["all rewards"] for row in figures),
+                    statistics.fmean(row["client done"] for row in figures), step_mean[way],
                     sum(row["step"] for row in figures), cell(sum(row["cleanup"] for row in figures)
                                                               if way != "kept" else None), cycle))
             new_pool = statistics.fmean(row["reserved"] or 0 for row in rows["new pool"])
