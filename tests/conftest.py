@@ -1,5 +1,6 @@
 import json
 from pathlib import Path
+import signal
 import subprocess
 import sys
 
@@ -16,6 +17,14 @@ SCRIPT = ROOT / "rl-batch-demo.py"
 # suite, so its clusters wait 0.3 s, and test_cleanup_waits_out_the_namespace_controllers_delay
 # keeps the real value. The benchmarks keep it too.
 SUITE_CLUSTER = {"namespaceDeletionSeconds": 0.3}
+
+# Many tests press Ctrl-C (send SIGINT) to the tool. A shell starts a background job with SIGINT
+# ignored, and an ignored signal stays ignored across exec, so a suite started with `&` would hand
+# every tool a deaf Ctrl-C (the tool, rightly, keeps an inherited ignore, as a background job
+# should). A handler, unlike an ignore, is reset to the default at exec: every program this suite
+# starts takes Ctrl-C as a terminal delivers it, however the suite itself was started.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def load_tool():
