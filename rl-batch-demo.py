@@ -3232,6 +3232,11 @@ class Backend:
         """How many of its pods must fit the nodes at once."""
         return self.spec.parallelism
 
+    def needs_nodes(self):
+        """The option that cannot go on without the node list (named in the refusal), or None:
+        without it the preflight is skipped with a note."""
+        return None
+
     def never_fits(self, fit, runtime_class, nodes):
         """Why the run could never complete on these nodes (beyond no pod fitting at all), or None."""
         return None
@@ -3265,6 +3270,10 @@ class Backend:
             facts["nodes"] = cluster.read_items("get", "nodes")
         except KubectlError as error:
             facts["nodes"], facts["nodes_error"] = None, {"error": meaningful_line(error.stderr) or str(error)}
+            needed_by = self.needs_nodes()
+            if needed_by:
+                raise DemoError("%s needs to list the nodes, and kubectl could not: %s"
+                                % (needed_by, facts["nodes_error"]["error"])) from None
             self.console.note("preflight skipped: cannot list nodes (%s)" % meaningful_line(error.stderr))
         if facts["nodes"] is not None:
             at_once = self.pods_at_once()
@@ -4580,12 +4589,8 @@ class JobBackend(Backend):
     def check_options(cls, args, fail):
         return {"prewarm": bool(args.prewarm)}
 
-    def read_facts(self, cluster):
-        facts = super().read_facts(cluster)
-        if self.spec.prewarm and facts["nodes"] is None:
-            raise DemoError("--prewarm needs to list the nodes, and kubectl could not: %s"
-                            % facts["nodes_error"]["error"])
-        return facts
+    def needs_nodes(self):
+        return "--prewarm" if self.spec.prewarm else None  # a warm-up episode is pinned to each node
 
     @classmethod
     def describe_results(cls, output, report, observed):

@@ -109,12 +109,12 @@ def test_quantities_parse_as_the_api_writes_them(tool):
         assert abs(tool.parse_quantity(text) - value) <= 1e-9 * abs(value), text
 
 
-
 def test_prewarm_without_the_right_to_list_nodes_is_refused_before_any_change(make_cluster, run_tool, tmp_path):
     cluster = make_cluster({"forbid": [{"verb": "list", "resource": "nodes"}]})
     result = run_tool("run", "--count", "2", "--prewarm", "--output", "out", cluster=cluster)
     assert result.code == 1, result
     assert "Error: --prewarm needs to list the nodes, and kubectl could not: " in result.stderr
     assert 'nodes is forbidden: User "kind-user" cannot list resource "nodes"' in result.stderr
+    assert "preflight skipped" not in result.stderr  # one line: the refusal, not a note before it
     assert not (tmp_path / "out").exists()
     assert not [call for call in cluster.calls() if "create" in call]
