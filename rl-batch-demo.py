@@ -42,7 +42,9 @@ How to run
 The safety promise
     * `run` creates a fresh namespace `agc-rl-<run id>` and writes receipt.json (context,
       namespace, run id) into the output folder BEFORE it changes the cluster, then adds
-      the namespace UID and the Job UID as soon as the API server returns them.
+      the namespace UID and the Job UID as soon as the API server returns them. Each create
+      of an object cleanup proves is named in the receipt ("sent") before it is sent, so an
+      object whose answer a signal cut off is adopted by cleanup when it carries the run's label.
     * `cleanup` deletes nothing unless the live namespace's UID and `agc-demo-run` label,
       and the live Job's UID, equal what the receipt (or the saved job.json) recorded; for a
       warm-pool run, also every claim's label and the pool's and template's UIDs. It refuses
@@ -3162,10 +3164,23 @@ class Run:
         if self.facts["nodes"] is None:
             write_json(self.output / "nodes.json", self.facts["nodes_error"])
 
+    def create_recorded(self, obj):
+        """Create one of the objects cleanup proves by UID (the namespace, a Job, a warm pool and its
+        template) as this run's own, its receipt naming it under "sent" before the create is sent;
+        the caller records the UID the answer carries. A signal while the answer is in flight (the
+        server committed, the tool never heard) so leaves an object cleanup can still prove: sent by
+        this run and labelled with its run id (adopt_unconfirmed)."""
+        sent = self.receipt.setdefault("sent", [])
+        entry = sent_entry(obj["kind"], obj["metadata"]["name"])
+        if entry not in sent:
+            sent.append(entry)
+            self.save_receipt()
+        return self.cluster.create_owned(obj, self.run_id)
+
     def create_namespace(self, namespace_obj, supporting):
         """The run's namespace (its UID into the receipt at once), then the objects every
         episode needs, each created as this run's own."""
-        self.receipt["uid"] = self.cluster.create_owned(namespace_obj, self.run_id)["metadata"]["uid"]
+        self.receipt["uid"] = self.create_recorded(namespace_obj)["metadata"]["uid"]
         self.save_receipt()
         self.console.note("namespace: %s" % self.namespace)  # stdout carries JSON only
         for obj in supporting:
@@ -4355,7 +4370,7 @@ class JobRound:
         self.started = time.monotonic()
         if self.measured:
             self.run.stream.begin(self.started, self.run_info.get("round"))
-        created = self.cluster.create_owned(self.job, self.run.run_id)
+        created = self.run.create_recorded(self.job)
         create_returned = time.time()  # the Job exists: a queue wait starts no later than this
         self.created = created  # as the API server returned it: job.json never depends on the watch
         self.run.receipt.setdefault("jobs", {})[self.name] = created["metadata"]["uid"]
@@ -6501,7 +6516,7 @@ class WarmPoolBackend(Backend):
         if kept is None:
             namespace_obj, *supporting, template, pool = self.manifests(namespace, run.run_id)
             run.create_namespace(namespace_obj, supporting)
-            run.receipt["template_uid"] = cluster.create_owned(template, run.run_id)["metadata"]["uid"]
+            run.receipt["template_uid"] = run.create_recorded(template)["metadata"]["uid"]
             run.save_receipt()
         else:
             self.console.note("step %s of the kept pool in %s (namespace %s)" % (run.run_id, kept.folder, namespace))
@@ -6566,7 +6581,7 @@ class WarmPoolBackend(Backend):
     def fill_pool(self, run, pool):
         """The run's own pool, created and waited for until full: warm-pool.json's first fields."""
         spec, cluster, output, namespace = self.spec, run.cluster, run.output, run.namespace
-        run.receipt["pool_uid"] = cluster.create_owned(pool, run.run_id)["metadata"]["uid"]
+        run.receipt["pool_uid"] = run.create_recorded(pool)["metadata"]["uid"]
         run.save_receipt()
         fill_started = time.monotonic()
         try:
@@ -6666,7 +6681,7 @@ class WarmPoolBackend(Backend):
         """Its claims (each must carry the run's label) and its pool and template (their UIDs must
         equal the receipt's) are proven, then deleted at once; the namespace's deletion takes their
         Sandboxes and pods. Then any Job, as for every run."""
-        delete_warm_pool_objects(cluster, namespace, run_id, receipt, listing)
+        delete_warm_pool_objects(cluster, namespace, run_id, receipt, output, listing)
         super().delete_objects(cluster, namespace, run_id, receipt, output, listing)
 
     @classmethod
@@ -6730,7 +6745,7 @@ def warm_pool_parts(cluster, namespace, listing):
     return found["sandboxclaims"], named
 
 
-def delete_warm_pool_objects(cluster, namespace, run_id, receipt, listing):
+def delete_warm_pool_objects(cluster, namespace, run_id, receipt, output, listing):
     """A warm-pool run: its claims (each must carry the run's label), its pool and template (their
     UIDs must equal the receipt's); then all deleted at once, through one `kubectl proxy`, so that
     their Sandboxes' pods start their grace period while the namespace controller waits to begin
@@ -6749,8 +6764,10 @@ def delete_warm_pool_objects(cluster, namespace, run_id, receipt, listing):
         if live[resource] is not None:
             name = live[resource]["metadata"]["name"]
             if not receipt.get(key):
-                raise DemoError("%s %s exists in %s but receipt.json records no uid for it; refusing cleanup"
-                                % (resource, name, namespace))
+                adopt_unconfirmed(
+                    cluster, receipt, output, live[resource]["kind"], live[resource], key,
+                    "check it and delete it yourself with `kubectl --context %s -n %s delete %s %s`"
+                    % (cluster.context, namespace, resource, name))
             problems += ownership_mismatches("%s %s" % (resource, name), live[resource], {"uid": receipt[key]})
     if problems:
         raise DemoError("ownership check failed, refusing cleanup: " + "; ".join(problems))
@@ -6909,7 +6926,7 @@ def bring_up_pool(backend, run):
     run.write_facts(run_info)
     namespace_obj, *supporting, template, pool = backend.manifests(namespace, run.run_id)
     run.create_namespace(namespace_obj, supporting)
-    template = cluster.create_owned(template, run.run_id)
+    template = run.create_recorded(template)
     run.receipt["template_uid"] = template["metadata"]["uid"]
     run.save_receipt()
     console.note("warm pool: waiting for %d sandboxes to be Ready..." % spec.pool_size)
@@ -7638,6 +7655,41 @@ def foreign_refusal(context, namespace, foreign):
             % (namespace, len(foreign), named, context, namespace, resource, name))
 
 
+def sent_entry(kind, name):
+    """How receipt.json's "sent" names a create sent before its answer came: "Job/rollout"."""
+    return "%s/%s" % (kind, name)
+
+
+def adopt_unconfirmed(cluster, receipt, output, kind, live, key, yourself):
+    """The UID of `live`, an object the receipt names but whose create was never answered (a signal,
+    a lost connection): adopted when the receipt says this run sent its create ("sent") and it
+    carries the run's id label, then recorded (receipt key `key`; receipt.json rewritten when the
+    receipt is a folder's), so that every later check is the usual UID check. Otherwise refused,
+    naming what is missing; `yourself` is the advice for a person."""
+    name = live["metadata"]["name"]
+    have = (live["metadata"].get("labels") or {}).get(RUN_LABEL)
+    if sent_entry(kind, name) not in (receipt.get("sent") or []):
+        why = "receipt.json records no uid for it and does not record its create as sent by this run"
+    elif have != receipt["run_id"]:
+        why = ("its create was sent but never confirmed, and its label %s must equal %s: current value is %s"
+               % (RUN_LABEL, receipt["run_id"], have))
+    else:
+        why = None
+    if why is not None:
+        raise DemoError("%s %s exists in %s but %s, so ownership cannot be proven; refusing cleanup: %s"
+                        % (kind, name, receipt["namespace"], why, yourself))
+    uid = live["metadata"]["uid"]
+    if key.startswith("jobs."):
+        receipt.setdefault("jobs", {})[key[len("jobs."):]] = uid
+    else:
+        receipt[key] = uid
+    cluster.console.note("%s %s: its create was sent and never answered; it carries this run's label, so it is "
+                         "this run's (uid %s, recorded as %s)" % (kind, name, uid, key))
+    if output is not None:
+        write_json(output / "receipt.json", receipt)
+    return uid
+
+
 def cleanup_receipt(receipt, source, output, console, delete_foreign=False):
     """Cleanup from a receipt read from `source`; `output` is its run's folder (its job.json may
     name a Job the receipt lacks), None for a receipt given on its own. Objects in the namespace
@@ -7664,10 +7716,11 @@ def cleanup_receipt(receipt, source, output, console, delete_foreign=False):
         console.tell("The run's namespace is already gone: %s" % namespace)
         return EXIT_OK
     if not receipt.get("uid"):
-        raise DemoError("receipt.json has no namespace uid (the run stopped before the namespace's "
-                        "creation was confirmed), so ownership of %s cannot be proven; check it and "
-                        "delete it yourself with `kubectl --context %s delete namespace %s`"
-                        % (namespace, cluster.context, namespace))
+        # The run stopped while the namespace's create was unanswered: its name is the receipt's,
+        # and it is adopted only if the receipt says the create was sent and it carries the run id.
+        adopt_unconfirmed(cluster, receipt, output, "Namespace", live, "uid",
+                                           "delete it yourself with `kubectl --context %s delete namespace %s`"
+                                           % (cluster.context, namespace))
     problems = ownership_mismatches("namespace " + namespace, live,
                                     {"uid": receipt["uid"], "label " + RUN_LABEL: run_id})
     if problems:
@@ -7715,8 +7768,10 @@ def delete_recorded_jobs(cluster, namespace, receipt, output, listing, job_json)
     for live_job in live_jobs:
         name = live_job["metadata"]["name"]
         if not any((recorded.get(name) or {}).values()):
-            raise DemoError("Job %s exists in %s but neither receipt.json nor job.json records its uid; "
-                            "refusing cleanup" % (name, namespace))
+            uid = adopt_unconfirmed(cluster, receipt, output, "Job", live_job, "jobs." + name,
+                                    "check it and delete it yourself with `kubectl --context %s -n %s delete job %s`"
+                                    % (cluster.context, namespace, name))
+            recorded[name] = {"uid (adopted)": uid}
         for key, want in recorded[name].items():
             have = live_job["metadata"].get("uid")
             if have != want:

@@ -25,7 +25,9 @@ def inject_fault(cluster, request):
      "afterCommit": false, "afterJobComplete": false}. afterCommit: a write is carried out and
     then answered with the error (the client cannot tell). afterJobComplete: armed only once a
     Job has its Complete or Failed condition. Kind "hang" with "seconds": the answer comes that
-    late. Returns (kind, after_commit, seconds) or None."""
+    late. Kind "hold" (always after the commit): the write is made and its answer held until the
+    test writes `release-held` into the state folder, then the connection drops. Returns (kind,
+    after_commit, seconds) or None."""
     for fault in cluster.faults:
         if fault.get("times", 0) <= 0 or fault.get("verb") not in (None, request["verb"]) or \
                 fault.get("resource") not in (None, request.get("resource")):
@@ -38,6 +40,8 @@ def inject_fault(cluster, request):
         kind = fault.get("kind", "internal")
         if kind == "timeout-after-commit":  # the original spelling
             return "timeout", True, 0
+        if kind == "hold":
+            return "hold", True, 0
         return kind, bool(fault.get("afterCommit")), fault.get("seconds", 0)
     return None
 
