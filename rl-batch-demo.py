@@ -423,6 +423,86 @@ def meaningful_line(text):
 # ============================================================================
 
 
+class ChildSpawner:
+    """Every process this tool starts (kubectl, a local episode, a compare's batch) is started
+    here, so that none outlives the tool however it ends, SIGKILL included. On Linux each child
+    asks the kernel for SIGTERM when its parent dies (prctl PR_SET_PDEATHSIG). The kernel ties
+    that to the thread that forked the child, not to the process, and a `kubectl proxy` outlives
+    the worker thread that opened it; so every child is forked by one thread that lives as long
+    as the process (`serve`). Elsewhere (macOS) children are started as usual and stopped on every
+    way out but SIGKILL. A child that finds its parent gone already (between the fork and the
+    prctl) exits before it runs."""
+
+    PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+    def __init__(self):
+        self.requests = queue.Queue()
+        self.thread = None
+        self.lock = threading.Lock()
+
+    def popen(self, argv, **options):
+        """subprocess.Popen(argv, **options), forked by the spawner thread."""
+        if not sys.platform.startswith("linux"):
+            return subprocess.Popen(argv, **options)
+        with self.lock:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self.serve, name="child-spawner", daemon=True)
+                self.thread.start()
+        answer = queue.Queue(maxsize=1)
+        self.requests.put((argv, options, answer))
+        started, value = answer.get()
+        if not started:
+            raise value
+        return value
+
+    def serve(self):
+        import ctypes  # resolved here, before any fork: the child only calls it
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        parent = os.getpid()
+
+        def die_with_parent():
+            if prctl(self.PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0 or os.getppid() != parent:
+                os._exit(1)
+
+        while True:
+            argv, options, answer = self.requests.get()
+            try:
+                answer.put((True, subprocess.Popen(argv, preexec_fn=die_with_parent, **options)))
+            except BaseException as error:  # the caller's to raise (OSError: no such program, ...)
+                answer.put((False, error))
+
+
+# One per process: the kernel's parent-death signal follows the forking thread, so the thread
+# that forks every child must be one, and live as long as the process.
+CHILDREN = ChildSpawner()
+
+
+UNIX_SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path is 108 with its NUL, Linux)
+
+
+def private_temp_folder(kind, socket_name=None):
+    """A new folder (mode 0700) in the temp directory for this process's `kind` of scratch (a
+    proxy's socket, a local batch's files), named with its pid; first removes this user's folders
+    of the same kind whose process is gone: a tool ended by SIGKILL cannot remove its own. A
+    folder for a socket `socket_name` is made in /tmp when TMPDIR is too deep for a socket's path."""
+    root = Path(tempfile.gettempdir())
+    prefix = "rl-batch-demo-%s-" % kind
+    longest = len(os.fsencode(str(root / prefix))) + len("4194304-12345678/") + len(socket_name or "")
+    if socket_name is not None and longest > UNIX_SOCKET_PATH_MAX and os.path.isdir("/tmp"):
+        root = Path("/tmp")
+    for stale in root.glob(prefix + "*"):
+        pid = stale.name[len(prefix):].split("-", 1)[0]
+        try:
+            if not pid.isdigit() or stale.stat().st_uid != os.getuid() or int(pid) == os.getpid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(stale, ignore_errors=True)
+        except OSError:  # alive under another user, or the folder went meanwhile
+            continue
+    return Path(tempfile.mkdtemp(prefix="%s%d-" % (prefix, os.getpid()), dir=str(root)))
+
+
 class Kubectl:
     """The one way this tool starts kubectl. Every process is registered while it runs, and
     every watch until it is stopped, so that an interrupt can stop them all and none outlives
@@ -443,9 +523,9 @@ class Kubectl:
         if self.stopping.is_set():
             raise DemoError("interrupted")
         try:
-            process = subprocess.Popen([program, *argv], stdin=subprocess.PIPE if stdin_text is not None and not binary
-                                       else subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                       text=not binary)
+            process = CHILDREN.popen([program, *argv], stdin=subprocess.PIPE if stdin_text is not None and not binary
+                                     else subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=not binary)
             self.running.add(process)
             if on_start is not None:
                 on_start(process)
@@ -500,8 +580,8 @@ class Kubectl:
         if self.stopping.is_set():
             raise DemoError("interrupted")
         try:
-            process = subprocess.Popen([self.program, *argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE)
+            process = CHILDREN.popen([self.program, *argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
         except OSError as error:
             raise DemoError("cannot run kubectl %r: %s" % (self.program, error.strerror or error)) from None
         process.stderr_lines = collections.deque(maxlen=200)
@@ -732,7 +812,7 @@ class ApiProxy:
     def __init__(self, cluster, accept_paths):
         self.cluster = cluster
         self.accept_paths = list(accept_paths)
-        self.folder = Path(tempfile.mkdtemp(prefix="rl-batch-demo-proxy-"))  # mode 0700
+        self.folder = private_temp_folder("proxy", socket_name="api.sock")
         self.socket_path = str(self.folder / "api.sock")
         self.process = None
         self.in_flight = threading.BoundedSemaphore(API_PROXY_IN_FLIGHT)
@@ -875,8 +955,8 @@ class Watch:
     def follow(self):
         while not self.stopped.is_set():
             try:
-                self.process = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                                stdin=subprocess.DEVNULL, text=True)
+                self.process = CHILDREN.popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                              stdin=subprocess.DEVNULL, text=True)
             except OSError:
                 return
             # kubectl indents each object, so an object ends at a line that is exactly "}".
@@ -7209,7 +7289,7 @@ class LocalBatch:
 
     def run(self, run_info):
         spec, folder = self.spec, self.folder
-        self.scratch = Path(tempfile.mkdtemp(prefix="rl-batch-demo-"))
+        self.scratch = private_temp_folder("local")
         try:
             (self.scratch / "bin").mkdir()
             (self.scratch / "bin" / "python").symlink_to(sys.executable)  # the episode runs `python` for its tests
@@ -7272,9 +7352,9 @@ class LocalBatch:
                 with self.lock:
                     if self.stopping.is_set():
                         return
-                    process = subprocess.Popen([sys.executable, "-B", str(scratch / "episode.py")],
-                                               cwd=str(workspace), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                               stdin=subprocess.DEVNULL, start_new_session=True)
+                    process = CHILDREN.popen([sys.executable, "-B", str(scratch / "episode.py")],
+                                             cwd=str(workspace), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, start_new_session=True)
                     self.running.add(process)
                 try:
                     code = process.wait(timeout=max(0.0, self.deadline - time.time()))
@@ -8238,9 +8318,9 @@ def cmd_compare(args, console):
         folder = output / arm / ("round-%d" % number)
         console.note("compare: round %d of %d, arm %s (%s)" % (number, args.rounds, arm,
                                                               " ".join(args.arms[arm] + args.shared) or "defaults"))
-        process = subprocess.Popen([sys.executable, script, "run", *args.arms[arm], *args.shared, "--output",
-                                    str(folder), "--quiet"], stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)  # a Ctrl-C reaches it once, from here
+        process = CHILDREN.popen([sys.executable, script, "run", *args.arms[arm], *args.shared, "--output",
+                                  str(folder), "--quiet"], stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)  # a Ctrl-C reaches it once, from here
         try:
             returned = process.wait()
         except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (Terminated)
@@ -8861,9 +8941,9 @@ class BatchStream:
         self.result, self.streamed, self.last = None, [], None
         self.errors = []  # stderr's lines, passed on as they come
         self.leaving = False  # the caller left its `with` block early: the batch's lines are not news
-        self.process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "run", *argv, "--stream"],
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, bufsize=1, start_new_session=True)
+        self.process = CHILDREN.popen([sys.executable, str(Path(__file__).resolve()), "run", *argv, "--stream"],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, bufsize=1, start_new_session=True)
         # own session: a terminal's Ctrl-C reaches the caller only, which stops the batch once
         self.stderr_thread = threading.Thread(target=self.pass_stderr, daemon=True)
         self.stderr_thread.start()
@@ -8985,8 +9065,8 @@ def tool_command(argv, output, passing_stderr=False):
     """This file run as a command (cleanup, pool ...) in a process of its own: (its stdout, its
     stderr), the stderr passed on line by line as it comes when `passing_stderr` (a pool's fill
     takes a while); RunFailed with its `Error:` line and exit code when it fails."""
-    process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv], stdin=subprocess.DEVNULL,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    process = CHILDREN.popen([sys.executable, str(Path(__file__).resolve()), *argv], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
     said = []
 
     def pass_stderr():
