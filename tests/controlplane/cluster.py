@@ -1,0 +1,176 @@
+"""A real Kubernetes control plane a test can start and stop: etcd, kube-apiserver,
+kube-controller-manager and kube-scheduler of Kubernetes v1.36.3 and kwok's controller for the
+nodes, started by kwokctl's binary runtime from the binaries build.py cached (kwokctl downloads
+nothing when every binary is a local path), plus the episode runtime (runtime.py).
+
+kwokctl gives the API server certificate authentication, RBAC (--authorization-mode=Node,RBAC),
+the default admission plugins (PodSecurity among them) and service-account keys, and the
+controller manager its default controllers at their default client limits; it waits for
+/readyz. Everything lives in one temporary folder (KWOK_WORKDIR) and is stopped by `kwokctl
+delete cluster` (each process by the pid kwokctl recorded)."""
+
+import json
+import os
+from pathlib import Path
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = Path(__file__).resolve().parent
+
+# The Stages kwok runs, from kwok v0.8.0's kustomize/stage (copied by build.py into share/), and
+# ours: pods are made Running when bound (pod/fast/pod-ready), completed by the episode runtime
+# (stages/pod-complete.yaml, not kwok's own pod-complete, which ends every Job pod with exit 0),
+# and removed when deleted (pod/fast/pod-delete); nodes initialized and kept Ready by leases.
+KWOK_STAGES = ["node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+               "pod/fast/pod-ready.yaml", "pod/fast/pod-delete.yaml"]
+
+# The RuntimeClass the tool names by default (DEFAULT_RUNTIME), with the kwok nodes' handler.
+RUNTIME_CLASS = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "cube"},
+                 "handler": "cube"}
+
+
+class PartDidNotStart(Exception):
+    """One line: the part that did not come up and the log file that says why."""
+
+
+def machine_kubectl():
+    """The kubectl our users have (this machine's v1.32.4), never the one built at the server's release."""
+    from fakecluster import REAL_KUBECTL
+    return REAL_KUBECTL
+
+
+class ControlPlane:
+    def __init__(self, root, built, nodes=2, kubectl=None):
+        self.root, self.built = Path(root), Path(built)
+        self.bin = self.built / "bin"
+        self.name = "rl%d" % os.getpid() + "-" + os.urandom(3).hex()
+        self.workdir = self.root / "kwok"
+        self.kubeconfig = self.root / "kubeconfig"
+        self.nodes = nodes
+        self.kubectl_program = kubectl or machine_kubectl()
+        self.runtime = None
+
+    # --- start and stop
+
+    def kwokctl(self, *args, timeout=300):
+        env = dict(os.environ, KWOK_WORKDIR=str(self.workdir))
+        # kwokctl runs `kubectl`: the machine's, as the tool does
+        env["PATH"] = os.pathsep.join([str(Path(self.kubectl_program).parent), env.get("PATH", "")])
+        return subprocess.run([str(self.bin / "kwokctl"), "--name", self.name, *args], env=env, text=True,
+                              capture_output=True, timeout=timeout)
+
+    def start(self):
+        self.root.mkdir(parents=True, exist_ok=True)
+        config = self.root / "kwok-stages.yaml"
+        share = self.built / "share" / "kwok" / "stage"
+        config.write_text("\n---\n".join([(share / stage).read_text() for stage in KWOK_STAGES] +
+                                          [(HERE / "stages" / "pod-complete.yaml").read_text()]))
+        b = self.bin
+        done = self.kwokctl(
+            "--config", str(config), "create", "cluster", "--runtime", "binary",
+            "--kube-apiserver-binary", str(b / "kube-apiserver"),
+            "--kube-controller-manager-binary", str(b / "kube-controller-manager"),
+            "--kube-scheduler-binary", str(b / "kube-scheduler"), "--etcd-binary", str(b / "etcd"),
+            "--kwok-controller-binary", str(b / "kwok"), "--enable-crds", "Logs",
+            "--kubeconfig", str(self.kubeconfig), "--wait", "3m")
+        if done.returncode != 0:
+            raise PartDidNotStart("kwokctl create cluster failed (logs: %s): %s" % (
+                self.workdir / "clusters" / self.name / "logs", last_error(done.stderr)))
+        self.kubectl("config", "rename-context", current_context(self.kubeconfig), "kwok")
+        self.kubectl("create", "-f", "-", stdin=json.dumps(RUNTIME_CLASS))
+        scaled = self.kwokctl("scale", "node", "--replicas", str(self.nodes))
+        if scaled.returncode != 0:
+            raise PartDidNotStart("kwokctl scale node failed: %s" % last_error(scaled.stderr))
+        self.start_runtime()
+        self.wait_for_nodes()
+        return self
+
+    def start_runtime(self):
+        state = self.root / "runtime"
+        state.mkdir(exist_ok=True)
+        env = dict(os.environ, KUBECTL=self.kubectl_program)
+        self.runtime = subprocess.Popen([sys.executable, str(HERE / "runtime.py"), str(self.kubeconfig), str(state)],
+                                        env=env, stdout=subprocess.DEVNULL, stderr=open(state / "stderr", "w"))
+        deadline = time.monotonic() + 60
+        while not (state / "runtime.ready").exists():
+            if self.runtime.poll() is not None or time.monotonic() > deadline:
+                raise PartDidNotStart("the episode runtime did not start: see %s" % (state / "stderr"))
+            time.sleep(0.05)
+
+    def wait_for_nodes(self):
+        deadline = time.monotonic() + 120
+        while True:
+            nodes = json.loads(self.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+            ready = [n for n in nodes if any(c["type"] == "Ready" and c["status"] == "True"
+                                            for c in n["status"].get("conditions", []))]
+            if len(ready) >= self.nodes:
+                return
+            if time.monotonic() > deadline:
+                raise PartDidNotStart("kwok's %d nodes are not Ready after 120 s (kwok-controller's log: %s)" % (
+                    self.nodes, self.workdir / "clusters" / self.name / "logs" / "kwok-controller.log"))
+            time.sleep(0.2)
+
+    def stop(self):
+        if self.runtime is not None and self.runtime.poll() is None:
+            self.runtime.terminate()
+            try:
+                self.runtime.wait(10)
+            except subprocess.TimeoutExpired:
+                self.runtime.kill()
+        self.kwokctl("delete", "cluster", timeout=120)
+
+    # --- components, for the fault tests
+
+    def component_pid(self, component):
+        return int((self.workdir / "clusters" / self.name / "pids" / (component + ".pid")).read_text())
+
+    def log_of(self, component):
+        return self.workdir / "clusters" / self.name / "logs" / (component + ".log")
+
+    # --- what a test reads
+
+    def env(self, **extra):
+        """The environment of the tool under test: the machine's kubectl first on PATH, this kubeconfig."""
+        env = dict(os.environ)
+        env.pop("KUBECTL", None)
+        env["PATH"] = os.pathsep.join([str(Path(self.kubectl_program).parent), env.get("PATH", "")])
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        env.update(extra)
+        return env
+
+    def kubectl(self, *args, stdin=None, check=True):
+        done = subprocess.run([self.kubectl_program, "--kubeconfig", str(self.kubeconfig), *args], input=stdin,
+                              text=True, capture_output=True, timeout=120)
+        if check and done.returncode != 0:
+            raise AssertionError("kubectl %s failed: %s" % (" ".join(args), done.stderr))
+        return done
+
+    def get_json(self, *args):
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+
+def current_context(kubeconfig):
+    for line in Path(kubeconfig).read_text().splitlines():
+        if line.startswith("current-context:"):
+            return line.split(":", 1)[1].strip()
+    raise PartDidNotStart("kwokctl wrote no current-context into %s" % kubeconfig)
+
+
+def last_error(text):
+    lines = [line for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if '"level":"ERROR"' in line or "error" in line.lower():
+            return line.strip()[-400:]
+    return lines[-1][-400:] if lines else "(no output)"
+
+
+def available_binaries():
+    """The cache folder of built programs, building them when missing; raises build.BuildFailed."""
+    sys.path.insert(0, str(HERE))
+    import build
+    return build.ensure_built()
+
+
+

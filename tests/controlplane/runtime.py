@@ -1,0 +1,240 @@
+"""The episode runtime of the real-control-plane tier: kwok fakes nodes and kubelets but runs no
+container, so this process does what a container runtime would for each pod the real scheduler
+binds to a kwok node, through the real API server only:
+
+- runs the pod's first container's command as a local process: its env (values and the downward
+  API's name/namespace/uid/nodeName), its ConfigMap volumes as files, its emptyDirs as folders,
+  its working folder; an image whose name starts with `python` is this machine's Python;
+- writes its stdout and stderr as CRI-format lines (`<RFC3339Nano> stdout F <line>`) to a file
+  that a kwok `Logs` object names for that pod, so `pods/NAME/log` goes through the real API
+  server to kwok's kubelet endpoint;
+- when the process exits, sets the annotations `runtime.rl-batch-demo.test/{exit-code,message,
+  started-at,finished-at}`, which the Stage `stages/pod-complete.yaml` turns into the pod's
+  terminated container status and phase;
+- a pod that is being deleted has its process sent SIGTERM, then SIGKILL after its grace period.
+
+Where it differs from a kubelet (tests/fakecluster/ASSUMPTIONS.md, "The real-control-plane tier"):
+no image pull, no mount namespace (paths under a volume's mount path, in the command and the
+environment, are translated to the volume's folder, as the simulated kubelet does without
+`unshare`), no user switch, no cgroup limits, one container per pod, no restarts.
+
+Usage: runtime.py KUBECONFIG STATE_DIR (KUBECTL names kubectl; default the one on PATH)."""
+
+import datetime
+import json
+import os
+from pathlib import Path
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+ANNOTATION = "runtime.rl-batch-demo.test/"
+
+
+def rfc3339(at=None, nano=False):
+    moment = datetime.datetime.fromtimestamp(at if at is not None else time.time(), datetime.timezone.utc)
+    if nano:
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.%f") + "000Z"
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Runtime:
+    def __init__(self, kubeconfig, state):
+        self.kubectl_program = os.environ.get("KUBECTL", "kubectl")
+        self.kubeconfig, self.state = kubeconfig, Path(state)
+        self.pods = {}  # uid -> {"process", "pod", ...}
+        self.lock = threading.Lock()
+        self.log = open(self.state / "runtime.log", "a", buffering=1)
+
+    def say(self, line):
+        self.log.write("%s %s\n" % (rfc3339(nano=True), line))
+
+    def kubectl(self, *args, stdin=None, check=True):
+        done = subprocess.run([self.kubectl_program, "--kubeconfig", self.kubeconfig, *args], input=stdin,
+                              text=True, capture_output=True, timeout=60)
+        if check and done.returncode != 0:
+            self.say("kubectl %s failed: %s" % (" ".join(args[:4]), done.stderr.strip()))
+        return done
+
+    # --- the watch
+
+    def watch(self):
+        """Every pod state, from `kubectl get pods -A --watch -o json` (restarted when it ends)."""
+        while True:
+            process = subprocess.Popen([self.kubectl_program, "--kubeconfig", self.kubeconfig, "get", "pods", "-A",
+                                        "--watch", "-o", "json"], stdout=subprocess.PIPE,
+                                       stderr=subprocess.DEVNULL, text=True)
+            lines = []
+            for line in process.stdout:
+                lines.append(line)
+                if line.rstrip("\n") == "}":
+                    try:
+                        pod = json.loads("".join(lines))
+                    except ValueError:
+                        continue
+                    lines = []
+                    if pod.get("kind") == "Pod":
+                        try:
+                            self.seen(pod)
+                        except Exception as error:  # one pod's trouble never stops the runtime
+                            self.say("pod %s: %r" % (pod["metadata"].get("name"), error))
+            process.wait()
+            time.sleep(0.2)
+
+    def seen(self, pod):
+        meta, uid = pod["metadata"], pod["metadata"]["uid"]
+        with self.lock:
+            record = self.pods.get(uid)
+        if meta.get("deletionTimestamp"):
+            if record is not None and record.get("process") is not None:
+                self.stop(record, pod)
+            return
+        if record is None and pod["spec"].get("nodeName") and pod["status"].get("phase") in (None, "Pending", "Running"):
+            with self.lock:
+                self.pods[uid] = record = {"pod": pod}
+            self.start(record, pod)
+
+    # --- a container
+
+    def start(self, record, pod):
+        meta = pod["metadata"]
+        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        container = pod["spec"]["containers"][0]
+        folder = self.state / "pods" / uid
+        (folder / "bin").mkdir(parents=True, exist_ok=True)
+        if not container["image"].split("/")[-1].startswith("python"):
+            self.say("pod %s/%s: image %s is not one this runtime runs; left as it is" % (namespace, name,
+                                                                                         container["image"]))
+            return
+        os.symlink(sys.executable, folder / "bin" / "python")
+        volumes = {}
+        for volume in pod["spec"].get("volumes", []):
+            path = folder / "volumes" / volume["name"]
+            path.mkdir(parents=True, exist_ok=True)
+            if "configMap" in volume:
+                got = self.kubectl("get", "configmap", "-n", namespace, volume["configMap"]["name"], "-o", "json")
+                if got.returncode == 0:
+                    for key, value in (json.loads(got.stdout).get("data") or {}).items():
+                        (path / key).write_text(value)
+            volumes[volume["name"]] = path
+        mounts = {m["mountPath"]: volumes[m["name"]] for m in container.get("volumeMounts", [])
+                  if m["name"] in volumes}
+        env = {"PATH": "%s:/usr/bin:/bin" % (folder / "bin"), "HOME": str(folder), "LANG": "C.UTF-8"}
+        for var in container.get("env", []):
+            if "value" in var:
+                value = var["value"]
+            elif "fieldRef" in var.get("valueFrom", {}):
+                value = {"metadata.name": name, "metadata.namespace": namespace, "metadata.uid": uid,
+                         "spec.nodeName": pod["spec"]["nodeName"]}.get(var["valueFrom"]["fieldRef"]["fieldPath"], "")
+            else:
+                continue
+            env[var["name"]] = translated(value, mounts)
+        termination = folder / "termination-log"
+        termination.write_text("")
+        env["RL_TERMINATION_LOG"] = str(termination)
+        if "/workspace" in mounts:
+            env["RL_WORKSPACE"] = str(mounts["/workspace"])
+        env["RL_CGROUP"] = str(folder / "no-cgroup")
+        argv = [translated(arg, mounts) for arg in container.get("command", []) + container.get("args", [])]
+        if argv and argv[0] == "python":
+            argv[0] = str(folder / "bin" / "python")
+        log_path = folder / "container.log"
+        log_path.write_text("")
+        logs = {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Logs",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"logs": [{"containers": [container["name"]], "logsFile": str(log_path), "follow": True}]}}
+        self.kubectl("apply", "-f", "-", stdin=json.dumps(logs))
+        started = time.time()
+        process = subprocess.Popen(argv, cwd=str(mounts.get("/workspace", folder)), env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
+        record.update(process=process, started=started, termination=termination,
+                      grace=pod["spec"].get("terminationGracePeriodSeconds", 30))
+        self.say("pod %s/%s: started %s" % (namespace, name, " ".join(argv)))
+        writer = threading.Lock()
+        log = open(log_path, "a", buffering=1)  # closed by finish() once both streams have ended
+        readers = [threading.Thread(target=self.copy, args=(stream, kind, log, writer), daemon=True)
+                   for stream, kind in ((process.stdout, "stdout"), (process.stderr, "stderr"))]
+        for reader in readers:
+            reader.start()
+        threading.Thread(target=self.finish, args=(record, pod, readers, log), daemon=True).start()
+
+    def copy(self, stream, kind, log, writer):
+        """The process's output as CRI lines: a line ending in a newline is full (F); what is
+        left without one at the end is partial (P)."""
+        for raw in iter(stream.readline, b""):
+            text = raw.decode("utf-8", "replace")
+            full = text.endswith("\n")
+            with writer:
+                log.write("%s %s %s %s\n" % (rfc3339(nano=True), kind, "F" if full else "P", text.rstrip("\n")))
+
+    def finish(self, record, pod, readers, log):
+        code = record["process"].wait()
+        for reader in readers:
+            reader.join()
+        log.close()
+        finished = time.time()
+        meta = pod["metadata"]
+        if record.get("stopping"):
+            return  # the pod is being deleted: kwok's pod-delete stage ends it
+        message = record["termination"].read_text()[-4096:]
+        patch = {"metadata": {"annotations": {
+            ANNOTATION + "exit-code": str(code if code >= 0 else 128 - code),
+            ANNOTATION + "message": message,
+            ANNOTATION + "started-at": rfc3339(record["started"]),
+            ANNOTATION + "finished-at": rfc3339(finished)}}}
+        self.kubectl("patch", "pod", "-n", meta["namespace"], meta["name"], "--type", "merge", "-p", json.dumps(patch))
+        self.say("pod %s/%s: exited %s" % (meta["namespace"], meta["name"], code))
+
+    def stop(self, record, pod):
+        process = record["process"]
+        if record.get("stopping") or process.poll() is not None:
+            return
+        record["stopping"] = True
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+        except OSError:
+            return
+
+        def kill_after_grace():
+            try:
+                process.wait(record["grace"])
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        threading.Thread(target=kill_after_grace, daemon=True).start()
+
+    def stop_all(self, *_):
+        with self.lock:
+            records = list(self.pods.values())
+        for record in records:
+            if record.get("process") is not None and record["process"].poll() is None:
+                try:
+                    os.killpg(record["process"].pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        os._exit(0)
+
+
+def translated(value, mounts):
+    """A path under a volume's mount path, as the volume's local folder (no mount namespace here)."""
+    for mount_path, local in mounts.items():
+        if value == mount_path or value.startswith(mount_path + "/"):
+            return str(local) + value[len(mount_path):]
+    return value
+
+
+def main():
+    runtime = Runtime(sys.argv[1], sys.argv[2])
+    signal.signal(signal.SIGTERM, runtime.stop_all)
+    signal.signal(signal.SIGINT, runtime.stop_all)
+    (Path(sys.argv[2]) / "runtime.ready").write_text(str(os.getpid()))
+    runtime.watch()
+
+
+if __name__ == "__main__":
+    main()
