@@ -65,6 +65,43 @@ def cluster(make_cluster):
     return make_cluster()
 
 
+# ---------------------------------------------------------------- the real control plane (tests/controlplane/)
+
+
+@pytest.fixture(scope="session")
+def controlplane_binaries():
+    """The cache folder of the upstream programs, built once (tests/controlplane/build.py: the
+    first build takes about 14 minutes on 2 cores; later runs find them). In CI a missing Go or a
+    failed build fails the tier; elsewhere it is skipped with the reason."""
+    import os
+    from controlplane import build
+    try:
+        return build.ensure_built()
+    except build.BuildFailed as failure:
+        if os.environ.get("CI"):
+            pytest.fail("the real control plane cannot be built: %s" % failure, pytrace=False)
+        pytest.skip("the real control plane cannot be built here: %s" % failure)
+
+
+@pytest.fixture
+def control_plane(tmp_path, controlplane_binaries):
+    """A real control plane of its own (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+    kwok with 2 nodes, the episode runtime), started in tmp_path and stopped at the end. Clusters
+    are created one at a time (kwokctl picks free ports by looking, then binding)."""
+    import fcntl
+    from controlplane.cluster import ControlPlane, PartDidNotStart
+    plane = ControlPlane(tmp_path / "control-plane", controlplane_binaries)
+    with open(Path(controlplane_binaries) / "create.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            plane.start()
+        except PartDidNotStart as failure:
+            plane.stop()
+            pytest.fail(str(failure), pytrace=False)
+    yield plane
+    plane.stop()
+
+
 class Result:
     def __init__(self, done):
         self.code, self.stdout, self.stderr = done.returncode, done.stdout, done.stderr

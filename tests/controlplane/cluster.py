@@ -103,8 +103,11 @@ class ControlPlane:
         deadline = time.monotonic() + 120
         while True:
             nodes = json.loads(self.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+            # Ready, and untainted: the node lifecycle controller removes node.kubernetes.io/not-ready
+            # a moment after the node reports Ready (the simulated cluster's nodes never carry it)
             ready = [n for n in nodes if any(c["type"] == "Ready" and c["status"] == "True"
-                                            for c in n["status"].get("conditions", []))]
+                                            for c in n["status"].get("conditions", []))
+                     and not n["spec"].get("taints")]
             if len(ready) >= self.nodes:
                 return
             if time.monotonic() > deadline:

@@ -24,6 +24,7 @@ import datetime
 import json
 import os
 from pathlib import Path
+import re
 import signal
 import subprocess
 import sys
@@ -122,14 +123,19 @@ class Runtime:
         mounts = {m["mountPath"]: volumes[m["name"]] for m in container.get("volumeMounts", [])
                   if m["name"] in volumes}
         env = {"PATH": "%s:/usr/bin:/bin" % (folder / "bin"), "HOME": str(folder), "LANG": "C.UTF-8"}
+        defined = {}
         for var in container.get("env", []):
             if "value" in var:
-                value = var["value"]
+                # $(NAME) expands to an earlier variable of the container; $$ escapes (as the kubelet's
+                # third_party/forked/golang/expansion does)
+                value = re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                               lambda m: "$" if m.group(0) == "$$" else defined.get(m.group(1), m.group(0)),
+                               var["value"])
             elif "fieldRef" in var.get("valueFrom", {}):
-                value = {"metadata.name": name, "metadata.namespace": namespace, "metadata.uid": uid,
-                         "spec.nodeName": pod["spec"]["nodeName"]}.get(var["valueFrom"]["fieldRef"]["fieldPath"], "")
+                value = field_value(pod, var["valueFrom"]["fieldRef"]["fieldPath"])
             else:
                 continue
+            defined[var["name"]] = value
             env[var["name"]] = translated(value, mounts)
         termination = folder / "termination-log"
         termination.write_text("")
@@ -143,7 +149,10 @@ class Runtime:
         log_path = folder / "container.log"
         log_path.write_text("")
         logs = {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Logs",
-                "metadata": {"name": name, "namespace": namespace},
+                # owned by its pod: the garbage collector removes it with the pod, and cleanup counts it
+                # as the run's (a child of the run's pod), as it would the kubelet's own bookkeeping
+                "metadata": {"name": name, "namespace": namespace, "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}]},
                 "spec": {"logs": [{"containers": [container["name"]], "logsFile": str(log_path), "follow": True}]}}
         self.kubectl("apply", "-f", "-", stdin=json.dumps(logs))
         started = time.time()
@@ -218,6 +227,15 @@ class Runtime:
                 except OSError:
                     pass
         os._exit(0)
+
+
+def field_value(pod, path):
+    """The downward API: metadata.name, .namespace, .uid, spec.nodeName, labels['k'], annotations['k']."""
+    match = re.match(r"metadata\.(labels|annotations)\['(.+)'\]$", path)
+    if match:
+        return (pod["metadata"].get(match.group(1)) or {}).get(match.group(2), "")
+    return {"metadata.name": pod["metadata"]["name"], "metadata.namespace": pod["metadata"]["namespace"],
+            "metadata.uid": pod["metadata"]["uid"], "spec.nodeName": pod["spec"]["nodeName"]}.get(path, "")
 
 
 def translated(value, mounts):

@@ -1,0 +1,154 @@
+"""The tool against a real control plane (tests/controlplane/): Kubernetes v1.36.3's API server,
+controller manager (the real Job, namespace and garbage-collector controllers) and scheduler,
+etcd, kwok's nodes and the episode runtime, driven through this machine's kubectl v1.32.4, as a
+user would. Run the tier alone with `python3 -m pytest -m controlplane`."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import EPISODE, SCRIPT, Result, read, wait_for, write_tasks
+
+pytestmark = pytest.mark.controlplane
+
+
+def run_tool_on(plane, tmp_path, *args, timeout=600):
+    done = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=str(tmp_path), env=plane.env(), text=True,
+                          capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return Result(done)
+
+
+def start_tool_on(plane, tmp_path, *args):
+    return subprocess.Popen([sys.executable, str(SCRIPT), *args], cwd=str(tmp_path), env=plane.env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+
+
+def wait_for_the_job(process, tmp_path):
+    """The run's namespace once its Job exists (the receipt records its UID); a tool that ended
+    before that fails the test with its stderr."""
+    receipt = tmp_path / "out" / "receipt.json"
+
+    def created():
+        assert process.poll() is None, "the tool ended early: %s" % process.communicate()[1]
+        return receipt.exists() and "job_uid" in receipt.read_text()
+    wait_for("the run's Job", created)
+    return read(receipt)["namespace"]
+
+
+def namespace_gone(plane, namespace):
+    return plane.kubectl("get", "namespace", namespace, "--ignore-not-found", "-o", "name").stdout.strip() == ""
+
+
+def running_pods(plane, namespace):
+    return [pod for pod in plane.get_json("-n", namespace, "pods")["items"]
+            if pod["status"].get("phase") == "Running" and pod["spec"].get("nodeName")]
+
+
+def test_a_job_batch_of_ten_is_verified_and_cleanup_leaves_nothing(control_plane, tmp_path):
+    done = run_tool_on(control_plane, tmp_path, "run", "--count", "10", "--output", "out")
+    assert done.code == 0, done
+    results = read(tmp_path / "out" / "results.json")
+    assert (results["episodes"], results["successful_episodes"], results["reward_sum"]) == (10, 10, 10.0)
+    assert read(tmp_path / "out" / "version.json")["serverVersion"]["gitVersion"] == "v1.36.3"
+    logs = [path for path in (tmp_path / "out").rglob("*.log")]
+    assert len(logs) >= 10, logs
+    namespace = read(tmp_path / "out" / "receipt.json")["namespace"]
+    cleaned = run_tool_on(control_plane, tmp_path, "cleanup", "out")
+    assert cleaned.code == 0, cleaned
+    assert "Deleted the run's namespace: " + namespace in cleaned.stderr
+    assert namespace_gone(control_plane, namespace)
+
+
+def test_custom_episodes_with_tasks_and_retries(control_plane, tmp_path):
+    marker = tmp_path / "crashed-once"
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok", "reward": 0.5},
+                                                   {"mode": "crash_once", "marker": str(marker), "reward": 1.0}])
+    done = run_tool_on(control_plane, tmp_path, "run", "--episode", EPISODE, "--tasks", tasks, "--retries", "1",
+                       "--output", "out")
+    assert done.code == 0, done
+    results = read(tmp_path / "out" / "results.json")
+    assert results["successful_episodes"] == 2
+    assert results["reward_sum"] == pytest.approx(1.5)
+    assert marker.exists()  # the second task crashed once and was tried again
+
+
+def test_ctrl_c_mid_batch_then_cleanup_leaves_nothing(control_plane, tmp_path):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"wait_for": str(tmp_path / "never")}] * 2)
+    process = start_tool_on(control_plane, tmp_path, "run", "--episode", EPISODE, "--tasks", tasks, "--output", "out")
+    namespace = wait_for_the_job(process, tmp_path)
+    wait_for("the episodes to run", lambda: len(running_pods(control_plane, namespace)) == 2)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 130, stderr
+    assert "Interrupted. Clean up with:" in stderr
+    cleaned = run_tool_on(control_plane, tmp_path, "cleanup", "out")
+    assert cleaned.code == 0, cleaned
+    assert namespace_gone(control_plane, namespace)
+
+
+def test_cleanup_refuses_a_foreign_object_and_names_it(control_plane, tmp_path):
+    done = run_tool_on(control_plane, tmp_path, "run", "--count", "1", "--output", "out")
+    assert done.code == 0, done
+    namespace = read(tmp_path / "out" / "receipt.json")["namespace"]
+    created = json.loads(control_plane.kubectl("get", "namespace", namespace, "-o", "json").stdout)[
+        "metadata"]["creationTimestamp"]
+    born = time.mktime(time.strptime(created, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+    wait_for("the namespace's setup window to pass", lambda: time.time() > born + 7)
+    notes = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "notes", "namespace": namespace},
+             "data": {"todo": "keep me"}}
+    control_plane.kubectl("create", "-f", "-", stdin=json.dumps(notes))
+    refused = run_tool_on(control_plane, tmp_path, "cleanup", "out")
+    assert refused.code == 1, refused
+    assert ("Error: namespace %s holds 1 object(s) this run did not create: ConfigMap notes" % namespace) in \
+        refused.stderr
+    assert control_plane.get_json("-n", namespace, "configmap", "notes")["data"] == {"todo": "keep me"}
+    forced = run_tool_on(control_plane, tmp_path, "cleanup", "out", "--delete-foreign")
+    assert forced.code == 0, forced
+    assert namespace_gone(control_plane, namespace)
+
+
+def test_a_batch_rides_out_the_controller_manager_stopped_for_20_seconds(control_plane, tmp_path):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok", "sleep": 1}] * 4)
+    process = start_tool_on(control_plane, tmp_path, "run", "--episode", EPISODE, "--tasks", tasks,
+                            "--parallelism", "2", "--output", "out")
+    wait_for_the_job(process, tmp_path)
+    manager = control_plane.component_pid("kube-controller-manager")
+    os.kill(manager, signal.SIGSTOP)  # the Job controller makes no pod and counts no finish meanwhile
+    try:
+        time.sleep(20)  # the fault's length, not a bound on anything the test asserts
+    finally:
+        os.kill(manager, signal.SIGCONT)
+    stdout, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr
+    results = read(tmp_path / "out" / "results.json")
+    assert results["successful_episodes"] == 4
+    assert run_tool_on(control_plane, tmp_path, "cleanup", "out").code == 0
+
+
+def test_cleanup_waits_for_a_namespace_held_by_a_finalizer(control_plane, tmp_path):
+    done = run_tool_on(control_plane, tmp_path, "run", "--count", "1", "--output", "out")
+    assert done.code == 0, done
+    receipt = read(tmp_path / "out" / "receipt.json")
+    namespace = receipt["namespace"]
+    held = {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "held", "namespace": namespace, "finalizers": ["example.com/hold"],
+                         "labels": {"agc-demo-run": receipt["run_id"]}}}
+    control_plane.kubectl("create", "-f", "-", stdin=json.dumps(held))
+    cleanup = start_tool_on(control_plane, tmp_path, "cleanup", "out")
+
+    def held_by_the_finalizer():
+        conditions = control_plane.get_json("namespace", namespace)["status"].get("conditions") or []
+        return any(c["type"] == "NamespaceFinalizersRemaining" and c["status"] == "True" for c in conditions)
+    # The real namespace controller says why the namespace stays (a condition the simulated one lacks).
+    wait_for("the namespace controller to name the finalizer", held_by_the_finalizer)
+    assert cleanup.poll() is None  # cleanup is still waiting for the namespace
+    control_plane.kubectl("-n", namespace, "patch", "configmap", "held", "--type", "merge",
+                          "-p", '{"metadata":{"finalizers":null}}')
+    _, stderr = cleanup.communicate(timeout=300)
+    assert cleanup.returncode == 0, stderr
+    assert "Deleted the run's namespace: " + namespace in stderr
