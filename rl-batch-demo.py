@@ -3493,7 +3493,14 @@ def start_run(spec, console):
     run = Run(spec, console, cluster, output, receipt, facts)
     # The receipt names the namespace before any cluster change, so every failure after
     # this line leaves something `cleanup` can finish.
-    run.save_receipt()
+    try:
+        run.save_receipt()
+    except OSError as error:
+        # Nothing exists on the cluster yet, and the folder is the one just made: remove it, so
+        # that the same --output can be used again once the disk takes writes.
+        shutil.rmtree(output, ignore_errors=True)
+        raise DemoError("cannot write %s: %s; nothing was created on the cluster, and the output folder was "
+                        "removed" % (error.filename or output / "receipt.json", error.strerror or error)) from None
     try:
         return backend.run(run)
     except DemoError as error:

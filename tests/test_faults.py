@@ -377,3 +377,27 @@ def test_sigterm_saves_what_is_known_and_exits_143(make_cluster, tmp_path):
     # what only the watch saw is kept on this way out too, and the line says what stops it at once
     assert (tmp_path / "out" / "observed.json").exists()
     assert "(interrupt again to stop at once)" in stderr and "Ctrl-C again" not in stderr
+
+
+# ---------------------------------------------------------------- the output disk refuses the first write
+
+
+def refuse_file_writes():
+    """preexec_fn: every write past 0 bytes to a regular file fails with EFBIG (RLIMIT_FSIZE 0, its
+    SIGXFSZ ignored), as a full disk refuses them with ENOSPC: the same OSError path."""
+    import resource
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+
+def test_a_disk_that_refuses_the_receipt_gives_one_line_and_leaves_nothing(cluster, tmp_path):
+    from fakecluster import REAL_KUBECTL
+    done = subprocess.run([sys.executable, str(SCRIPT), "run", "--count", "1", "--output", "out"], cwd=str(tmp_path),
+                          env=cluster.env(KUBECTL=REAL_KUBECTL), text=True, capture_output=True, timeout=300,
+                          stdin=subprocess.DEVNULL, preexec_fn=refuse_file_writes)  # the shim would log calls
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("Error: cannot write out/receipt.json")
+    assert "nothing was created on the cluster, and the output folder was removed" in done.stderr
+    assert not (tmp_path / "out").exists()
+    assert not [ns for ns in cluster.get_json("namespaces")["items"] if ns["metadata"]["name"].startswith("agc-rl-")]

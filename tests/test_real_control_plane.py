@@ -152,3 +152,43 @@ def test_cleanup_waits_for_a_namespace_held_by_a_finalizer(control_plane, tmp_pa
     _, stderr = cleanup.communicate(timeout=300)
     assert cleanup.returncode == 0, stderr
     assert "Deleted the run's namespace: " + namespace in stderr
+
+
+def test_rounds_with_prewarm_pin_a_warm_up_to_each_node(control_plane, tmp_path):
+    done = run_tool_on(control_plane, tmp_path, "run", "--count", "3", "--rounds", "2", "--prewarm", "--output", "out")
+    assert done.code == 0, done
+    results = read(tmp_path / "out" / "results.json")
+    assert results["episodes"] == 6 and results["successful_episodes"] == 6
+    assert results["cache_state"] == "prewarmed"
+    assert sorted(path.name for path in (tmp_path / "out" / "prewarm").iterdir() if path.is_dir()) == [
+        "node-000000", "node-000001"]
+    assert run_tool_on(control_plane, tmp_path, "cleanup", "out").code == 0
+
+
+def test_compare_of_two_arms(control_plane, tmp_path):
+    done = run_tool_on(control_plane, tmp_path, "compare", "--arm", "serial=--parallelism 1", "--arm", "parallel=",
+                       "--count", "2", "--rounds", "2", "--seed", "1", "--output", "cmp")
+    assert done.code == 0, done
+    record = read(tmp_path / "cmp" / "comparison.json")
+    assert sorted(record["arms"]) == ["parallel", "serial"]
+    assert not [ns for ns in control_plane.get_json("namespaces")["items"]
+                if ns["metadata"]["name"].startswith("agc-rl-") and not ns["metadata"].get("deletionTimestamp")]
+
+
+def test_a_job_batch_with_the_kubectl_of_the_servers_release(controlplane_binaries, tmp_path):
+    from controlplane.cluster import ControlPlane
+    import fcntl
+    from pathlib import Path
+    plane = ControlPlane(tmp_path / "control-plane", controlplane_binaries,
+                         kubectl=str(Path(controlplane_binaries) / "bin" / "kubectl"))
+    with open(Path(controlplane_binaries) / "create.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        plane.start()
+    try:
+        assert "v1.36.3" in plane.kubectl("version", "--client").stdout
+        done = run_tool_on(plane, tmp_path, "run", "--count", "5", "--output", "out")
+        assert done.code == 0, done
+        assert read(tmp_path / "out" / "results.json")["successful_episodes"] == 5
+        assert run_tool_on(plane, tmp_path, "cleanup", "out").code == 0
+    finally:
+        plane.stop()

@@ -12,7 +12,6 @@ delete cluster` (each process by the pid kwokctl recorded)."""
 import json
 import os
 from pathlib import Path
-import shutil
 import subprocess
 import sys
 import time
