@@ -3120,6 +3120,12 @@ class Gate:
 
     # --- cleanup
     @staticmethod
+    def used_in_namespace(receipt):
+        """{(kind, name)}: objects of the namespace that the run did not create but went through (a
+        namespace policy's LocalQueue its Job was queued in): not foreign to its cleanup."""
+        return set()
+
+    @staticmethod
     def after_jobs_deleted(cluster, namespace, receipt):
         pass
 
@@ -5244,6 +5250,12 @@ class KueueGate(Gate):
         return legend
 
     # --- cleanup --------------------------------------------------------------------------
+
+    @staticmethod
+    def used_in_namespace(receipt):
+        """The LocalQueue a queued run's Job went through, when a namespace policy made it: the run
+        needed it, and it ends with the run's namespace."""
+        return {("LocalQueue", receipt["queue"])} if receipt.get("queue") else set()
 
     @staticmethod
     def after_jobs_deleted(cluster, namespace, receipt):
@@ -7569,14 +7581,14 @@ def cleanup_one(output, console, delete_foreign=False):
 
 
 # Objects that hold no one's work: records about other objects, metrics of pods, and what
-# Kubernetes itself puts into every namespace (the ServiceAccount controller's `default`, the
-# root CA publisher's ConfigMap).
+# Kubernetes itself puts into every namespace, told apart by what made it, never by when: the
+# ServiceAccount controller's `default` and the root CA publisher's ConfigMap, each with the
+# managers (managedFields) it may have. Checked with the real kube-controller-manager v1.36.3:
+# kube-root-ca.crt is managed by `kube-controller-manager`, `default` lists no manager. A
+# colleague's edit adds their own manager (kubectl-edit, ...), and the object becomes foreign.
 RECORD_KINDS = ("Event", "PodMetrics")
-EVERY_NAMESPACE_HAS = (("ServiceAccount", "default"), ("ConfigMap", "kube-root-ca.crt"))
-# The run's namespace has a random name, so nobody else can know it before it exists: what
-# appears within this many seconds of its creation is the cluster's own reaction to a new
-# namespace (a policy controller's ResourceQuota, LimitRange or RoleBindings), not a colleague's work.
-NAMESPACE_SETUP_SECONDS = 5
+EVERY_NAMESPACE_HAS = {("ServiceAccount", "default"): {"kube-controller-manager"},
+                       ("ConfigMap", "kube-root-ca.crt"): {"kube-controller-manager"}}
 
 
 class NamespaceListing:
@@ -7698,11 +7710,13 @@ def catching(function, argument):
         return answer
 
 
-def not_created_by_run(items, run_id, namespace_created):
+def not_created_by_run(items, run_id, used=frozenset()):
     """[(kind, name, resource for kubectl delete)], sorted: the objects among `items` that the run
     did not create: not labelled with its run id, not owned (through ownerReferences, at any
-    depth) by an object that is, not a record or what every namespace has, and created after the
-    namespace's setup. Nor an object already going: being deleted (deletionTimestamp), or whose
+    depth) by an object that is, not a record or what every namespace has (made by the cluster:
+    every_namespace_has), not one the run went through (`used`, {(kind, name)}: Gate.used_in_namespace).
+    However soon after the namespace it appeared, anything else is someone's (a colleague's
+    ConfigMap, a policy controller's RoleBinding). Nor an object already going: being deleted (deletionTimestamp), or whose
     controller owner is gone (the garbage collector deletes it), e.g. a finished step's Sandbox
     and pod in a kept pool's namespace: deleting the namespace destroys no one's work there."""
     owned = {item["metadata"].get("uid") for item in items
@@ -7717,17 +7731,24 @@ def not_created_by_run(items, run_id, namespace_created):
     foreign = []
     for item in items:
         meta, kind = item["metadata"], item.get("kind", "")
-        if meta.get("uid") in owned or kind in RECORD_KINDS or (kind, meta["name"]) in EVERY_NAMESPACE_HAS:
+        if meta.get("uid") in owned or kind in RECORD_KINDS or made_by_the_cluster(kind, meta) or \
+                (kind, meta["name"]) in used:
             continue
         controller = next((ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")), None)
         if meta.get("deletionTimestamp") or (controller is not None and controller.get("uid") not in present):
             continue
-        created = meta.get("creationTimestamp")
-        if created and parse_k8s_time(created) <= namespace_created + NAMESPACE_SETUP_SECONDS:
-            continue
         group = item.get("apiVersion", "v1").rpartition("/")[0]
         foreign.append((kind, meta["name"], kind.lower() + ("." + group if group else "")))
     return sorted(set(foreign))
+
+
+def made_by_the_cluster(kind, meta):
+    """Whether an object is one Kubernetes puts into every namespace (EVERY_NAMESPACE_HAS), by its
+    kind, name and the managers of its fields: none listed, or only the expected ones."""
+    expected = EVERY_NAMESPACE_HAS.get((kind, meta.get("name")))
+    if expected is None:
+        return False
+    return {field.get("manager") for field in meta.get("managedFields") or []} <= expected
 
 
 def foreign_refusal(context, namespace, foreign):
@@ -7818,7 +7839,8 @@ def cleanup_receipt(receipt, source, output, console, delete_foreign=False):
         console.note("Namespace %s is already being deleted; waiting for it to go..." % namespace)
         return wait_for_namespace(cluster, namespace)
     listing = list_namespace(cluster, namespace)
-    foreign = not_created_by_run(listing.items, run_id, parse_k8s_time(live["metadata"]["creationTimestamp"]))
+    used = set().union(*(gate.used_in_namespace(receipt) for gate in GATES))
+    foreign = not_created_by_run(listing.items, run_id, used)
     if foreign and not delete_foreign:
         raise DemoError(foreign_refusal(cluster.context, namespace, foreign))
     for kind, name, resource in foreign:

@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from conftest import SCRIPT, after_the_namespace_setup_window, read
+from conftest import EPISODE, SCRIPT, after_the_namespace_setup_window, read, start_tool, wait_for, write_tasks
 
 
 def test_cleanup_deletes_the_namespace_and_keeps_the_output(cluster, run_tool, tmp_path):
@@ -312,20 +312,62 @@ def test_cleanup_with_delete_foreign_deletes_them_with_the_run(cluster, run_tool
     assert cluster.kubectl("get", "namespace", namespace, "--ignore-not-found", "-o", "name").stdout == ""
 
 
-def test_what_the_run_made_its_children_and_the_namespaces_setup_are_not_foreign(tool):
-    created = tool.parse_k8s_time("2026-12-01T10:00:00Z")
-
-    def obj(kind, name, at, uid, labels=None, owner=None, api="v1"):
+def foreign_check_items():
+    def obj(kind, name, at, uid, labels=None, owner=None, api="v1", managers=()):
         meta = {"name": name, "uid": uid, "creationTimestamp": at, "labels": labels or {}}
         if owner:
             meta["ownerReferences"] = [{"uid": owner}]
+        if managers:
+            meta["managedFields"] = [{"manager": manager, "operation": "Update"} for manager in managers]
         return {"apiVersion": api, "kind": kind, "metadata": meta}
+    return obj
 
+
+def test_what_the_run_made_its_children_and_what_every_namespace_has_are_not_foreign(tool):
+    obj = foreign_check_items()
     items = [obj("Job", "rollout", "2026-12-01T10:00:01Z", "j", {"agc-demo-run": "r1"}, api="batch/v1"),
              obj("Pod", "rollout-x", "2026-12-01T10:00:09Z", "p", owner="j"),
              obj("Workload", "job-rollout", "2026-12-01T10:00:09Z", "w", owner="j", api="kueue.x-k8s.io/v1beta2"),
              obj("Event", "rollout-x.1", "2026-12-01T10:00:09Z", "e"),
              obj("ServiceAccount", "default", "2026-12-01T10:00:30Z", "s"),
-             obj("RoleBinding", "policy-edit", "2026-12-01T10:00:04Z", "b", api="rbac.authorization.k8s.io/v1"),
+             obj("ConfigMap", "kube-root-ca.crt", "2026-12-01T10:00:00Z", "k", managers=["kube-controller-manager"]),
              obj("ConfigMap", "notes", "2026-12-01T10:00:06Z", "c")]
-    assert tool.not_created_by_run(items, "r1", created) == [("ConfigMap", "notes", "configmap")]
+    assert tool.not_created_by_run(items, "r1") == [("ConfigMap", "notes", "configmap")]
+
+
+def test_an_object_made_moments_after_the_namespace_is_foreign(tool):
+    # A colleague's ConfigMap 3 s after the namespace, a policy controller's RoleBinding at once:
+    # what made them is not the cluster's own, however early they came.
+    obj = foreign_check_items()
+    items = [obj("ConfigMap", "notes", "2026-12-01T10:00:03Z", "c"),
+             obj("RoleBinding", "policy-edit", "2026-12-01T10:00:00Z", "b", api="rbac.authorization.k8s.io/v1")]
+    assert tool.not_created_by_run(items, "r1") == [("ConfigMap", "notes", "configmap"),
+                                                   ("RoleBinding", "policy-edit", "rolebinding.rbac.authorization.k8s.io")]
+
+
+def test_the_root_ca_configmap_edited_by_someone_is_foreign(tool):
+    obj = foreign_check_items()
+    items = [obj("ConfigMap", "kube-root-ca.crt", "2026-12-01T10:00:00Z", "k",
+                 managers=["kube-controller-manager", "kubectl-edit"])]
+    assert tool.not_created_by_run(items, "r1") == [("ConfigMap", "kube-root-ca.crt", "configmap")]
+
+
+def test_a_colleagues_configmap_made_moments_after_the_namespace_is_refused(cluster, tmp_path):
+    # Made while the run's episode is held, seconds after the namespace: no time window makes it the cluster's.
+    marker = tmp_path / "go-on"
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"wait_for": str(marker)}])
+    process = start_tool(cluster, tmp_path, "run", "--episode", EPISODE, "--tasks", tasks, "--output", "out")
+    receipt = tmp_path / "out" / "receipt.json"
+    wait_for("the run's Job", lambda: receipt.exists() and "job_uid" in receipt.read_text())
+    namespace = read(receipt)["namespace"]
+    notes = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "notes", "namespace": namespace},
+             "data": {"todo": "keep me"}}
+    cluster.kubectl("create", "-f", "-", stdin=json.dumps(notes))
+    marker.write_text("")
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    done = subprocess.run([sys.executable, str(SCRIPT), "cleanup", "out"], cwd=str(tmp_path), env=cluster.env(),
+                          text=True, capture_output=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert "holds 1 object(s) this run did not create: ConfigMap notes" in done.stderr
+    assert cluster.get_json("-n", namespace, "configmap", "notes")["data"] == {"todo": "keep me"}

@@ -147,7 +147,11 @@ def test_a_missing_local_queue_is_refused_before_the_job_and_cleanup_finishes(ma
     assert done.code == 1
     assert "LocalQueue tema does not exist in the run's namespace" in done.stderr and "--cluster-queue" in done.stderr
     assert "job_uid" not in read(tmp_path / "out" / "receipt.json")
-    assert run_tool("cleanup", "--output", "out", cluster=cluster).code == 0
+    # The policy's LocalQueue `team` was not the run's (it named `tema`): someone's, however early it came.
+    refused = run_tool("cleanup", "--output", "out", cluster=cluster)
+    assert refused.code == 1
+    assert "holds 1 object(s) this run did not create: LocalQueue team" in refused.stderr
+    assert run_tool("cleanup", "--output", "out", "--delete-foreign", cluster=cluster).code == 0
 
 
 def test_a_local_queue_made_by_a_namespace_policy_is_used(make_cluster, run_tool, tmp_path):
