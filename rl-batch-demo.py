@@ -628,12 +628,28 @@ class Kubectl:
         for process in list(self.background):
             self.stop_process(process)
 
+    def existing_context(self, name):
+        """`name`, once the kubeconfig is shown to have it: a --context that does not exist is refused
+        in one line before anything is read, created or written."""
+        try:
+            self.run(["config", "get-contexts", name, "-o", "name"])
+        except KubectlError as error:
+            raise DemoError("context %s does not exist in the kubeconfig (%s); list them with `kubectl config "
+                            "get-contexts`" % (name, meaningful_line(error.stderr) or "kubectl exited %s"
+                                               % error.returncode)) from None
+        return name
+
     def current_context(self):
         try:
             context = self.run(["config", "current-context"]).strip()
         except KubectlError as error:
+            if not (error.stderr or "").strip():
+                # kubectl's own "current-context is not set" has words; silence is a kubectl that failed
+                raise DemoError("kubectl failed: `%s config current-context` exited %s with no message; check "
+                                "that %s is the kubectl program" % (self.program, error.returncode, self.program)
+                                ) from None
             raise DemoError("no current kubectl context (%s); choose one with `kubectl config "
-                            "use-context NAME` or pass --context NAME" % error.stderr) from None
+                            "use-context NAME` or pass --context NAME" % error.stderr.strip()) from None
         if not context:
             raise DemoError("no current kubectl context; pass --context NAME")
         return context
@@ -3484,7 +3500,7 @@ def start_run(spec, console):
     runner = Kubectl(console)
     cluster, facts, run_id = None, {}, None
     if backend.uses_cluster:
-        cluster = Cluster(runner, spec.context or runner.current_context())
+        cluster = Cluster(runner, runner.existing_context(spec.context) if spec.context else runner.current_context())
         # Read-only checks first: a run refused here leaves no folder behind, and the same
         # --output can be used again.
         facts = backend.read_facts(cluster)

@@ -1,5 +1,7 @@
 """The read-only checks before a run: capacity, taints, the RuntimeClass; a refusal leaves no folder."""
 
+import pytest
+
 from conftest import read
 
 
@@ -118,3 +120,27 @@ def test_prewarm_without_the_right_to_list_nodes_is_refused_before_any_change(ma
     assert "preflight skipped" not in result.stderr  # one line: the refusal, not a note before it
     assert not (tmp_path / "out").exists()
     assert not [call for call in cluster.calls() if "create" in call]
+
+
+# ---------------------------------------------------------------- the context itself
+
+
+@pytest.mark.parametrize("command", [["run", "--count", "1", "--no-runtime-class"],
+                                     ["run", "--count", "1", "--backend", "warm-pool"],
+                                     ["pool", "up", "--size", "1"]])
+def test_a_context_that_does_not_exist_is_refused_before_anything(cluster, run_tool, tmp_path, command):
+    done = run_tool(*command, "--context", "nope", "--output", "out", cluster=cluster)
+    assert done.code == 1, done
+    assert done.stderr.splitlines() == [
+        "Error: context nope does not exist in the kubeconfig (error: context nope not found); list them with "
+        "`kubectl config get-contexts`"], done.stderr
+    assert not (tmp_path / "out").exists()
+    assert not [ns for ns in cluster.get_json("namespaces")["items"] if ns["metadata"]["name"].startswith("agc-rl-")]
+
+
+def test_a_kubectl_that_fails_without_a_word_is_named(cluster, run_tool, tmp_path):
+    done = run_tool("run", "--count", "1", "--output", "out", cluster=cluster, env={"KUBECTL": "/bin/false"})
+    assert done.code == 1, done
+    assert done.stderr.splitlines() == [
+        "Error: kubectl failed: `/bin/false config current-context` exited 1 with no message; check that /bin/false "
+        "is the kubectl program"], done.stderr
