@@ -151,7 +151,7 @@ def test_a_kubectl_that_cannot_run_is_one_line(run_tool, tmp_path, what):
 def test_an_unknown_context_shows_kubectls_meaningful_line(cluster, run_tool):
     result = run_tool("run", "--count", "1", "--context", "nosuch", "--output", "out", cluster=cluster)
     assert result.code == 1, result
-    assert "context was not found for specified context: nosuch" in result.stderr
+    assert "context nosuch does not exist in the kubeconfig (error: context nosuch not found)" in result.stderr
 
 
 def test_the_meaningful_line_keeps_the_bullets_of_several_configuration_errors(tool):

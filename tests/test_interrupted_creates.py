@@ -75,9 +75,11 @@ def test_cleanup_refuses_an_unanswered_job_whose_run_label_differs(make_cluster,
     result = run_tool("cleanup", "out", cluster=cluster)
     assert result.code == 1, result
     run_id = read(tmp_path / "out" / "receipt.json")["run_id"]
-    assert ("Error: Job rollout exists in %s but its create was sent but never confirmed, and its label "
-            "agc-demo-run must equal %s: current value is someone-else" % (namespace, run_id)) in result.stderr
-    assert cluster.get_json("-n", namespace, "job", "rollout")["metadata"]["uid"] == live["metadata"]["uid"]
+    # Not the run's by its label: the foreign-object check names it before any adoption is considered.
+    assert ("Error: namespace %s holds 1 object(s) this run did not create: Job rollout" % namespace) in result.stderr
+    now = cluster.get_json("-n", namespace, "job", "rollout")["metadata"]
+    assert (now["uid"], now["labels"]["agc-demo-run"]) == (live["metadata"]["uid"], "someone-else")  # untouched
+    assert run_id != "someone-else"
 
 
 def test_cleanup_refuses_a_job_the_receipt_never_sent(make_cluster, run_tool, tmp_path):

@@ -19,7 +19,7 @@ def test_missing_runtime_class_is_named_with_how_to_list_them(cluster, run_tool,
 def test_a_run_refused_by_a_read_only_check_leaves_no_folder(cluster, run_tool, tmp_path):
     result = run_tool("run", "--context", "nosuch", "--output", "out", cluster=cluster)
     assert result.code == 1, result
-    assert "context was not found for specified context: nosuch" in result.stderr
+    assert "context nosuch does not exist in the kubeconfig (error: context nosuch not found)" in result.stderr
     assert "cleanup" not in result.stderr
     assert not (tmp_path / "out").exists()
 
