@@ -6201,6 +6201,7 @@ class WarmPoolRun:
         self.pod_selector = "%s=%s" % (RUN_LABEL, pool_run_id or run.run_id)
         self.names, self.position, self.observed = [], {}, {}  # claim names, the episode's index, times seen
         self.latest, self.sandboxes, self.results = {}, {}, {}  # claim and Sandbox states; finished episodes
+        self.stopping = threading.Event()  # set on Ctrl-C or SIGTERM, before the tool closes its own channels
         self.pods = {}  # pod uid -> its last state the watch delivered (deleted pods too)
         self.pod_uids = {}  # pod name -> uid of the latest pod of that name seen
         self.pod_watch = None
@@ -6267,6 +6268,7 @@ class WarmPoolRun:
         except KeyboardInterrupt:
             # The running execs: their episodes are cut short, not results. Closing the channel
             # ends every stream at once; stop_running stops the `kubectl exec` processes.
+            self.stopping.set()
             self.close_channels()
             self.cluster.runner.stop_running(executor)
             self.console.tell("Interrupted: saving the claims and the episodes so far in %s" % self.output)
@@ -6306,7 +6308,13 @@ class WarmPoolRun:
         result = self.exec_episode(pod_name, episode_command(name, index, self.spec))
         self.observed[name]["exec_finished"] = time.time()
         self.observed[name]["exec_started"] = result.sent_at
-        if result.code != 0:
+        if result.code != 0 and self.stopping.is_set():
+            # Its stream was cut by the tool's own shutdown, not by an outage: kept as interrupted,
+            # and, like a Job's or a local episode cut short, never streamed (it has no verdict).
+            result = ExecResult(None, result.stdout, result.stderr, reason="Interrupted", error=(
+                "interrupted: the tool was stopped (Ctrl-C or SIGTERM) while the episode ran"),
+                sent_at=result.sent_at, opened_at=result.opened_at)
+        elif result.code != 0:
             deleted = self.deleted_under(bound, pod_name, pod_uid)
             if deleted:
                 reason, message = deleted
@@ -6319,7 +6327,8 @@ class WarmPoolRun:
             (self.output / (name + ".stderr")).write_bytes(result.stderr.rstrip(b"\n") + b"\n")
         self.results[name] = {"code": result.code, "error": result.error, "reason": result.reason,
                               "sandbox": sandbox, "pod_name": pod_name}
-        self.offer(name, index, result)
+        if result.reason != "Interrupted":
+            self.offer(name, index, result)
 
     def exec_episode(self, pod_name, command):
         """The episode's exec on the run's channel (the fallback's when the stream is refused for
