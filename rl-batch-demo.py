@@ -8364,8 +8364,17 @@ def cmd_compare(args, console):
     record = {"arms": args.arms, "shared": args.shared, "rounds": args.rounds, "seed": seed,
               "resamples": args.resamples, "order": [[number, arm] for number, arm in order], "completed": [],
               "status": "running", "started_at": utc_now()}
-    output.mkdir(parents=True)
-    write_json(output / COMPARE_FILE, record)
+    try:
+        output.mkdir(parents=True)
+    except OSError as error:
+        raise DemoError("cannot create output folder %s: %s" % (output, error.strerror or error)) from None
+    try:
+        write_json(output / COMPARE_FILE, record)
+    except OSError as error:
+        # nothing has run yet: the folder just made goes, so that the same --output works later
+        shutil.rmtree(output, ignore_errors=True)
+        raise DemoError("cannot write %s: %s; nothing was run, and the output folder was removed"
+                        % (error.filename or output / COMPARE_FILE, error.strerror or error)) from None
     script = str(Path(__file__).resolve())
     failure, code = None, EXIT_OK
     for number, arm in order:

@@ -138,3 +138,15 @@ def test_an_arm_whose_options_run_would_refuse_is_refused_before_any_batch(run_t
     done = run_tool("compare", "--arm", "a=--parallelism 0", "--arm", "b=", "--backend", "local", "--output", "cmp")
     assert done.code == 2 and "arm a: --parallelism must be between 1 and --count" in done.stderr
     assert not (tmp_path / "cmp").exists()
+
+
+def test_a_disk_that_refuses_compare_json_gives_one_line_and_leaves_no_folder(run_tool, tmp_path):
+    from test_faults import refuse_file_writes
+    done = subprocess.run([sys.executable, str(SCRIPT), "compare", "--arm", "a=", "--arm", "b=--parallelism 1",
+                           "--backend", "local", "--count", "1", "--rounds", "2", "--output", "cmp"],
+                          cwd=str(tmp_path), text=True, capture_output=True, timeout=300, stdin=subprocess.DEVNULL,
+                          preexec_fn=refuse_file_writes)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "Error: cannot write cmp/compare.json: File too large; nothing was run, and the output folder was removed"]
+    assert not (tmp_path / "cmp").exists()
