@@ -8585,7 +8585,7 @@ def build_parser():
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run each arm's batch --rounds times, interleaved (A B, B A, ...), each a full `run` in\n"
                     "DIR/ARM/round-N/ cleaned up after it; then per arm and metric the pooled figure with a\n"
-                    "95%% bootstrap interval (rounds, then episodes, resampled), per pair the ratio with its\n"
+                    "95% bootstrap interval (rounds, then episodes, resampled), per pair the ratio with its\n"
                     "interval, and a verdict only where the interval stays on one side of 1. Every other\n"
                     "option is a `run` option shared by every arm.",
         epilog="example (local processes, no cluster):\n  %s compare --arm serial='--parallelism 1' --arm parallel='' "

@@ -150,3 +150,9 @@ def test_a_disk_that_refuses_compare_json_gives_one_line_and_leaves_no_folder(ru
     assert done.stderr.strip().splitlines() == [
         "Error: cannot write cmp/compare.json: File too large; nothing was run, and the output folder was removed"]
     assert not (tmp_path / "cmp").exists()
+
+
+def test_compare_help_prints_the_percent_sign_once(run_tool):
+    done = run_tool("compare", "--help")
+    assert done.code == 0
+    assert "95% bootstrap interval" in done.stdout and "%%" not in done.stdout
