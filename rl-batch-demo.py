@@ -6889,7 +6889,7 @@ def delete_warm_pool_objects(cluster, namespace, run_id, receipt, output, listin
             name = live[resource]["metadata"]["name"]
             if not receipt.get(key):
                 adopt_unconfirmed(
-                    cluster, receipt, output, live[resource]["kind"], live[resource], key,
+                    cluster, receipt, output, live[resource]["kind"], live[resource], (key,),
                     "check it and delete it yourself with `kubectl --context %s -n %s delete %s %s`"
                     % (cluster.context, namespace, resource, name))
             problems += ownership_mismatches("%s %s" % (resource, name), live[resource], {"uid": receipt[key]})
@@ -7738,10 +7738,10 @@ def catching(function, argument):
 def not_created_by_run(items, run_id, used=frozenset()):
     """[(kind, name, resource for kubectl delete)], sorted: the objects among `items` that the run
     did not create: not labelled with its run id, not owned (through ownerReferences, at any
-    depth) by an object that is, not a record or what every namespace has (made by the cluster:
-    every_namespace_has), not one the run went through (`used`, {(kind, name)}: Gate.used_in_namespace).
-    However soon after the namespace it appeared, anything else is someone's (a colleague's
-    ConfigMap, a policy controller's RoleBinding). Nor an object already going: being deleted (deletionTimestamp), or whose
+    depth) by an object that is, not a record or what every namespace has (made_by_the_cluster),
+    not one the run went through (`used`, {(kind, name)}: Gate.used_in_namespace). However soon
+    after the namespace it appeared, anything else is someone's (a colleague's ConfigMap, a policy
+    controller's RoleBinding). Nor an object already going: being deleted (deletionTimestamp), or whose
     controller owner is gone (the garbage collector deletes it), e.g. a finished step's Sandbox
     and pod in a kept pool's namespace: deleting the namespace destroys no one's work there."""
     owned = {item["metadata"].get("uid") for item in items
@@ -7796,8 +7796,9 @@ def sent_entry(kind, name):
 def adopt_unconfirmed(cluster, receipt, output, kind, live, key, yourself):
     """The UID of `live`, an object the receipt names but whose create was never answered (a signal,
     a lost connection): adopted when the receipt says this run sent its create ("sent") and it
-    carries the run's id label, then recorded (receipt key `key`; receipt.json rewritten when the
-    receipt is a folder's), so that every later check is the usual UID check. Otherwise refused,
+    carries the run's id label, then recorded under `key`, a path into the receipt (("uid",),
+    ("jobs", NAME)); receipt.json is rewritten when the receipt is a folder's, so that every later
+    check is the usual UID check. Otherwise refused,
     naming what is missing; `yourself` is the advice for a person."""
     name = live["metadata"]["name"]
     have = (live["metadata"].get("labels") or {}).get(RUN_LABEL)
@@ -7812,12 +7813,13 @@ def adopt_unconfirmed(cluster, receipt, output, kind, live, key, yourself):
         raise DemoError("%s %s exists in %s but %s, so ownership cannot be proven; refusing cleanup: %s"
                         % (kind, name, receipt["namespace"], why, yourself))
     uid = live["metadata"]["uid"]
-    if key.startswith("jobs."):
-        receipt.setdefault("jobs", {})[key[len("jobs."):]] = uid
-    else:
-        receipt[key] = uid
+    *parents, last = key
+    place = receipt
+    for part in parents:
+        place = place.setdefault(part, {})
+    place[last] = uid
     cluster.console.note("%s %s: its create was sent and never answered; it carries this run's label, so it is "
-                         "this run's (uid %s, recorded as %s)" % (kind, name, uid, key))
+                         "this run's (uid %s, recorded as %s)" % (kind, name, uid, ".".join(key)))
     if output is not None:
         write_json(output / "receipt.json", receipt)
     return uid
@@ -7851,9 +7853,9 @@ def cleanup_receipt(receipt, source, output, console, delete_foreign=False):
     if not receipt.get("uid"):
         # The run stopped while the namespace's create was unanswered: its name is the receipt's,
         # and it is adopted only if the receipt says the create was sent and it carries the run id.
-        adopt_unconfirmed(cluster, receipt, output, "Namespace", live, "uid",
-                                           "delete it yourself with `kubectl --context %s delete namespace %s`"
-                                           % (cluster.context, namespace))
+        adopt_unconfirmed(cluster, receipt, output, "Namespace", live, ("uid",),
+                          "delete it yourself with `kubectl --context %s delete namespace %s`"
+                          % (cluster.context, namespace))
     problems = ownership_mismatches("namespace " + namespace, live,
                                     {"uid": receipt["uid"], "label " + RUN_LABEL: run_id})
     if problems:
@@ -7902,7 +7904,7 @@ def delete_recorded_jobs(cluster, namespace, receipt, output, listing, job_json)
     for live_job in live_jobs:
         name = live_job["metadata"]["name"]
         if not any((recorded.get(name) or {}).values()):
-            uid = adopt_unconfirmed(cluster, receipt, output, "Job", live_job, "jobs." + name,
+            uid = adopt_unconfirmed(cluster, receipt, output, "Job", live_job, ("jobs", name),
                                     "check it and delete it yourself with `kubectl --context %s -n %s delete job %s`"
                                     % (cluster.context, namespace, name))
             recorded[name] = {"uid (adopted)": uid}

@@ -200,16 +200,6 @@ def start_tool(cluster, tmp_path, *args):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
 
 
-def after_the_namespace_setup_window(cluster, namespace):
-    """Wait until objects made in `namespace` count as someone's work, not the cluster's reaction
-    to a new namespace (NAMESPACE_SETUP_SECONDS, 5, after its whole-second creationTimestamp)."""
-    import calendar
-    import time
-    born = cluster.get_json("namespace", namespace)["metadata"]["creationTimestamp"]
-    born = calendar.timegm(time.strptime(born, "%Y-%m-%dT%H:%M:%SZ"))
-    wait_for("the namespace's setup window to pass", lambda: time.time() > born + 7)
-
-
 def wait_for(what, predicate, timeout=300.0):
     """predicate()'s first true value, asked every 0.1 s; fails the test after `timeout` seconds: a
     safety net against a hang, never a bound (a loaded machine may take minutes)."""

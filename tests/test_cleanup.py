@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from conftest import EPISODE, SCRIPT, after_the_namespace_setup_window, read, start_tool, wait_for, write_tasks
+from conftest import EPISODE, SCRIPT, read, start_tool, wait_for, write_tasks
 
 
 def test_cleanup_deletes_the_namespace_and_keeps_the_output(cluster, run_tool, tmp_path):
@@ -272,11 +272,9 @@ def test_a_receipt_naming_a_namespace_this_tool_never_creates_gets_no_advice_to_
 # ---------------------------------------------------------------- objects someone else put in the run's namespace
 
 def run_with_foreign_objects(cluster, run_tool, tmp_path):
-    """A finished run whose namespace then gets a colleague's ConfigMap and Job (after the
-    namespace's setup window, as anyone who learnt its name would)."""
+    """A finished run whose namespace then gets a colleague's ConfigMap and Job."""
     assert run_tool("run", "--count", "1", "--output", "out", cluster=cluster).code == 0
     namespace = read(tmp_path / "out" / "receipt.json")["namespace"]
-    after_the_namespace_setup_window(cluster, namespace)
     notes = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "notes", "namespace": namespace},
              "data": {"todo": "keep me"}}
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "colleague", "namespace": namespace},

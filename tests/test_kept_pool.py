@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import EPISODE, ROOT, after_the_namespace_setup_window, read, start_tool, wait_for, write_tasks
+from conftest import EPISODE, ROOT, read, start_tool, wait_for, write_tasks
 
 
 AGENT_SANDBOX = {"agentSandbox": {"version": "v0.5.6", "extensions": True}}
@@ -245,7 +245,6 @@ def test_cleanup_of_a_step_deletes_its_claims_and_leaves_the_pool(make_cluster, 
 def test_pool_down_refuses_a_foreign_object_and_names_it(sandbox_cluster, run_tool, tmp_path):
     pool_up(run_tool, sandbox_cluster, 1)
     namespace = read(tmp_path / "pool" / "pool.json")["namespace"]
-    after_the_namespace_setup_window(sandbox_cluster, namespace)
     notes = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "notes", "namespace": namespace},
              "data": {"todo": "keep me"}}
     sandbox_cluster.kubectl("create", "-f", "-", stdin=json.dumps(notes))

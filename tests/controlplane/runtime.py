@@ -24,12 +24,14 @@ import datetime
 import json
 import os
 from pathlib import Path
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fakecluster"))
+from containerenv import container_env  # noqa: E402  (the kubelet's env rules, shared)
 
 ANNOTATION = "runtime.rl-batch-demo.test/"
 
@@ -123,20 +125,8 @@ class Runtime:
         mounts = {m["mountPath"]: volumes[m["name"]] for m in container.get("volumeMounts", [])
                   if m["name"] in volumes}
         env = {"PATH": "%s:/usr/bin:/bin" % (folder / "bin"), "HOME": str(folder), "LANG": "C.UTF-8"}
-        defined = {}
-        for var in container.get("env", []):
-            if "value" in var:
-                # $(NAME) expands to an earlier variable of the container; $$ escapes (as the kubelet's
-                # third_party/forked/golang/expansion does)
-                value = re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
-                               lambda m: "$" if m.group(0) == "$$" else defined.get(m.group(1), m.group(0)),
-                               var["value"])
-            elif "fieldRef" in var.get("valueFrom", {}):
-                value = field_value(pod, var["valueFrom"]["fieldRef"]["fieldPath"])
-            else:
-                continue
-            defined[var["name"]] = value
-            env[var["name"]] = translated(value, mounts)
+        for var, value in container_env(container, pod, pod["spec"]["nodeName"]):
+            env[var] = translated(value, mounts)
         termination = folder / "termination-log"
         termination.write_text("")
         env["RL_TERMINATION_LOG"] = str(termination)
@@ -227,15 +217,6 @@ class Runtime:
                 except OSError:
                     pass
         os._exit(0)
-
-
-def field_value(pod, path):
-    """The downward API: metadata.name, .namespace, .uid, spec.nodeName, labels['k'], annotations['k']."""
-    match = re.match(r"metadata\.(labels|annotations)\['(.+)'\]$", path)
-    if match:
-        return (pod["metadata"].get(match.group(1)) or {}).get(match.group(2), "")
-    return {"metadata.name": pod["metadata"]["name"], "metadata.namespace": pod["metadata"]["namespace"],
-            "metadata.uid": pod["metadata"]["uid"], "spec.nodeName": pod["spec"]["nodeName"]}.get(path, "")
 
 
 def translated(value, mounts):

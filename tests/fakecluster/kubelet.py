@@ -8,7 +8,6 @@ import json
 import os
 from pathlib import Path
 import random
-import re
 import secrets
 import shutil
 import signal
@@ -16,6 +15,7 @@ import subprocess
 import time
 
 from api import now_rfc3339
+from containerenv import container_env
 
 
 # Run as `sh -c POD_ROOT_SCRIPT pod-root ROOT BINDS CGROUP COMMAND...` inside `unshare --mount`:
@@ -123,15 +123,6 @@ def handles_sigterm(pid):
     except (OSError, ValueError):
         pass
     return False
-
-
-def field_value(pod, path, node):
-    """The downward API: metadata.name, .namespace, .uid, spec.nodeName, labels['k'], annotations['k']."""
-    match = re.match(r"metadata\.(labels|annotations)\['(.+)'\]$", path)
-    if match:
-        return pod["metadata"].get(match.group(1), {}).get(match.group(2), "")
-    return {"metadata.name": pod["metadata"]["name"], "metadata.namespace": pod["metadata"]["namespace"],
-            "metadata.uid": pod["metadata"]["uid"], "spec.nodeName": node}.get(path, "")
 
 
 def translated_argv(argv, mounts, bin_dir):
@@ -307,18 +298,7 @@ class Kubelet:
         bin_dir.mkdir(parents=True, exist_ok=True)
         os.symlink(info["python"], bin_dir / "python")
         env = {"PATH": "%s:/usr/bin:/bin" % bin_dir, "HOME": str(pod_dir), "LANG": "C.UTF-8"}
-        defined = {}
-        for var in container.get("env", []):
-            if "value" in var:
-                # $(NAME) expands to an earlier variable of the container; $$ escapes.
-                value = re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
-                               lambda m: "$" if m.group(0) == "$$" else defined.get(m.group(1), m.group(0)),
-                               var["value"])
-            elif "fieldRef" in var.get("valueFrom", {}):
-                value = field_value(pod, var["valueFrom"]["fieldRef"]["fieldPath"], node)
-            else:
-                continue
-            defined[var["name"]] = env[var["name"]] = value
+        env.update(container_env(container, pod, node))
         offset = self.node_config(node).get("clockOffsetSeconds")
         if offset:
             # A node whose clock differs from the API server's: shift time.time() in the container.
