@@ -84,13 +84,15 @@ def controlplane_binaries():
 
 
 @pytest.fixture
-def control_plane(tmp_path, controlplane_binaries):
+def control_plane(request, tmp_path, controlplane_binaries):
     """A real control plane of its own (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
-    kwok with 2 nodes, the episode runtime), started in tmp_path and stopped at the end. Clusters
-    are created one at a time (kwokctl picks free ports by looking, then binding)."""
+    kwok with 2 nodes, the episode runtime), started in tmp_path and stopped at the end; with
+    `@pytest.mark.parts("agent-sandbox", ...)` also those add-ons. Clusters are created one at a
+    time (kwokctl picks free ports by looking, then binding)."""
     import fcntl
     from controlplane.cluster import ControlPlane, PartDidNotStart
-    plane = ControlPlane(tmp_path / "control-plane", controlplane_binaries)
+    asked = request.node.get_closest_marker("parts")
+    plane = ControlPlane(tmp_path / "control-plane", controlplane_binaries, parts=asked.args if asked else ())
     with open(Path(controlplane_binaries) / "create.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:

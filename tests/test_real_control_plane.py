@@ -188,3 +188,51 @@ def test_a_job_batch_with_the_kubectl_of_the_servers_release(controlplane_binari
         assert run_tool_on(plane, tmp_path, "cleanup", "out").code == 0
     finally:
         plane.stop()
+
+
+# ---------------------------------------------------------------- agent-sandbox v0.5.6's controller on it
+
+
+def episode_execs_per_pod(plane):
+    """{namespace/pod: how many times the episode program was exec'd into it}, from the runtime."""
+    counts = {}
+    for pod, argv in plane.execs():
+        if any("episode.py" in part for part in argv):
+            counts[pod] = counts.get(pod, 0) + 1
+    return counts
+
+
+@pytest.mark.parts("agent-sandbox")
+def test_a_warm_pool_batch_runs_every_episode_exactly_once_over_the_exec_channel(control_plane, tmp_path):
+    done = run_tool_on(control_plane, tmp_path, "run", "--backend", "warm-pool", "--count", "6", "--output", "out")
+    assert done.code == 0, done
+    results = read(tmp_path / "out" / "results.json")
+    assert (results["episodes"], results["successful_episodes"], results["reward_sum"]) == (6, 6, 6.0)
+    assert results["launch_types"] == {"warm": 6}
+    assert results["exec_channel"]["kind"] == "websocket"
+    # through the real API server's exec to kwok: once into each of 6 sandbox pods
+    assert sorted(episode_execs_per_pod(control_plane).values()) == [1] * 6
+    cleaned = run_tool_on(control_plane, tmp_path, "cleanup", "out")
+    assert cleaned.code == 0, cleaned
+    assert namespace_gone(control_plane, read(tmp_path / "out" / "receipt.json")["namespace"])
+
+
+@pytest.mark.parts("agent-sandbox")
+def test_a_kept_pool_serves_three_steps_and_pool_down_leaves_nothing(control_plane, tmp_path):
+    up = run_tool_on(control_plane, tmp_path, "pool", "up", "--size", "2", "--output", "pool")
+    assert up.code == 0, up
+    namespace = read(tmp_path / "pool" / "pool.json")["namespace"]
+    for number in (1, 2, 3):
+        done = run_tool_on(control_plane, tmp_path, "run", "--backend", "warm-pool", "--pool", "pool", "--count", "2",
+                           "--output", "step-%d" % number)
+        assert done.code == 0, done
+        results = read(tmp_path / ("step-%d" % number) / "results.json")
+        assert results["successful_episodes"] == 2
+        assert results["kept_pool_step"]["size"] == 2
+        # the step deleted its claims; the pool stays
+        assert control_plane.get_json("-n", namespace, "sandboxclaims")["items"] == []
+    assert len((tmp_path / "pool" / "steps.jsonl").read_text().splitlines()) == 3
+    assert sorted(episode_execs_per_pod(control_plane).values()) == [1] * 6
+    down = run_tool_on(control_plane, tmp_path, "pool", "down", "pool")
+    assert down.code == 0, down
+    assert namespace_gone(control_plane, namespace)

@@ -23,7 +23,19 @@ HERE = Path(__file__).resolve().parent
 # (stages/pod-complete.yaml, not kwok's own pod-complete, which ends every Job pod with exit 0),
 # and removed when deleted (pod/fast/pod-delete); nodes initialized and kept Ready by leases.
 KWOK_STAGES = ["node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
-               "pod/fast/pod-ready.yaml", "pod/fast/pod-delete.yaml"]
+               "pod/fast/pod-delete.yaml"]
+# kwok's pod/fast/pod-ready, only for a pod whose container the runtime has started (its `Logs`
+# and `Exec` objects written): a kubelet reports a container Running once it runs, and a sandbox
+# whose pod is Ready must take an exec at once.
+POD_READY_STAGE = "pod/fast/pod-ready.yaml"
+RUNNING_ANNOTATION = "runtime.rl-batch-demo.test/running"
+
+
+def pod_ready_when_running(text):
+    selector = "    matchExpressions:\n"
+    assert selector in text and "name: pod-ready\n" in text, "kwok's pod-ready stage changed shape"
+    return text.replace("name: pod-ready\n", "name: pod-ready-when-running\n").replace(
+        selector, selector + "    - key: '.metadata.annotations[\"%s\"]'\n      operator: 'Exists'\n" % RUNNING_ANNOTATION, 1)
 
 # The RuntimeClass the tool names by default (DEFAULT_RUNTIME), with the kwok nodes' handler.
 RUNTIME_CLASS = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "cube"},
@@ -41,7 +53,7 @@ def machine_kubectl():
 
 
 class ControlPlane:
-    def __init__(self, root, built, nodes=2, kubectl=None):
+    def __init__(self, root, built, nodes=2, kubectl=None, parts=()):
         self.root, self.built = Path(root), Path(built)
         self.bin = self.built / "bin"
         self.name = "rl%d" % os.getpid() + "-" + os.urandom(3).hex()
@@ -50,13 +62,16 @@ class ControlPlane:
         self.nodes = nodes
         self.kubectl_program = kubectl or machine_kubectl()
         self.runtime = None
+        self.parts = tuple(parts)  # add-ons a test asked for: "agent-sandbox"
+        self.addons = {}  # name -> Popen
 
     # --- start and stop
 
     def kwokctl(self, *args, timeout=300):
         env = dict(os.environ, KWOK_WORKDIR=str(self.workdir))
         # kwokctl runs `kubectl`: the machine's, as the tool does
-        env["PATH"] = os.pathsep.join([str(Path(self.kubectl_program).parent), env.get("PATH", "")])
+        env["PATH"] = os.pathsep.join([str(self.install_exec_shims()), str(Path(self.kubectl_program).parent),
+                                       env.get("PATH", "")])
         return subprocess.run([str(self.bin / "kwokctl"), "--name", self.name, *args], env=env, text=True,
                               capture_output=True, timeout=timeout)
 
@@ -65,14 +80,15 @@ class ControlPlane:
         config = self.root / "kwok-stages.yaml"
         share = self.built / "share" / "kwok" / "stage"
         config.write_text("\n---\n".join([(share / stage).read_text() for stage in KWOK_STAGES] +
-                                          [(HERE / "stages" / "pod-complete.yaml").read_text()]))
+                                          [pod_ready_when_running((share / POD_READY_STAGE).read_text()),
+                                           (HERE / "stages" / "pod-complete.yaml").read_text()]))
         b = self.bin
         done = self.kwokctl(
             "--config", str(config), "create", "cluster", "--runtime", "binary",
             "--kube-apiserver-binary", str(b / "kube-apiserver"),
             "--kube-controller-manager-binary", str(b / "kube-controller-manager"),
             "--kube-scheduler-binary", str(b / "kube-scheduler"), "--etcd-binary", str(b / "etcd"),
-            "--kwok-controller-binary", str(b / "kwok"), "--enable-crds", "Logs",
+            "--kwok-controller-binary", str(b / "kwok"), "--enable-crds", "Logs", "--enable-crds", "Exec",
             "--kubeconfig", str(self.kubeconfig), "--wait", "3m")
         if done.returncode != 0:
             raise PartDidNotStart("kwokctl create cluster failed (logs: %s): %s" % (
@@ -84,7 +100,74 @@ class ControlPlane:
             raise PartDidNotStart("kwokctl scale node failed: %s" % last_error(scaled.stderr))
         self.start_runtime()
         self.wait_for_nodes()
+        if "agent-sandbox" in self.parts:
+            self.start_agent_sandbox()
         return self
+
+    def install_exec_shims(self):
+        """`env` and `sh` for kwok-controller's PATH: exec_shim.py with this machine's Python."""
+        shims = self.root / "exec-shims"
+        if not shims.exists():
+            shims.mkdir(parents=True)
+            text = "#!%s\n%s" % (sys.executable, (HERE / "exec_shim.py").read_text())
+            for name in ("env", "sh"):
+                (shims / name).write_text(text)
+                (shims / name).chmod(0o755)
+        return shims
+
+    def start_agent_sandbox(self):
+        """agent-sandbox v0.5.6's controller (with --extensions: templates, claims, warm pools) and its
+        CRDs, whose conversion webhook it serves on loopback with the fixture's own certificate."""
+        from .webhooks import as_json, free_port, make_certificates, on_loopback
+        certs = self.root / "agent-sandbox-certs"
+        ca = make_certificates(certs)
+        port, health = free_port(), free_port()
+        crds = [on_loopback(crd, port, ca) for path in sorted((self.built / "share" / "agent-sandbox" / "crds").glob("*.yaml"))
+                for crd in as_json(self.kubectl, path.read_text())]
+        self.kubectl("create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": crds}))
+        self.wait_for_established([crd["metadata"]["name"] for crd in crds])  # the controller maps them at start
+        self.start_addon("agent-sandbox-controller", [
+            str(self.bin / "agent-sandbox-controller"), "--kubeconfig", str(self.kubeconfig), "--extensions",
+            "--leader-elect=false", "--metrics-bind-address", "0", "--health-probe-bind-address",
+            "127.0.0.1:%d" % health, "--webhook-port", str(port), "--webhook-cert-dir", str(certs),
+            "--manage-webhook-certs=false"], ready_url="http://127.0.0.1:%d/readyz" % health)
+
+    def wait_for_established(self, names):
+        # not `kubectl wait --for=condition=Established`: v1.32.4 fails on a CRD that has no
+        # conditions yet (".status.conditions accessor error: <nil>") instead of waiting
+        deadline = time.monotonic() + 60
+        while True:
+            crds = self.get_json("crd")["items"]
+            established = {crd["metadata"]["name"] for crd in crds if any(
+                c["type"] == "Established" and c["status"] == "True" for c in crd.get("status", {}).get("conditions") or [])}
+            if established >= set(names):
+                return
+            if time.monotonic() > deadline:
+                raise PartDidNotStart("CRDs not Established after 60 s: %s" % ", ".join(sorted(set(names) - established)))
+            time.sleep(0.2)
+
+    def start_addon(self, name, argv, ready_url):
+        import urllib.request
+        log = self.root / (name + ".log")
+        self.addons[name] = process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(log, "w"),
+                                                       stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while True:
+            if process.poll() is not None:
+                raise PartDidNotStart("%s exited with %s (log: %s): %s" % (name, process.returncode, log,
+                                                                          last_error(log.read_text())))
+            try:
+                with urllib.request.urlopen(ready_url, timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise PartDidNotStart("%s is not ready after 120 s (log: %s)" % (name, log))
+            time.sleep(0.2)
+
+    def addon_log(self, name):
+        return self.root / (name + ".log")
 
     def start_runtime(self):
         state = self.root / "runtime"
@@ -115,6 +198,13 @@ class ControlPlane:
             time.sleep(0.2)
 
     def stop(self):
+        for process in self.addons.values():
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
         if self.runtime is not None and self.runtime.poll() is None:
             self.runtime.terminate()
             try:
@@ -148,6 +238,16 @@ class ControlPlane:
         if check and done.returncode != 0:
             raise AssertionError("kubectl %s failed: %s" % (" ".join(args), done.stderr))
         return done
+
+    def execs(self):
+        """[(namespace/pod, argv)] of every command exec'd into a pod so far (exec_shim.py's log)."""
+        found = []
+        for folder in sorted((self.root / "runtime" / "pods").glob("*")):
+            log = folder / "execs.jsonl"
+            if log.exists():
+                pod = (folder / "pod-name").read_text()
+                found += [(pod, json.loads(line)) for line in log.read_text().splitlines() if line.strip()]
+        return found
 
     def get_json(self, *args):
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)

@@ -11,6 +11,10 @@ binds to a kwok node, through the real API server only:
 - when the process exits, sets the annotations `runtime.rl-batch-demo.test/{exit-code,message,
   started-at,finished-at}`, which the Stage `stages/pod-complete.yaml` turns into the pod's
   terminated container status and phase;
+- writes a kwok `Exec` object for the pod, so that `kubectl exec` (and the tool's exec channel)
+  goes through the real API server to kwok, which runs the command as a local process with the
+  container's env in its working folder; exec_shim.py translates the mount paths and logs it;
+- tells kwok's pod-ready stage that the container runs (the annotation `.../running`);
 - a pod that is being deleted has its process sent SIGTERM, then SIGKILL after its grace period.
 
 Where it differs from a kubelet (tests/fakecluster/ASSUMPTIONS.md, "The real-control-plane tier"):
@@ -145,6 +149,20 @@ class Runtime:
                     {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}]},
                 "spec": {"logs": [{"containers": [container["name"]], "logsFile": str(log_path), "follow": True}]}}
         self.kubectl("apply", "-f", "-", stdin=json.dumps(logs))
+        # `kubectl exec` into this pod: kwok runs the command as a local process with this env (the
+        # container's, as in a container) and folder; the `env`/`sh` shim on kwok's PATH translates
+        # the mount paths (exec_shim.py)
+        exec_env = dict(env, RL_RUNTIME_MOUNTS=json.dumps({path: str(local) for path, local in mounts.items()}),
+                        RL_TERMINATION_LOG=str(folder / "exec-termination-log"),
+                        RL_RUNTIME_EXEC_LOG=str(folder / "execs.jsonl"))
+        (folder / "pod-name").write_text("%s/%s" % (namespace, name))
+        execs = {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Exec",
+                 "metadata": {"name": name, "namespace": namespace, "ownerReferences": [
+                     {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}]},
+                 "spec": {"execs": [{"containers": [container["name"]], "local": {
+                     "workDir": str(mounts.get("/workspace", folder)),
+                     "envs": [{"name": key, "value": value} for key, value in sorted(exec_env.items())]}}]}}
+        self.kubectl("apply", "-f", "-", stdin=json.dumps(execs))
         started = time.time()
         process = subprocess.Popen(argv, cwd=str(mounts.get("/workspace", folder)), env=env,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
@@ -152,6 +170,9 @@ class Runtime:
         record.update(process=process, started=started, termination=termination,
                       grace=pod["spec"].get("terminationGracePeriodSeconds", 30))
         self.say("pod %s/%s: started %s" % (namespace, name, " ".join(argv)))
+        # now kwok's pod-ready stage may report it Running and Ready (cluster.POD_READY_STAGE)
+        self.kubectl("patch", "pod", "-n", namespace, name, "--type", "merge", "-p", json.dumps(
+            {"metadata": {"annotations": {ANNOTATION + "running": rfc3339(started)}}}))
         writer = threading.Lock()
         log = open(log_path, "a", buffering=1)  # closed by finish() once both streams have ended
         readers = [threading.Thread(target=self.copy, args=(stream, kind, log, writer), daemon=True)
