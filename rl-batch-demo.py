@@ -4896,7 +4896,7 @@ KUEUE_API_CHECK_SECONDS = 10.0  # while queued, how often to make sure Kueue is 
 WORKLOAD_WAIT_SECONDS = 30  # for Kueue to make the Job's Workload
 # A Workload that waiting will not admit: a batch over what its ClusterQueue can ever give
 # (QuotaReserved=False reasons and messages, Kueue v0.19), and deactivation (checked apart).
-# A queue that is stopped (`Suspended`, or `Inadmissible` "... is stopped" without Kueue's
+# A queue that is stopped (`Suspended`, or `Inadmissible` "... is inactive" without Kueue's
 # UnadmittedWorkloadsObservability gate) or `Misconfigured` admits the Workload once resumed
 # or fixed: the wait goes on, bounded by --queue-timeout.
 NEVER_ADMISSIBLE_REASONS = ("ExceedsMaxQuota",)

@@ -653,7 +653,7 @@ def test_a_held_cluster_queue_is_waited_for_and_the_batch_runs_once_it_is_resume
     done = queued_run(run_tool, cluster, "out", "--queue", "team", "--cluster-queue", "team")
     assert done.code == 0, done
     assert "ClusterQueue team is held (stopPolicy Hold): the batch will wait until it is resumed" in done.stderr
-    assert "rollout: held: Inadmissible: ClusterQueue team is stopped; waiting for the queue to be resumed" in done.stderr
+    assert "rollout: held: Inadmissible: ClusterQueue team is inactive; waiting for the queue to be resumed" in done.stderr
     results = read(tmp_path / "out" / "results.json")
     assert results["reward_sum"] == 4 and results["queue"]["queued_seconds"] >= 2
 

@@ -236,3 +236,57 @@ def test_a_kept_pool_serves_three_steps_and_pool_down_leaves_nothing(control_pla
     down = run_tool_on(control_plane, tmp_path, "pool", "down", "pool")
     assert down.code == 0, down
     assert namespace_gone(control_plane, namespace)
+
+
+# ---------------------------------------------------------------- Kueue v0.19.2's controller manager on it
+
+
+def make_cluster_queue(plane, name, **spec):
+    """A ResourceFlavor `default` and a ClusterQueue of 2 CPUs and 4 GiB for every namespace."""
+    objects = [{"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "default"}},
+               {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": name},
+                "spec": dict({"namespaceSelector": {}, "resourceGroups": [{
+                    "coveredResources": ["cpu", "memory"], "flavors": [{"name": "default", "resources": [
+                        {"name": "cpu", "nominalQuota": "2"}, {"name": "memory", "nominalQuota": "4Gi"}]}]}]},
+                    **spec)}]
+    plane.kubectl("create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+
+
+@pytest.mark.parts("kueue")
+def test_a_batch_through_a_real_kueue_queue_has_its_queue_wait_apart(control_plane, tmp_path):
+    make_cluster_queue(control_plane, "team")
+    done = run_tool_on(control_plane, tmp_path, "run", "--count", "4", "--queue", "team", "--cluster-queue", "team",
+                       "--output", "out")
+    assert done.code == 0, done
+    results = read(tmp_path / "out" / "results.json")
+    assert (results["successful_episodes"], results["reward_sum"]) == (4, 4)
+    queue = results["queue"]
+    assert (queue["local_queue"], queue["cluster_queue"], queue["admission_cycles"]) == ("team", "team", 1)
+    assert queue["queued_seconds"] >= 0 and results["batch_to_all_ready_after_admission_seconds"] is not None
+    # the Workload the real Kueue made for the Job names the Job's uid
+    assert read(tmp_path / "out" / "workload.json")["metadata"]["labels"]["kueue.x-k8s.io/job-uid"] == \
+        read(tmp_path / "out" / "receipt.json")["job_uid"]
+    cleaned = run_tool_on(control_plane, tmp_path, "cleanup", "out")
+    assert cleaned.code == 0, cleaned
+    assert namespace_gone(control_plane, read(tmp_path / "out" / "receipt.json")["namespace"])
+
+
+@pytest.mark.parts("kueue")
+def test_a_held_real_cluster_queue_is_waited_for_and_the_batch_runs_once_it_is_resumed(control_plane, tmp_path):
+    make_cluster_queue(control_plane, "team", stopPolicy="Hold")
+    process = start_tool_on(control_plane, tmp_path, "run", "--count", "4", "--queue", "team", "--cluster-queue",
+                            "team", "--output", "out")
+    namespace = wait_for_the_job(process, tmp_path)
+
+    def held_by_kueue():
+        return [c for workload in control_plane.get_json("-n", namespace, "workloads")["items"]
+                for c in workload.get("status", {}).get("conditions", [])
+                if c["type"] == "QuotaReserved" and c["status"] == "False" and "ClusterQueue team is" in c["message"]]
+    [held] = wait_for("the real Kueue to hold the Job's Workload", held_by_kueue)
+    control_plane.kubectl("patch", "clusterqueue", "team", "--type", "merge", "-p", '{"spec":{"stopPolicy":"None"}}')
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    assert "ClusterQueue team is held (stopPolicy Hold): the batch will wait until it is resumed" in stderr
+    assert "rollout: held: %s: %s" % (held["reason"], held["message"]) in stderr
+    results = read(tmp_path / "out" / "results.json")
+    assert results["reward_sum"] == 4 and results["queue"]["admission_cycles"] == 1

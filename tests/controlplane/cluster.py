@@ -30,6 +30,10 @@ KWOK_STAGES = ["node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node
 POD_READY_STAGE = "pod/fast/pod-ready.yaml"
 RUNNING_ANNOTATION = "runtime.rl-batch-demo.test/running"
 
+# The Kueue CRDs whose kustomization (config/components/crd/kustomization.yaml at v0.19.2) patches
+# in a conversion webhook (patches/webhook_in_*.yaml); build.py copies only the bases.
+KUEUE_CONVERTED = ("localqueues", "clusterqueues", "cohorts", "workloads", "multikueueclusters")
+
 
 def pod_ready_when_running(text):
     selector = "    matchExpressions:\n"
@@ -102,6 +106,8 @@ class ControlPlane:
         self.wait_for_nodes()
         if "agent-sandbox" in self.parts:
             self.start_agent_sandbox()
+        if "kueue" in self.parts:
+            self.start_kueue()
         return self
 
     def install_exec_shims(self):
@@ -131,6 +137,59 @@ class ControlPlane:
             "--leader-elect=false", "--metrics-bind-address", "0", "--health-probe-bind-address",
             "127.0.0.1:%d" % health, "--webhook-port", str(port), "--webhook-cert-dir", str(certs),
             "--manage-webhook-certs=false"], ready_url="http://127.0.0.1:%d/readyz" % health)
+
+    def start_kueue(self):
+        """Kueue v0.19.2's controller manager managing batch/v1 Jobs, its CRDs (with the conversion
+        webhook its kustomization patches in) and its admission webhooks for Jobs and its own
+        kinds, all served on loopback with the fixture's own certificate; a ResourceFlavor
+        `default` and the ClusterQueues a test names are made by the test."""
+        from .webhooks import as_json, free_port, make_certificates, on_loopback
+        share = self.built / "share" / "kueue"
+        certs = self.root / "kueue-certs"
+        ca = make_certificates(certs)
+        port, health = free_port(), free_port()
+        crds = [crd for path in sorted((share / "crds").glob("*.yaml")) for crd in as_json(self.kubectl, path.read_text())]
+        for crd in crds:
+            if crd["metadata"]["name"].split(".")[0] in KUEUE_CONVERTED:
+                crd["spec"]["conversion"] = {"strategy": "Webhook", "webhook": {"conversionReviewVersions": ["v1"],
+                                             "clientConfig": {"service": {"path": "/convert"}}}}
+            on_loopback(crd, port, ca)
+        self.kubectl("create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": crds}))
+        self.wait_for_established([crd["metadata"]["name"] for crd in crds])
+        self.kubectl("create", "namespace", "kueue-system")
+        config = self.root / "kueue-config.yaml"
+        config.write_text(json.dumps({
+            "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration", "namespace": "kueue-system",
+            "health": {"healthProbeBindAddress": "127.0.0.1:%d" % health}, "metrics": {"bindAddress": "0"},
+            "webhook": {"port": port, "host": "127.0.0.1", "certDir": str(certs)},
+            "leaderElection": {"leaderElect": False}, "internalCertManagement": {"enable": False},
+            "integrations": {"frameworks": ["batch/job"]},
+            # its visibility API server binds a fixed port (8082): two clusters would collide
+            "featureGates": {"VisibilityOnDemand": False}}))
+        # Kueue without its internal cert management reads its metrics server's certificate from
+        # the fixed /etc/kueue/metrics/certs (cmd/kueue/main.go at v0.19.2): it runs in a mount
+        # namespace of its own where /etc is an overlay holding that folder, so that nothing is
+        # written to this machine's /etc (root only, as CI runs)
+        overlay = self.root / "kueue-etc"
+        for sub in ("upper", "work"):
+            (overlay / sub).mkdir(parents=True, exist_ok=True)
+        script = ('mount -t overlay overlay -o lowerdir=/etc,upperdir="$1",workdir="$2" /etc && '
+                  'mkdir -p /etc/kueue/metrics/certs && cp "$3/tls.crt" "$3/tls.key" /etc/kueue/metrics/certs/ && '
+                  'shift 3 && exec "$@"')
+        self.start_addon("kueue", ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                                   str(overlay / "upper"), str(overlay / "work"), str(certs),
+                                   str(self.bin / "kueue"), "--config", str(config),
+                                   "--kubeconfig", str(self.kubeconfig)],
+                         ready_url="http://127.0.0.1:%d/readyz" % health)
+        # the webhooks only once they are served: a configuration naming a closed port fails every Job
+        webhooks = []
+        for configuration in as_json(self.kubectl, (share / "webhook" / "manifests.yaml").read_text()):
+            configuration["webhooks"] = [hook for hook in configuration["webhooks"]
+                                         if any(part in hook["clientConfig"]["service"]["path"] for part in
+                                                ("-batch-v1-job", "-kueue-x-k8s-io-"))]
+            configuration["metadata"]["name"] = "kueue-" + configuration["metadata"]["name"]
+            webhooks.append(on_loopback(configuration, port, ca))
+        self.kubectl("create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": webhooks}))
 
     def wait_for_established(self, names):
         # not `kubectl wait --for=condition=Established`: v1.32.4 fails on a CRD that has no

@@ -42,8 +42,12 @@ def make_certificates(folder):
 def as_json(kubectl, manifest_text):
     """Manifests (YAML, one or many) as a list of objects, converted by kubectl (no YAML library)."""
     done = kubectl("create", "--dry-run=client", "-o", "json", "-f", "-", stdin=manifest_text)
-    data = json.loads(done.stdout)
-    return data["items"] if data.get("kind") == "List" else [data]
+    decoder, text, at, objects = json.JSONDecoder(), done.stdout, 0, []
+    while text[at:].strip():  # one JSON document per manifest, one after another
+        at += len(text[at:]) - len(text[at:].lstrip())
+        data, at = decoder.raw_decode(text, at)
+        objects += data["items"] if data.get("kind") == "List" else [data]
+    return objects
 
 
 def on_loopback(obj, port, ca_pem):

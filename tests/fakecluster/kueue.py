@@ -362,7 +362,9 @@ class Kueue:
                 self.not_admitted(workload, "Inadmissible", "ClusterQueue %s is terminating or missing"
                                   % lq["spec"]["clusterQueue"])
             elif cq["spec"].get("stopPolicy", "None") != "None":
-                self.not_admitted(workload, "Inadmissible", "ClusterQueue %s is stopped" % cq["metadata"]["name"])
+                # the real Kueue v0.19.2 says "inactive" here (WorkloadReconciler.getQueueBlocker, checked with
+                # the real binary: tests/test_real_control_plane.py); "is stopped" is its other path
+                self.not_admitted(workload, "Inadmissible", "ClusterQueue %s is inactive" % cq["metadata"]["name"])
             else:
                 self.try_admit(workload, cq)
 
