@@ -100,6 +100,9 @@ def control_plane(request, tmp_path, controlplane_binaries):
         except PartDidNotStart as failure:
             plane.stop()
             pytest.fail(str(failure), pytrace=False)
+        except BaseException:  # whatever stopped it, nothing it started outlives the test
+            plane.stop()
+            raise
     yield plane
     plane.stop()
 

@@ -290,3 +290,55 @@ def test_a_held_real_cluster_queue_is_waited_for_and_the_batch_runs_once_it_is_r
     assert "rollout: held: %s: %s" % (held["reason"], held["message"]) in stderr
     results = read(tmp_path / "out" / "results.json")
     assert results["reward_sum"] == 4 and results["queue"]["admission_cycles"] == 1
+
+
+def test_a_batch_rides_out_the_api_server_killed_and_restarted(control_plane, tmp_path):
+    # etcd keeps the state; every client (the tool's kubectl, the controllers, kwok, the runtime)
+    # loses its connections and its watches while the API server is down
+    release = tmp_path / "release"
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok"}] * 2 + [{"mode": "ok", "wait_for": str(release)}] * 2)
+    process = start_tool_on(control_plane, tmp_path, "run", "--episode", EPISODE, "--tasks", tasks, "--output", "out")
+    namespace = wait_for_the_job(process, tmp_path)
+    # two episodes done before the outage, two held across it
+    wait_for("2 done and 2 running episodes", lambda: len(running_pods(control_plane, namespace)) == 2 and len(
+        [p for p in control_plane.get_json("-n", namespace, "pods")["items"] if p["status"].get("phase") == "Succeeded"]) == 2)
+    control_plane.restart_component("kube-apiserver", down_while=lambda: time.sleep(10))  # the outage's length
+    release.touch()
+    stdout, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr
+    results = read(tmp_path / "out" / "results.json")
+    assert (results["successful_episodes"], results["reward_sum"]) == (4, 4.0)
+    assert run_tool_on(control_plane, tmp_path, "cleanup", "out").code == 0
+    assert namespace_gone(control_plane, namespace)
+
+
+# ---------------------------------------------------------------- the kind workflow's steps
+
+
+@pytest.mark.parts("agent-sandbox", "kueue")
+def test_the_kind_workflows_steps_pass_on_the_real_control_plane(control_plane, tmp_path):
+    # .github/workflows/kind-smoke.yml, step by step: a Job batch of 10, a warm pool of 5 next to
+    # it and `report` of both, a queued batch of 5, cleanup of all three, their namespaces gone
+    smoke = run_tool_on(control_plane, tmp_path, "run", "--count", "10", "--output", "smoke-out")
+    assert smoke.code == 0, smoke
+    results = read(tmp_path / "smoke-out" / "results.json")
+    assert (results["episodes"], results["successful_episodes"], results["reward_sum"]) == (10, 10, 10)
+    warm = run_tool_on(control_plane, tmp_path, "run", "--backend", "warm-pool", "--count", "5", "--output", "warm-out")
+    assert warm.code == 0, warm
+    results = read(tmp_path / "warm-out" / "results.json")
+    assert (results["successful_episodes"], results["reward_sum"], results["backend"]) == (5, 5, "warm-pool")
+    report = run_tool_on(control_plane, tmp_path, "report", "smoke-out", "warm-out", "--label", "Job", "--label",
+                         "warm pool")
+    assert report.code == 0, report
+    assert "Job" in report.stdout and "warm pool" in report.stdout
+    make_cluster_queue(control_plane, "smoke")
+    queued = run_tool_on(control_plane, tmp_path, "run", "--count", "5", "--queue", "smoke", "--cluster-queue", "smoke",
+                         "--output", "queued-out")
+    assert queued.code == 0, queued
+    results = read(tmp_path / "queued-out" / "results.json")
+    assert (results["successful_episodes"], results["reward_sum"]) == (5, 5)
+    assert results["queue"]["admission_cycles"] >= 1
+    for out in ("smoke-out", "warm-out", "queued-out"):
+        cleaned = run_tool_on(control_plane, tmp_path, "cleanup", "--output", out)
+        assert cleaned.code == 0, cleaned
+        assert namespace_gone(control_plane, read(tmp_path / out / "receipt.json")["namespace"])

@@ -30,6 +30,9 @@ KWOK_STAGES = ["node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node
 POD_READY_STAGE = "pod/fast/pod-ready.yaml"
 RUNNING_ANNOTATION = "runtime.rl-batch-demo.test/running"
 
+# The components a kubeadm cluster runs as static pods (restarted by its kubelet when they exit).
+STATIC_PODS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+
 # The Kueue CRDs whose kustomization (config/components/crd/kustomization.yaml at v0.19.2) patches
 # in a conversion webhook (patches/webhook_in_*.yaml); build.py copies only the bases.
 KUEUE_CONVERTED = ("localqueues", "clusterqueues", "cohorts", "workloads", "multikueueclusters")
@@ -68,6 +71,10 @@ class ControlPlane:
         self.runtime = None
         self.parts = tuple(parts)  # add-ons a test asked for: "agent-sandbox"
         self.addons = {}  # name -> Popen
+        self.recipes, self.restarts, self.launched, self.held_down = {}, {}, [], set()
+        self.stopping = False
+        import threading
+        self.supervisor_lock = threading.Lock()
 
     # --- start and stop
 
@@ -103,6 +110,7 @@ class ControlPlane:
         if scaled.returncode != 0:
             raise PartDidNotStart("kwokctl scale node failed: %s" % last_error(scaled.stderr))
         self.start_runtime()
+        self.supervise()
         self.wait_for_nodes()
         if "agent-sandbox" in self.parts:
             self.start_agent_sandbox()
@@ -257,6 +265,8 @@ class ControlPlane:
             time.sleep(0.2)
 
     def stop(self):
+        with self.supervisor_lock:
+            self.stopping = True
         for process in self.addons.values():
             if process.poll() is None:
                 process.terminate()
@@ -271,11 +281,71 @@ class ControlPlane:
             except subprocess.TimeoutExpired:
                 self.runtime.kill()
         self.kwokctl("delete", "cluster", timeout=120)
+        for process in self.launched:
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
 
     # --- components, for the fault tests
 
     def component_pid(self, component):
         return int((self.workdir / "clusters" / self.name / "pids" / (component + ".pid")).read_text())
+
+    # --- the kubelet's part: static pods are restarted when they exit
+
+    def supervise(self):
+        """Restart etcd, kube-apiserver, kube-controller-manager and kube-scheduler when one exits,
+        as the kubelet restarts a kubeadm cluster's static pods: upstream, the controller manager
+        and the scheduler exit on purpose when they lose their leader lease (an API server down
+        for over 10 s), and count on that restart. kwokctl's binary runtime restarts nothing."""
+        import threading
+        for component in STATIC_PODS:
+            pid = self.component_pid(component)
+            self.recipes[component] = (
+                Path("/proc/%d/cmdline" % pid).read_bytes().rstrip(b"\0").split(b"\0"),
+                os.readlink("/proc/%d/cwd" % pid),
+                dict(line.split(b"=", 1) for line in Path("/proc/%d/environ" % pid).read_bytes().split(b"\0")
+                     if b"=" in line))
+        threading.Thread(target=self.restart_what_exits, daemon=True).start()
+
+    def restart_what_exits(self):
+        while not self.stopping:
+            for component in STATIC_PODS:
+                with self.supervisor_lock:
+                    if self.stopping or component in self.held_down or alive(self.component_pid(component)):
+                        continue
+                    self.restarts[component] = self.restarts.get(component, 0) + 1
+                    self.launch(component)
+            time.sleep(0.5)
+
+    def launch(self, component):
+        argv, cwd, env = self.recipes[component]
+        with open(self.log_of(component), "ab") as log:
+            process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                       start_new_session=True)
+        # the pid file kwokctl reads, so that `kwokctl delete cluster` stops this one
+        (self.workdir / "clusters" / self.name / "pids" / (component + ".pid")).write_text(str(process.pid))
+        self.launched.append(process)  # reaped by stop()
+
+    def restart_component(self, component, down_while=None):
+        """Kill a component (SIGKILL: no clean shutdown) and start it again with the same command
+        line, folder and environment, its log appended to; `down_while()` runs while it is down.
+        Returns when the new process runs, not when it serves."""
+        with self.supervisor_lock:
+            self.held_down.add(component)
+        try:
+            pid = self.component_pid(component)
+            os.kill(pid, 9)
+            while alive(pid):
+                time.sleep(0.05)
+            if down_while is not None:
+                down_while()
+            with self.supervisor_lock:
+                self.launch(component)
+        finally:
+            with self.supervisor_lock:
+                self.held_down.discard(component)
 
     def log_of(self, component):
         return self.workdir / "clusters" / self.name / "logs" / (component + ".log")
@@ -310,6 +380,14 @@ class ControlPlane:
 
     def get_json(self, *args):
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+
+def alive(pid):
+    """Whether the process runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        return Path("/proc/%d/stat" % pid).read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def current_context(kubeconfig):
