@@ -46,7 +46,7 @@ The safety promise
       of an object cleanup proves is named in the receipt ("sent") before it is sent, so an
       object whose answer a signal cut off is adopted by cleanup when it carries the run's label.
     * `cleanup` deletes nothing unless the live namespace's UID and `agc-demo-run` label,
-      and the live Job's UID, equal what the receipt (or the saved job.json) recorded; for a
+      and the live Job's UID, equal what the receipt recorded; for a
       warm-pool run, also every claim's label and the pool's and template's UIDs. It refuses
       while the namespace holds objects the run did not create, naming them (--delete-foreign
       deletes them too). It never removes finalizers. Local output is never deleted.
@@ -3457,7 +3457,7 @@ class Backend:
     def delete_objects(cls, cluster, namespace, run_id, receipt, output, listing):
         """Prove (and where it matters, delete) what this backend made in the run's namespace,
         before the namespace goes; `listing` is what cleanup read of it (a NamespaceListing)."""
-        delete_recorded_jobs(cluster, namespace, receipt, output, listing, job_json=False)
+        delete_recorded_jobs(cluster, namespace, receipt, output, listing)
 
     @classmethod
     def list_objects(cls, cluster, namespace):
@@ -4845,7 +4845,7 @@ class JobBackend(Backend):
 
     @classmethod
     def delete_objects(cls, cluster, namespace, run_id, receipt, output, listing):
-        delete_recorded_jobs(cluster, namespace, receipt, output, listing, job_json=True)
+        delete_recorded_jobs(cluster, namespace, receipt, output, listing)
         for gate in GATES:
             gate.after_jobs_deleted(cluster, namespace, receipt)
 
@@ -7826,9 +7826,9 @@ def adopt_unconfirmed(cluster, receipt, output, kind, live, key, yourself):
 
 
 def cleanup_receipt(receipt, source, output, console, delete_foreign=False):
-    """Cleanup from a receipt read from `source`; `output` is its run's folder (its job.json may
-    name a Job the receipt lacks), None for a receipt given on its own. Objects in the namespace
-    that the run did not create stop it, unless delete_foreign."""
+    """Cleanup from a receipt read from `source`; `output` is its run's folder, None for a
+    receipt given on its own. Objects in the namespace that the run did not create stop it,
+    unless delete_foreign."""
     backend = backend_named(receipt.get("backend"))
     if not backend.leaves_remote_state:
         console.tell("Nothing to clean up: %s ran with --backend %s, which leaves nothing behind"
@@ -7886,17 +7886,14 @@ def cleanup_receipt(receipt, source, output, console, delete_foreign=False):
     return wait_for_namespace(cluster, namespace)
 
 
-def delete_recorded_jobs(cluster, namespace, receipt, output, listing, job_json):
-    """Every Job in the namespace must be one the receipt (or, with job_json, the saved
-    job.json) names by UID; then each is deleted with its pods, and waited for."""
+def delete_recorded_jobs(cluster, namespace, receipt, output, listing):
+    """Every Job in the namespace must be one the receipt names by UID (or one whose create it
+    recorded as sent, adopted by its run label); then each is deleted with its pods, and waited for."""
     # Every key that names a Job's UID must agree with the live Job, each said by name (Helm's
     # ownership check): `jobs` (every Job of the run) and `job_uid` (the tutorial's key, rollout).
     recorded = {name: {"uid (receipt jobs.%s)" % name: uid} for name, uid in (receipt.get("jobs") or {}).items()}
     if receipt.get("job_uid"):
         recorded.setdefault(JOB_NAME, {})["uid (receipt job_uid)"] = receipt["job_uid"]
-    if job_json and JOB_NAME not in recorded and output is not None and (output / "job.json").exists():
-        recorded[JOB_NAME] = {"uid (job.json)": read_json(output / "job.json", "the saved Job").get(
-            "metadata", {}).get("uid")}
     live_jobs = listing.of_kind("Job")
     if live_jobs is None:
         live_jobs = cluster.read_items("-n", namespace, "get", "jobs")

@@ -199,10 +199,12 @@ def cluster_with_image(make_cluster, tmp_path, name, body, **config):
     return make_cluster({"images": images, **config})
 
 
-def start_tool(cluster, tmp_path, *args):
-    """The real script started in the background (for a test that changes the world mid-run)."""
+def start_tool(cluster, tmp_path, *args, own_group=False):
+    """The real script started in the background (for a test that changes the world mid-run);
+    with own_group, in a process group of its own, which a test can kill whole (os.killpg)."""
     return subprocess.Popen([sys.executable, str(SCRIPT), *args], cwd=str(tmp_path), env=cluster.env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            start_new_session=own_group)
 
 
 def wait_for(what, predicate, timeout=300.0):

@@ -88,16 +88,6 @@ def test_cleanup_refuses_a_receipt_whose_job_uid_alone_was_changed(cluster, run_
     assert not [call for call in cluster.calls() if "delete" in call]
 
 
-def test_cleanup_takes_the_job_uid_from_job_json_when_the_receipt_lacks_it(cluster, run_tool, tmp_path):
-    assert run_tool("run", "--count", "1", "--output", "out", cluster=cluster).code == 0
-    receipt_path = tmp_path / "out" / "receipt.json"
-    receipt = read(receipt_path)
-    del receipt["job_uid"]
-    receipt_path.write_text(json.dumps(receipt))
-    result = run_tool("cleanup", "--output", "out", cluster=cluster)
-    assert result.code == 0, result
-
-
 def test_a_receipt_that_is_not_an_object_is_one_line(run_tool, tmp_path):
     (tmp_path / "odd").mkdir()
     (tmp_path / "odd" / "receipt.json").write_text("[]")

@@ -3,6 +3,7 @@
 the refill's definition in-process."""
 
 import json
+import os
 import signal
 import sys
 
@@ -44,10 +45,10 @@ def claims_of(cluster, namespace, run_id=None):
 
 def held_step(cluster, tmp_path, name, marker):
     """A step of one episode held under way until `marker` exists (its claim Ready, its sandbox
-    taken from the pool), started in the background."""
+    taken from the pool), started in the background in a process group of its own."""
     tasks = write_tasks(tmp_path / (name + ".jsonl"), [{"wait_for": str(marker)}])
     process = start_tool(cluster, tmp_path, "run", "--backend", "warm-pool", "--pool", "pool", "--episode", EPISODE,
-                         "--tasks", tasks, "--output", name)
+                         "--tasks", tasks, "--output", name, own_group=True)
     receipt = tmp_path / name / "receipt.json"
     wait_for("the held step's receipt", receipt.exists)
     run_id = read(receipt)["run_id"]
@@ -231,7 +232,9 @@ def test_cleanup_of_a_step_deletes_its_claims_and_leaves_the_pool(make_cluster, 
     pool_up(run_tool, cluster, 2, "--episode", EPISODE)
     record = read(tmp_path / "pool" / "pool.json")
     process, run_id = held_step(cluster, tmp_path, "step-1", tmp_path / "never")
-    process.kill()  # the step dies without its own end: its claim is left behind
+    # the step dies without its own end, and every process of its group with it (its `kubectl
+    # proxy` and watches too): its claim is left behind
+    os.killpg(process.pid, signal.SIGKILL)
     process.communicate(timeout=60)
     assert len(claims_of(cluster, record["namespace"], run_id)) == 1
     done = run_tool("cleanup", "step-1", cluster=cluster)

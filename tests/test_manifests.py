@@ -58,10 +58,17 @@ def test_namespace_manifest_carries_the_run_label(tool):
     assert ns["metadata"]["labels"]["agc-demo-run"] == "x"
 
 
-def test_configmap_ships_the_episode_program(tool):
+def test_the_pods_command_runs_the_program_the_configmap_ships(tool):
     cm = tool.configmap_manifest("ns", "x")
-    assert (cm["metadata"]["name"], cm["metadata"]["namespace"]) == ("episode", "ns")
-    assert cm["data"] == {"episode.py": tool.EPISODE_PROGRAM}
+    pod = tool.episode_pod_template("x", "python:3.12-alpine", None, False)["spec"]
+    [container] = pod["containers"]
+    [script] = [v for v in pod["volumes"] if v.get("configMap", {}).get("name") == cm["metadata"]["name"]]
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == script["name"]]
+    [key] = cm["data"]
+    # the path the command runs is the ConfigMap's one key under the volume's mount path
+    assert mount["mountPath"] + "/" + key in container["command"]
+    assert cm["metadata"]["namespace"] == "ns"
+    compile(cm["data"][key], key, "exec")  # a Python program, whole
 
 
 def test_every_created_object_carries_the_recommended_labels(tool):
