@@ -8769,6 +8769,28 @@ class RecordingGroup:
         return action
 
 
+def check_shared_bounds(args, fail):
+    """The bounds of the options every backend shares (--count, --parallelism, --rounds,
+    --timeout, the prices), checked before any gate or backend reads them; the parallelism."""
+    bound = MAX_LARGE_COUNT if args.allow_large else MAX_COUNT
+    if not 1 <= args.count <= bound:
+        fail("--count must be between 1 and %d%s, got %d" % (
+            bound, "" if args.allow_large else " (the demo's bound to keep first trials small; "
+            "--allow-large lifts it to %d)" % MAX_LARGE_COUNT, args.count))
+    parallelism = args.count if args.parallelism is None else args.parallelism
+    if not 1 <= parallelism <= args.count:
+        fail("--parallelism must be between 1 and --count (%d), got %d" % (args.count, parallelism))
+    if args.rounds < 1:
+        fail("--rounds must be at least 1, got %d" % args.rounds)
+    if args.timeout is not None and args.timeout < 1:
+        fail("--timeout must be at least 1 second, got %d" % args.timeout)
+    if (args.price_cpu_hour is None) != (args.price_gib_hour is None):
+        fail("--price-cpu-hour and --price-gib-hour go together (a price per 1,000 rewards needs both)")
+    if any(price is not None and not 0 <= price < float("inf") for price in (args.price_cpu_hour, args.price_gib_hour)):
+        fail("prices must be 0 or more")
+    return parallelism
+
+
 def run_spec(args):
     """The RunSpec of `run`, checked once: every refusal is one usage line (exit 2)."""
     fail = args.subparser.error
@@ -8786,33 +8808,17 @@ def run_spec(args):
         fields["count"] = DEFAULT_COUNT
     args = argparse.Namespace(**dict(vars(args), **fields))  # the checks below read the derived count
     backend = BACKENDS[args.backend]
-    for gate in GATES:
-        gate.check_options(args, fail, backend)
+    # the shared parser's bounds first: a gate or a backend reads --count and the rest as valid
+    fields["parallelism"] = check_shared_bounds(args, fail)
     for other in BACKENDS.values():
         for flag, field in other.own_flags:
             if other is not backend and getattr(args, field) is not None:
                 fail("%s is for --backend %s" % (flag, other.name))
+    for gate in GATES:
+        gate.check_options(args, fail, backend)
     if backend.uses_cluster:
         fields.update(image=args.image or DEFAULT_IMAGE, runtime=args.runtime or DEFAULT_RUNTIME)
-    bound = MAX_LARGE_COUNT if args.allow_large else MAX_COUNT
-    derived = backend.check_options(args, fail)
-    if not 1 <= args.count <= bound:
-        fail("--count must be between 1 and %d%s, got %d" % (
-            bound, "" if args.allow_large else " (the demo's bound to keep first trials small; "
-            "--allow-large lifts it to %d)" % MAX_LARGE_COUNT, args.count))
-    fields.update(derived)
-    if args.rounds < 1:
-        fail("--rounds must be at least 1, got %d" % args.rounds)
-    if (args.price_cpu_hour is None) != (args.price_gib_hour is None):
-        fail("--price-cpu-hour and --price-gib-hour go together (a price per 1,000 rewards needs both)")
-    if any(price is not None and not 0 <= price < float("inf") for price in (args.price_cpu_hour, args.price_gib_hour)):
-        fail("prices must be 0 or more")
-    if args.timeout is not None and args.timeout < 1:
-        fail("--timeout must be at least 1 second, got %d" % args.timeout)
-    parallelism = args.count if args.parallelism is None else args.parallelism
-    if not 1 <= parallelism <= args.count:
-        fail("--parallelism must be between 1 and --count (%d), got %d" % (args.count, parallelism))
-    fields["parallelism"] = parallelism
+    fields.update(backend.check_options(args, fail))
     if args.timeout is None:
         fields["timeout"] = default_deadline(args.count, parallelism)
     plugin = set(args.subparser.plugin_options)

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+import rl_batch_demo
 from conftest import ROOT, SCRIPT, read
 
 
@@ -32,18 +33,23 @@ def test_kubectl_env_var_selects_the_kubectl_program(cluster, run_tool):
     assert result.code == 0, result
 
 
+@pytest.mark.parametrize("backend", list(rl_batch_demo.BACKENDS))
 @pytest.mark.parametrize("args, message", [
     (["--count", "0"], "--count must be between 1 and 20"),
+    (["--count", "-3"], "--count must be between 1 and 20"),
     (["--count", "21"], "--count must be between 1 and 20"),
     (["--count", "5", "--parallelism", "6"], "--parallelism must be between 1 and --count (5), got 6"),
     (["--count", "5", "--parallelism", "0"], "--parallelism must be between 1 and --count (5), got 0"),
     (["--count", "ten"], "argument --count: invalid int value: 'ten'"),
     (["--timeout", "0"], "--timeout must be at least 1 second"),
+    (["--rounds", "0"], "--rounds must be at least 1"),
 ])
-def test_bad_arguments_exit_2_before_touching_anything(args, message, cluster, run_tool, tmp_path):
-    result = run_tool("run", *args, "--output", "out", cluster=cluster)
+def test_bad_arguments_exit_2_before_touching_anything(backend, args, message, cluster, run_tool, tmp_path):
+    # the shared bounds are checked before any backend or gate reads them, whatever the backend
+    result = run_tool("run", "--backend", backend, *args, "--output", "out", cluster=cluster)
     assert result.code == 2
-    assert message in result.stderr
+    [error] = [line for line in result.stderr.splitlines() if ": error: " in line]
+    assert message in error, result.stderr
     assert not (tmp_path / "out").exists()
     assert cluster.calls() == []
 
