@@ -80,8 +80,9 @@ Sections of this file, in order (each under a banner of the same name)
                                        reserved capacity per reward (the `cost` section)
     The results folder                 results.json from the saved files, and nothing else
     Presentation                       the comparison table and the timeline picture
-    Backend interface                  Admission, Gate, RunSpec, Run, Backend, the start of every
-                                       run, the summary
+    Backend interface                  Admission, Gate, RunSpec, Run, Backend (the contract every
+                                       backend declares), ClusterBackend, the start of every run,
+                                       the summary
     The episode stream                 --stream: each episode on stdout once verified, and what a
                                        reader may rely on
     Job backend                        one batch/v1 Job: watches, logs, rounds, prewarm, what a
@@ -1686,6 +1687,8 @@ class PhaseScheme:
     # (no exit code of the episode's own: an exec that failed, say); named by that message
     explained_failures: tuple = ()
     timeline_attributes: tuple = ()  # row keys the timeline gives each episode as data-* attributes
+    # its logs are read through a kubelet, which rotates them (so a log's beginning can be gone)
+    kubelet_logs: bool = False
 
 
 # A pod's points (the Job and local backends), in order.
@@ -1830,7 +1833,7 @@ def episode_phases(times, missing, scheme):
 POD_SCHEME = PhaseScheme(
     TIME_POINTS, PHASES, "pod_to_ready", episode_times, "pod_created",
     identity=lambda pod: {"pod": pod["metadata"]["name"]}, row_key="pod", timeline_colours=TIMELINE_COLOURS,
-    timeline_fallbacks={"scheduled_to_container_started": "sandbox_ready"},
+    timeline_fallbacks={"scheduled_to_container_started": "sandbox_ready"}, kubelet_logs=True,
     report_phases={"startup": ("scheduling", "sandbox_start", "container_start", "scheduled_to_container_started",
                                "interpreter_start"),
                    "startup_metric": ("pod_to_ready",), "finish": ("reward_to_container_finished",)})
@@ -1986,7 +1989,7 @@ def validate_episode(pod, log, job_created, observed=None, job_finished=None, sc
         detail = pod.get("status", {}).get("message")
         raise EpisodeInvalid("pod %s: phase is %s, expected Succeeded%s" % (name, phase, " (%s)" % detail if detail else ""))
     events, source = episode_events(pod, log)
-    ready = the_event(name, events, "ready", log if source == "log" else None)
+    ready = the_event(name, events, "ready", log if source == "log" and (scheme or POD_SCHEME).kubelet_logs else None)
     reward = the_event(name, events, "reward")
     for kind, event in (("ready", ready), ("reward", reward)):
         if event.get("episode_id") != name:
@@ -2111,7 +2114,7 @@ def attempt_failure(pod, log, cut_short=None, explained=()):
     return "%s (%s)" % (cut_short, unfinished) if cut_short else "did not finish: " + unfinished
 
 
-def sample_events(pod, log):
+def sample_events(pod, log, scheme):
     """A custom episode's (ready, reward, source) or raises EpisodeInvalid naming the malformation.
 
     Lines that are not JSON objects are the episode's own output and are ignored; a line that
@@ -2145,7 +2148,8 @@ def sample_events(pod, log):
     events = [event for event in events if isinstance(event, dict) and "event" in event]
     found = {kind: [e for e in events if e.get("event") == kind] for kind in ("ready", "reward")}
     if not found["ready"]:
-        raise EpisodeInvalid((rotated_log(events, log) if source == "log" else None) or "never ready: no ready event")
+        raise EpisodeInvalid((rotated_log(events, log) if source == "log" and scheme.kubelet_logs else None)
+                             or "never ready: no ready event")
     if not found["reward"]:
         raise EpisodeInvalid("no reward: the episode was ready but emitted no reward event")
     for kind in ("ready", "reward"):
@@ -2174,7 +2178,7 @@ def index_verdict(index, tried, job_created, job_finished, observed, scheme, cut
         reason = attempt_failure(pod, log, cut_short, scheme.explained_failures)
         if reason is None:
             try:
-                ready, reward, source = sample_events(pod, log)
+                ready, reward, source = sample_events(pod, log, scheme)
             except EpisodeInvalid as problem:
                 reason = str(problem)
             else:
@@ -2586,7 +2590,7 @@ def results_from_folder(output):
     if run_info.get("rounds", 1) > 1:
         return pool_rounds([results_from_folder(output / ("round-%d" % number))
                             for number in range(1, run_info["rounds"] + 1)], run_info)
-    backend = backend_named(run_info.get("backend"))
+    backend = backend_named(run_info.get("backend"), str(output / "run.json"))
     job = read_json(output / "job.json", "the saved Job")
     records = pods = read_json(output / backend.episodes_file, "the saved episodes", shape=list)
     # None: no log was saved (the pod was gone from the API before it could be read)
@@ -2600,7 +2604,7 @@ def results_from_folder(output):
         pods, logs = gate.results_pods(pods, logs, expected, run_info.get("custom_episode"), observed)
     validate = collect_samples if run_info.get("custom_episode") else collect
     report = validate(pods, logs, job, expected, observed, backend.scheme)
-    report.update(context=run_info["context"], namespace=run_info["namespace"], image=flags["image"],
+    report.update(backend=backend.name, context=run_info["context"], namespace=run_info["namespace"], image=flags["image"],
                   runtime=flags["runtime"], parallelism=flags["parallelism"],
                   cache_state="uncontrolled", client_job_complete_seconds=run_info.get("client_job_complete_seconds"))
     if run_info.get("custom_episode"):
@@ -2646,8 +2650,7 @@ def pool_rounds(rounds, run_info):
     pooled.update(summary)
     for key in ("context", "namespace", "image", "runtime", "parallelism", "cache_state"):
         pooled[key] = first[key]
-    if "backend" in first:
-        pooled["backend"] = first["backend"]
+    pooled["backend"] = first["backend"]
     pooled["run"] = dict(first["run"], rounds=run_info["rounds"])
     if all((result.get("cost") or {}).get("shares") is not None for result in rounds):
         shares = {}
@@ -3293,24 +3296,33 @@ class Backend:
     """One way of running a batch's episodes. A subclass owns everything that differs by
     backend: its name and options, its phase scheme, its checks and manifests, its run, what
     its saved results add, its summary and timeline, its cleanup and its `list` state. The
-    rest of the file asks the backend (found in BACKENDS), never compares its name."""
+    rest of the file asks the backend (found in BACKENDS), never compares its name.
 
-    name = None  # the --backend value, and run.json's "backend"
-    help = ""  # --backend's help for this value
-    scheme = POD_SCHEME  # how its episode records are timed
-    episodes_file = "pods.json"  # the saved records results.json is computed from
-    uses_cluster = True  # it runs through kubectl against a context (the preflight, --image, --runtime)
-    leaves_remote_state = True  # a run leaves objects somewhere that `cleanup` removes (its advice is printed)
-    api_timestamps = True  # some of its times are whole-second Kubernetes timestamps
-    # its batch times read from whole-second API timestamps (the rest of a batch row is client time)
-    coarse_batch_keys = ("batch_to_all_ready_seconds", "batch_to_all_rewards_seconds")
-    takes_queue = False  # --queue: the Kueue gate can admit its batch
-    takes_parallelism = True  # --parallelism limits its episodes at once (named in its timeline's title)
-    own_flags = ()  # (flag, RunSpec field): options only this backend takes
-    batch_origin = "Job was created"  # what its batch times count from, for people
-    startup_label = None  # the human summary's name for the startup metric, when "Pod created -> ready" is wrong
-    timeline_origin = "Job"
-    REPORT_ROWS = {}  # slot -> [(label, kind, key)]: its rows of the comparison table
+    This class holds only what is true of every backend: hooks whose default adds nothing.
+    What varies, each backend declares in its own class body: every attribute of CONTRACT,
+    every method of METHODS, and with `uses_cluster` every method of CLUSTER_METHODS (most of
+    them shared by ClusterBackend); tests/test_backends.py walks BACKENDS and checks."""
+
+    CONTRACT = {
+        "name": "the --backend value; run.json's, the receipt's and results.json's `backend`",
+        "help": "--backend's help for this value",
+        "scheme": "how its episode records are timed (a PhaseScheme)",
+        "episodes_file": "the saved records results.json is computed from",
+        "uses_cluster": "it runs through kubectl against a context (the preflight, --image, --runtime)",
+        "leaves_remote_state": "a run leaves objects somewhere that `cleanup` removes (its advice is printed)",
+        "api_timestamps": "some of its times are whole-second Kubernetes timestamps",
+        "coarse_batch_keys": "its batch times read from whole-second API timestamps (the rest is client time)",
+        "takes_queue": "--queue: the Kueue gate can admit its batch",
+        "takes_parallelism": "--parallelism limits its episodes at once (named in its timeline's title)",
+        "own_flags": "(flag, RunSpec field): options only this backend takes",
+        "batch_origin": "what its batch times count from, for people",
+        "startup_label": "the human summary's name for its startup metric",
+        "timeline_origin": "what the timeline's seconds count from (\"seconds since the <it> was created\")",
+        "REPORT_ROWS": "slot -> [(label, kind, key)]: its rows of the comparison table",
+    }
+    METHODS = ("run", "new_receipt", "describe_results", "cost", "timeline_where")
+    CLUSTER_METHODS = ("manifests", "read_facts", "delete_objects", "list_objects", "list_state", "list_fields",
+                       "episodes_cell")
 
     def __init__(self, spec, console):
         self.spec, self.console = spec, console
@@ -3325,6 +3337,57 @@ class Backend:
     def check_options(cls, args, fail):
         """Refuse (fail(message)) what this backend cannot do; return the RunSpec fields it derives."""
         return {}
+
+    # --- a run ------------------------------------------------------------------------------
+
+    def new_receipt(self, context, namespace, run_id):
+        """receipt.json before any change: what `cleanup` needs to find and prove the run."""
+        raise NotImplementedError
+
+    def run(self, run):
+        """Everything after the receipt; returns the exit code."""
+        raise NotImplementedError
+
+    # --- saved results (no run needed: class methods) ------------------------------------
+
+    @classmethod
+    def describe_results(cls, output, report, observed):
+        """Add to results.json what only this backend's runs have."""
+        raise NotImplementedError
+
+    @classmethod
+    def cost(cls, output, report, prices, records):
+        """results.json's `cost` (`records`: the episodes file as read, not read again)."""
+        raise NotImplementedError
+
+    @classmethod
+    def summary_view(cls, report):
+        """What `run` prints on stdout beside the shared summary keys."""
+        return {}
+
+    @classmethod
+    def summary_lines(cls, report):
+        """Its lines of the human summary."""
+        return []
+
+    @classmethod
+    def timeline_where(cls, results):
+        """Where the batch ran, for the timeline's title."""
+        raise NotImplementedError
+
+    # --- cleanup and list -----------------------------------------------------------------
+
+    @classmethod
+    def cleanup_in_shared_namespace(cls, receipt, source, console):
+        """For a run that owns only some objects of a namespace it shares (a step of a kept pool):
+        prove and delete those, and return the exit code. None: the run owns its namespace."""
+        return None
+
+class ClusterBackend(Backend):
+    """What is true of every backend that runs through kubectl against a context: the receipt
+    naming the context and the run's namespace, the read-only checks before any change
+    (versions, the RuntimeClass, the nodes, the preflight), a dry run of its manifests; the
+    cleanup and `list` hooks, which each such backend writes (CLUSTER_METHODS)."""
 
     # --- a run ------------------------------------------------------------------------------
 
@@ -3410,59 +3473,22 @@ class Backend:
             facts["preflight"] = {"pods_that_fit_at_once": fit, "parallelism": at_once, "arithmetic": arithmetic}
         return facts
 
-    def run(self, run):
-        """Everything after the receipt; returns the exit code."""
-        raise NotImplementedError
-
-    # --- saved results (no run needed: class methods) ------------------------------------
-
-    @classmethod
-    def describe_results(cls, output, report, observed):
-        """Add to results.json what only this backend's runs have."""
-
-    @classmethod
-    def cost(cls, output, report, prices, records):
-        """results.json's `cost`: every pod of the run (pods.json, attempts and all: `records`,
-        the episodes file as read, not read again) is the episodes' share; a pod still running
-        is counted to the last container's end seen."""
-        pods = records
-        ends = [interval[1] for interval in (held_interval(pod, None) for pod in pods) if interval]
-        return cost_summary(reserved_capacity(pods, max(ends, default=None)), report["successful_episodes"], prices,
-                            used_cpu=used_cpu_seconds(report["pods"]))
-
-    @classmethod
-    def summary_view(cls, report):
-        """What `run` prints on stdout beside the shared summary keys."""
-        return {}
-
-    @classmethod
-    def summary_lines(cls, report):
-        """Its lines of the human summary."""
-        return []
-
     @classmethod
     def timeline_where(cls, results):
-        """Where the batch ran, for the timeline's title."""
         return "image %s, context %s" % (results["image"], results["context"])
 
-    # --- cleanup and list -----------------------------------------------------------------
-
-    @classmethod
-    def cleanup_in_shared_namespace(cls, receipt, source, console):
-        """For a run that owns only some objects of a namespace it shares (a step of a kept pool):
-        prove and delete those, and return the exit code. None: the run owns its namespace."""
-        return None
+    # --- cleanup and list (each cluster backend writes its own) -----------------------------
 
     @classmethod
     def delete_objects(cls, cluster, namespace, run_id, receipt, output, listing):
         """Prove (and where it matters, delete) what this backend made in the run's namespace,
         before the namespace goes; `listing` is what cleanup read of it (a NamespaceListing)."""
-        delete_recorded_jobs(cluster, namespace, receipt, output, listing)
+        raise NotImplementedError
 
     @classmethod
     def list_objects(cls, cluster, namespace):
         """What `list` reads of one run: {"jobs": [...], ...}."""
-        return {"jobs": cluster.read_items("-n", namespace, "get", "jobs")}
+        raise NotImplementedError
 
     @classmethod
     def list_state(cls, objects):
@@ -3471,14 +3497,34 @@ class Backend:
 
     @classmethod
     def list_fields(cls, objects, folder):
-        """What this backend adds to (or overrides in) a `list --json` row; `folder` is the run's
-        output folder when a receipt of this very namespace was found, else None."""
-        return {}
+        """Its fields of a `list --json` row (the shared ones are namespace, run_id, backend,
+        age_seconds, state and receipt); `folder` is the run's output folder when a receipt of
+        this very namespace was found, else None."""
+        raise NotImplementedError
 
     @classmethod
     def episodes_cell(cls, row):
         """`list`'s EPISODES column for one row."""
-        return "%s/%s done, %s failed" % (row["succeeded"], row["completions"] or "?", row["failed"])
+        raise NotImplementedError
+
+
+def job_list_fields(jobs):
+    """`list`'s Job fields of a run: its Jobs (rounds and prewarm too) and their pods' counts."""
+    def total(key):
+        return sum(job.get("status", {}).get(key, 0) for job in jobs)
+    return {"jobs": sorted(job["metadata"]["name"] for job in jobs),
+            "completions": sum(job.get("spec", {}).get("completions", 0) for job in jobs) if jobs else None,
+            "succeeded": total("succeeded"), "failed": total("failed"), "active": total("active")}
+
+
+def batch_record(backend, kind, name, created, status, spec=None):
+    """The Job-shaped job.json a backend without a Job keeps (kind WarmPoolBatch, LocalBatch):
+    results.json reads the batch's creation time (`created`, RFC 3339) from it, as from a Job."""
+    record = {"apiVersion": "rl-batch-demo/" + backend.name, "kind": kind,
+              "metadata": {"name": name, "creationTimestamp": created}, "status": status}
+    if spec is not None:
+        record["spec"] = spec
+    return record
 
 
 def start_run(spec, console):
@@ -3661,7 +3707,7 @@ def human_summary(report, output):
             seconds("batch_to_all_ready_seconds"), seconds("batch_to_all_rewards_seconds"), backend.batch_origin))
     metric = backend.scheme.startup_metric
     lines.append("%s: P50 %s, P95 %s." % (
-        backend.startup_label or "%s created -> ready" % metric.split("_")[0].capitalize(),
+        backend.startup_label,
         seconds(metric + "_p50_seconds"), seconds(metric + "_p95_seconds")))
     for gate in GATES:
         lines += gate.summary_lines(report)
@@ -4692,15 +4738,25 @@ class JobRound:
         self.admission.stop()
 
 
-class JobBackend(Backend):
+class JobBackend(ClusterBackend):
     """`--backend kubernetes`: the batch is one batch/v1 Job, an episode per pod, in one round
     or several; with --prewarm a warm-up Job per node first; with --queue through Kueue."""
 
     name = "kubernetes"
-
     help = "one Job, a pod per episode"
+    scheme = POD_SCHEME
+    episodes_file = "pods.json"
+    uses_cluster = True
+    leaves_remote_state = True
+    api_timestamps = True
+    coarse_batch_keys = ("batch_to_all_ready_seconds", "batch_to_all_rewards_seconds")
     takes_queue = True
+    takes_parallelism = True
     own_flags = (("--prewarm", "prewarm"),)
+    batch_origin = "Job was created"
+    startup_label = "Pod created -> ready"
+    timeline_origin = "Job"
+    REPORT_ROWS = {}
 
     @classmethod
     def add_arguments(cls, parser):
@@ -4844,10 +4900,31 @@ class JobBackend(Backend):
                                            "jobs": [job_round.name for job_round in pending]})
 
     @classmethod
+    def cost(cls, output, report, prices, records):
+        """Every pod of the run (pods.json, attempts and all: `records`) is the episodes' share; a
+        pod still running is counted to the last container's end seen."""
+        pods = records
+        ends = [interval[1] for interval in (held_interval(pod, None) for pod in pods) if interval]
+        return cost_summary(reserved_capacity(pods, max(ends, default=None)), report["successful_episodes"], prices,
+                            used_cpu=used_cpu_seconds(report["pods"]))
+
+    @classmethod
     def delete_objects(cls, cluster, namespace, run_id, receipt, output, listing):
         delete_recorded_jobs(cluster, namespace, receipt, output, listing)
         for gate in GATES:
             gate.after_jobs_deleted(cluster, namespace, receipt)
+
+    @classmethod
+    def list_objects(cls, cluster, namespace):
+        return {"jobs": cluster.read_items("-n", namespace, "get", "jobs")}
+
+    @classmethod
+    def list_fields(cls, objects, folder):
+        return job_list_fields(objects["jobs"])
+
+    @classmethod
+    def episodes_cell(cls, row):
+        return "%s/%s done, %s failed" % (row["succeeded"], row["completions"] or "?", row["failed"])
 
     @classmethod
     def list_state(cls, objects):
@@ -6478,9 +6555,8 @@ class WarmPoolRun:
         write_json(output / "warm-pool.json", pool_record)
         write_json(output / "episodes.json", records)
         created = min((claim["metadata"]["creationTimestamp"] for claim in claims), default=utc_now())
-        write_json(output / "job.json", {"apiVersion": "rl-batch-demo/warm-pool", "kind": "WarmPoolBatch",
-                                         "metadata": {"name": POOL_NAME, "creationTimestamp": created},
-                                         "status": {"episodes": len(names), "finished_episodes": len(records)}})
+        write_json(output / "job.json", batch_record(WarmPoolBackend, "WarmPoolBatch", POOL_NAME, created, {
+            "episodes": len(names), "finished_episodes": len(records)}))
         try:
             events.result()
         except DemoError as error:
@@ -6514,7 +6590,7 @@ class WarmPoolRun:
             "; pods not running: %s" % "; ".join(held[:3]) if held else "", where))
 
 
-class WarmPoolBackend(Backend):
+class WarmPoolBackend(ClusterBackend):
     """`--backend warm-pool`: a SandboxTemplate built from the Job pod's spec, a SandboxWarmPool
     filled before the batch (not measured), then one SandboxClaim per episode, all at once, and
     each episode exec'd into its sandbox as soon as its claim is Ready."""
@@ -6524,11 +6600,16 @@ class WarmPoolBackend(Backend):
             "exec'd into it")
     scheme = WARM_SCHEME
     episodes_file = "episodes.json"  # exec'd episodes, one pod-shaped record per claim (pods.json keeps the pods)
+    uses_cluster = True
+    leaves_remote_state = True
+    api_timestamps = True
+    coarse_batch_keys = JobBackend.coarse_batch_keys + ("batch_to_all_claims_ready_seconds",)
+    takes_queue = False  # Kueue admits Jobs
+    takes_parallelism = False  # every claim is fired at once
     own_flags = (("--pool-size", "pool_size"), ("--exec-concurrency", "exec_concurrency"), ("--pool", "pool"))
     batch_origin = "first claim was created"
-    coarse_batch_keys = Backend.coarse_batch_keys + ("batch_to_all_claims_ready_seconds",)
+    startup_label = "Claim created -> ready"
     timeline_origin = "first claim"
-    takes_parallelism = False  # every claim is fired at once
     REPORT_ROWS = {
         "setup": [("launch types warm / cold", "counts", ("launch_types", ("warm", "cold"))),
                   ("warm pool fill (setup, not measured in the batch)", "batch", "pool.fill_seconds")],
@@ -6806,11 +6887,11 @@ class WarmPoolBackend(Backend):
         equal the receipt's) are proven, then deleted at once; the namespace's deletion takes their
         Sandboxes and pods. Then any Job, as for every run."""
         delete_warm_pool_objects(cluster, namespace, run_id, receipt, output, listing)
-        super().delete_objects(cluster, namespace, run_id, receipt, output, listing)
+        delete_recorded_jobs(cluster, namespace, receipt, output, listing)
 
     @classmethod
     def list_objects(cls, cluster, namespace):
-        objects = super().list_objects(cluster, namespace)
+        objects = {"jobs": cluster.read_items("-n", namespace, "get", "jobs")}  # a Job of the run's, if any
         try:
             objects["claims"] = cluster.read_items("-n", namespace, "get", "sandboxclaims")
         except KubectlError as error:
@@ -6832,7 +6913,7 @@ class WarmPoolBackend(Backend):
             "failed": (results["episodes"] - results["successful_episodes"])
             if isinstance(results.get("episodes"), int) and isinstance(results.get("successful_episodes"), int)
             else None}
-        return {"claims": len(objects["claims"]), "completions": done.get("completions"),
+        return {**job_list_fields(objects["jobs"]), "claims": len(objects["claims"]), "completions": done.get("completions"),
                 "succeeded": done.get("succeeded"), "failed": done.get("failed"), "counts_from": "results.json"
                 if done.get("succeeded") is not None else None}
 
@@ -7317,7 +7398,7 @@ def local_episode_times(record, ready, reward, observed=None):
     return times, missing, fallbacks
 
 
-LOCAL_SCHEME = dataclasses.replace(POD_SCHEME, times_of=local_episode_times)
+LOCAL_SCHEME = dataclasses.replace(POD_SCHEME, times_of=local_episode_times, kubelet_logs=False)
 
 
 class LocalBatch:
@@ -7360,10 +7441,8 @@ class LocalBatch:
             condition = {"type": "Failed", "status": "True",
                          "reason": "DeadlineExceeded" if timed_out else "EpisodeFailed",
                          "message": "an episode was killed at --timeout" if timed_out else "an episode failed"}
-        job = {"apiVersion": "rl-batch-demo/local", "kind": "LocalBatch",
-               "metadata": {"name": "local", "creationTimestamp": iso_micro(self.created)},
-               "spec": {"completions": spec.count, "parallelism": spec.parallelism},
-               "status": {"conditions": [condition]}}
+        job = batch_record(LocalBackend, "LocalBatch", "local", iso_micro(self.created), {"conditions": [condition]},
+                           spec={"completions": spec.count, "parallelism": spec.parallelism})
         run_info["client_job_complete_seconds"] = time.time() - self.created
         write_json(folder / "run.json", run_info)
         write_state(folder, job, records)
@@ -7445,13 +7524,9 @@ class LocalBatch:
         pool.shutdown(wait=True, cancel_futures=True)
         records = sorted(self.records, key=lambda record: record["metadata"]["name"])
         write_json(self.folder / "pods.json", records)
-        write_json(self.folder / "job.json", {"apiVersion": "rl-batch-demo/local", "kind": "LocalBatch",
-                                              "metadata": {"name": "local",
-                                                           "creationTimestamp": iso_micro(self.created)},
-                                              "status": {"interrupted": True, "finished_episodes": len(
-                                                  [r for r in records if r["status"].get("reason") != "Interrupted"]),
-                                                  "interrupted_episodes": len(
-                                                      [r for r in records if r["status"].get("reason") == "Interrupted"])}})
+        interrupted = len([r for r in records if r["status"].get("reason") == "Interrupted"])
+        write_json(self.folder / "job.json", batch_record(LocalBackend, "LocalBatch", "local", iso_micro(self.created), {
+            "interrupted": True, "finished_episodes": len(records) - interrupted, "interrupted_episodes": interrupted}))
         self.console.tell("Interrupted: stopped the running episodes; job.json, pods.json and the episode logs are "
                           "in %s" % self.folder)
 
@@ -7462,12 +7537,19 @@ class LocalBackend(Backend):
 
     name = "local"
     help = "local processes, no cluster"
+    scheme = LOCAL_SCHEME
+    episodes_file = "pods.json"  # LocalEpisode records shaped like pods
     uses_cluster = False
     leaves_remote_state = False
     api_timestamps = False  # every time comes from this machine's clock, to the microsecond
-    scheme = LOCAL_SCHEME
+    coarse_batch_keys = ()
+    takes_queue = False
+    takes_parallelism = True
+    own_flags = ()
     batch_origin = "batch started"
     startup_label = "Episode process launched -> ready"
+    timeline_origin = "batch"
+    REPORT_ROWS = {}
 
     @classmethod
     def check_options(cls, args, fail):
@@ -7501,7 +7583,7 @@ class LocalBackend(Backend):
 
     @classmethod
     def describe_results(cls, output, report, observed):
-        report.update(image="local-python", runtime="local-process", backend=cls.name)
+        report.update(image="local-python", runtime="local-process")
         for phase in report["phases"].values():
             phase.update(clocks=["local"], mixed_clocks=False, resolution_seconds=1e-6)
 
@@ -7525,15 +7607,25 @@ GATES = (KueueGate,)  # admission gates (Gate); shared code asks each, in this o
 DEFAULT_BACKEND = JobBackend.name
 
 
-def backend_named(name):
-    """The backend a run.json, receipt or namespace label names; the Job backend's records name
-    none (they predate the others)."""
-    return BACKENDS.get(name) or BACKENDS[DEFAULT_BACKEND]
+# Records written before backends had names (run.json, receipt.json, results.json, a namespace's
+# labels) name none: they are the Job backend's, the only one there was.
+UNNAMED_BACKEND = JobBackend
+
+
+def backend_named(name, source="the record"):
+    """The backend a run.json, receipt, results.json or namespace label names (`source`, for
+    the refusal); None is UNNAMED_BACKEND. A name this version does not know is refused."""
+    if name is None:
+        return UNNAMED_BACKEND
+    if name not in BACKENDS:
+        raise DemoError("%s names backend %r, which this rl-batch-demo does not know (it knows %s): was it "
+                        "written by a newer version?" % (source, name, ", ".join(sorted(BACKENDS))))
+    return BACKENDS[name]
 
 
 def backend_of(results):
     """The backend a results.json came from."""
-    return backend_named(results.get("backend"))
+    return backend_named(results.get("backend"), "results.json")
 
 
 # ============================================================================
@@ -7829,7 +7921,7 @@ def cleanup_receipt(receipt, source, output, console, delete_foreign=False):
     """Cleanup from a receipt read from `source`; `output` is its run's folder, None for a
     receipt given on its own. Objects in the namespace that the run did not create stop it,
     unless delete_foreign."""
-    backend = backend_named(receipt.get("backend"))
+    backend = backend_named(receipt.get("backend"), str(source))
     if not backend.leaves_remote_state:
         console.tell("Nothing to clean up: %s ran with --backend %s, which leaves nothing behind"
                      % (output or source, backend.name))
@@ -8002,8 +8094,8 @@ def run_row(namespace, objects, receipts, now):
     its backend adds (list_fields), and which receipt names it."""
     meta = namespace["metadata"]
     name = meta["name"]
-    backend = backend_named((meta.get("labels") or {}).get(BACKEND_LABEL))
-    jobs = objects["jobs"]
+    backend = backend_named((meta.get("labels") or {}).get(BACKEND_LABEL), "namespace %s's label %s" % (
+        name, BACKEND_LABEL))
     state = "Terminating" if meta.get("deletionTimestamp") else backend.list_state(objects)
     receipt, folder = "-", None
     if name in receipts:
@@ -8013,14 +8105,8 @@ def run_row(namespace, objects, receipts, now):
             receipt += " (uid differs: not this namespace)"
         else:
             folder = found
-
-    def total(key):
-        return sum(job.get("status", {}).get(key, 0) for job in jobs)
     return {"namespace": name, "run_id": meta.get("labels", {}).get(RUN_LABEL), "backend": backend.name,
             "age_seconds": int(now - parse_k8s_time(meta["creationTimestamp"])), "state": state,
-            "jobs": sorted(job["metadata"]["name"] for job in jobs),
-            "completions": sum(job.get("spec", {}).get("completions", 0) for job in jobs) if jobs else None,
-            "succeeded": total("succeeded"), "failed": total("failed"), "active": total("active"),
             **backend.list_fields(objects, folder), "receipt": receipt}
 
 
@@ -8820,7 +8906,7 @@ def run_spec(args):
         fields.update(image=args.image or DEFAULT_IMAGE, runtime=args.runtime or DEFAULT_RUNTIME)
     fields.update(backend.check_options(args, fail))
     if args.timeout is None:
-        fields["timeout"] = default_deadline(args.count, parallelism)
+        fields["timeout"] = default_deadline(args.count, fields["parallelism"])
     plugin = set(args.subparser.plugin_options)
     options = {dest: fields.pop(dest, getattr(args, dest)) for dest in sorted(plugin)}
     return RunSpec(**fields, options=options)

@@ -180,14 +180,14 @@ CUSTOM_JOB = {"metadata": {"creationTimestamp": "2026-11-29T10:00:00Z"}}
 def test_sample_events_ignore_the_episodes_own_output_lines(tool):
     pod = custom_pod()
     log = "collecting tests\n{'not': 'an event'}\n" + events(pod["metadata"]["name"], 0.5) + "\nbye\n"
-    ready, reward, source = tool.sample_events(pod, log)
+    ready, reward, source = tool.sample_events(pod, log, tool.POD_SCHEME)
     assert (ready["event"], reward["reward"], source) == ("ready", 0.5, "log")
 
 
 def test_sample_events_prefer_the_termination_message(tool):
     pod = custom_pod(message=events("rollout-0-abc", 0.25))
-    assert tool.sample_events(pod, "")[1]["reward"] == 0.25
-    assert tool.sample_events(pod, "")[2] == "termination-message"
+    assert tool.sample_events(pod, "", tool.POD_SCHEME)[1]["reward"] == 0.25
+    assert tool.sample_events(pod, "", tool.POD_SCHEME)[2] == "termination-message"
 
 
 @pytest.mark.parametrize("log, reason", [
@@ -199,21 +199,30 @@ def test_sample_events_prefer_the_termination_message(tool):
 ])
 def test_sample_events_name_the_malformation(tool, log, reason):
     with pytest.raises(tool.EpisodeInvalid, match=re.escape(reason)):
-        tool.sample_events(custom_pod(), log)
+        tool.sample_events(custom_pod(), log, tool.POD_SCHEME)
 
 
 def test_a_log_with_a_reward_but_no_ready_event_names_a_rotation_as_one_cause(tool):
     # what a log rotated by the kubelet keeps: the later part, its reward, not its ready event
     log = "step 9999 of the episode's own output\n" + events("rollout-0-abc").splitlines()[1] + "\n"
     with pytest.raises(tool.EpisodeInvalid) as raised:
-        tool.sample_events(custom_pod(), log)
+        tool.sample_events(custom_pod(), log, tool.POD_SCHEME)
     assert str(raised.value).startswith("never ready: no ready event in its log, yet a reward event")
     assert "containerLogMaxSize" in str(raised.value) and "events seen: reward" in str(raised.value)
 
 
+@pytest.mark.parametrize("scheme", ["LOCAL_SCHEME", "WARM_SCHEME"])
+def test_a_log_no_kubelet_rotates_without_a_ready_event_is_never_ready_with_no_word_of_rotation(tool, scheme):
+    # a local process's log file and an exec's captured output are whole: no kubelet rotated them
+    log = "step 9999 of the episode's own output\n" + events("rollout-0-abc").splitlines()[1] + "\n"
+    with pytest.raises(tool.EpisodeInvalid) as raised:
+        tool.sample_events(custom_pod(), log, getattr(tool, scheme))
+    assert str(raised.value) == "never ready: no ready event"
+
+
 def test_a_pod_deleted_before_its_log_was_read_is_no_sample(tool):
     with pytest.raises(tool.EpisodeInvalid, match="no events: the pod was deleted before its log could be read"):
-        tool.sample_events(custom_pod(), None)
+        tool.sample_events(custom_pod(), None, tool.POD_SCHEME)
 
 
 def test_collect_samples_keeps_a_retried_index_once_and_lists_its_failed_attempt(tool):

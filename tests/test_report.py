@@ -309,6 +309,7 @@ def test_a_timeline_says_only_what_its_run_has(tool):
     run = results("local", pods=[timeline_row("local-0", T0)], runtime="local-process")
     svg = tool.timeline_svg([("local", run)])
     assert "API times are whole seconds" not in svg
+    assert "seconds since the batch was created" in svg and "Job" not in svg  # no Job ran
     drawn = {title.text.split(" ")[1].rstrip(":") for title in ET.fromstring(svg.encode()).iter(SVG + "title")}
     legend = [text.text for text in ET.fromstring(svg.encode()).iter(SVG + "text") if text.get("font-size") == "11"]
     assert len(legend) == len(drawn), (legend, drawn)
