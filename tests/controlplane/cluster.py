@@ -60,7 +60,7 @@ def machine_kubectl():
 
 
 class ControlPlane:
-    def __init__(self, root, built, nodes=2, kubectl=None, parts=()):
+    def __init__(self, root, built, nodes=2, kubectl=None, parts=(), synthetic_seconds=None):
         self.root, self.built = Path(root), Path(built)
         self.bin = self.built / "bin"
         self.name = "rl%d" % os.getpid() + "-" + os.urandom(3).hex()
@@ -70,6 +70,7 @@ class ControlPlane:
         self.kubectl_program = kubectl or machine_kubectl()
         self.runtime = None
         self.parts = tuple(parts)  # add-ons a test asked for: "agent-sandbox"
+        self.synthetic_seconds = synthetic_seconds  # benchmarks: episodes without a process (runtime.py)
         self.addons = {}  # name -> Popen
         self.recipes, self.restarts, self.launched, self.held_down = {}, {}, [], set()
         self.stopping = False
@@ -123,7 +124,9 @@ class ControlPlane:
         shims = self.root / "exec-shims"
         if not shims.exists():
             shims.mkdir(parents=True)
-            text = "#!%s\n%s" % (sys.executable, (HERE / "exec_shim.py").read_text())
+            # runtime.py beside it on the path: its synthetic events (benchmark mode)
+            text = "#!%s\nimport sys as _sys\n_sys.path.insert(0, %r)\n%s" % (
+                sys.executable, str(HERE), (HERE / "exec_shim.py").read_text())
             for name in ("env", "sh"):
                 (shims / name).write_text(text)
                 (shims / name).chmod(0o755)
@@ -240,6 +243,8 @@ class ControlPlane:
         state = self.root / "runtime"
         state.mkdir(exist_ok=True)
         env = dict(os.environ, KUBECTL=self.kubectl_program)
+        if self.synthetic_seconds is not None:
+            env["RL_RUNTIME_SYNTHETIC_SECONDS"] = str(self.synthetic_seconds)
         self.runtime = subprocess.Popen([sys.executable, str(HERE / "runtime.py"), str(self.kubeconfig), str(state)],
                                         env=env, stdout=subprocess.DEVNULL, stderr=open(state / "stderr", "w"))
         deadline = time.monotonic() + 60

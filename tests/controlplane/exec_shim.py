@@ -22,6 +22,15 @@ exec_log = os.environ.pop("RL_RUNTIME_EXEC_LOG", "")
 if exec_log:  # what was exec'd into the pod, one JSON line each (ControlPlane.execs())
     with open(exec_log, "a") as log:
         log.write(json.dumps([name, *args]) + "\n")
+synthetic = os.environ.get("RL_RUNTIME_SYNTHETIC_SECONDS")
+if synthetic and any(arg.endswith("episode.py") for arg in args):  # benchmark mode: runtime.py's events
+    import time
+    start = time.time()
+    time.sleep(float(synthetic))
+    episode_id = next((arg.split("=", 1)[1] for arg in args if arg.startswith("EPISODE_ID=")), "")
+    from runtime import synthetic_events
+    sys.stdout.write(synthetic_events(episode_id, start, time.time()))
+    sys.exit(0)
 if mounts:
     pattern = re.compile(r"(?<![\w./-])(%s)(?=/|\b|$)" % "|".join(re.escape(path) for path in
                                                                sorted(mounts, key=len, reverse=True)))

@@ -22,22 +22,35 @@ no image pull, no mount namespace (paths under a volume's mount path, in the com
 environment, are translated to the volume's folder, as the simulated kubelet does without
 `unshare`), no user switch, no cgroup limits, one container per pod, no restarts.
 
+For the benchmarks, RL_RUNTIME_SYNTHETIC_SECONDS=S runs no process: an episode pod's log and
+termination message get the events an episode would write, made up (each marked "synthetic"),
+S seconds after it started; a sandbox's keep-alive pod runs nothing until it is deleted; an
+exec of the episode program prints the same made-up events after S seconds (exec_shim.py).
+
+It talks to the API server directly (the kubeconfig's client certificate; one connection per
+thread), not through a kubectl process per call: a batch of 1,000 pods would otherwise start
+5,000 kubectl processes on the machine it measures. Only its pod watch is a kubectl.
+
 Usage: runtime.py KUBECONFIG STATE_DIR (KUBECTL names kubectl; default the one on PATH)."""
 
 import datetime
+import http.client
 import json
 import os
 from pathlib import Path
 import signal
+import ssl
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fakecluster"))
 from containerenv import container_env  # noqa: E402  (the kubelet's env rules, shared)
 
 ANNOTATION = "runtime.rl-batch-demo.test/"
+KWOK_PLURALS = {"Logs": "logs", "Exec": "execs"}  # kwok v0.8.0's CRDs (kwok.x-k8s.io_logs.yaml, _execs.yaml)
 
 
 def rfc3339(at=None, nano=False):
@@ -47,10 +60,51 @@ def rfc3339(at=None, nano=False):
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+class Api:
+    """The API server over HTTPS with the kubeconfig's client certificate, a connection per
+    thread; every call returns (status, parsed body or None)."""
+
+    def __init__(self, kubectl_program, kubeconfig):
+        view = json.loads(subprocess.run([kubectl_program, "--kubeconfig", kubeconfig, "config", "view", "--raw",
+                                          "--minify", "-o", "json"], capture_output=True, text=True,
+                                         check=True, timeout=60).stdout)
+        cluster, user = view["clusters"][0]["cluster"], view["users"][0]["user"]
+        server = urllib.parse.urlsplit(cluster["server"])
+        self.host, self.port = server.hostname, server.port or 443
+        self.context = ssl.create_default_context(cafile=cluster["certificate-authority"])
+        self.context.load_cert_chain(user["client-certificate"], user["client-key"])
+        self.local = threading.local()
+
+    def call(self, method, path, body=None, content_type="application/json"):
+        for attempt in range(30):  # an API server being restarted (a fault test) answers again soon
+            connection = getattr(self.local, "connection", None)
+            if connection is None:
+                connection = self.local.connection = http.client.HTTPSConnection(
+                    self.host, self.port, context=self.context, timeout=60)
+            try:
+                connection.request(method, path, body=None if body is None else json.dumps(body).encode(),
+                                   headers={"Content-Type": content_type, "Accept": "application/json"})
+                answer = connection.getresponse()
+                data = answer.read()
+            except (OSError, http.client.HTTPException):
+                connection.close()
+                self.local.connection = None
+                time.sleep(1)
+                continue
+            try:
+                return answer.status, json.loads(data) if data else None
+            except ValueError:
+                return answer.status, None
+        return 0, None
+
+
 class Runtime:
     def __init__(self, kubeconfig, state):
         self.kubectl_program = os.environ.get("KUBECTL", "kubectl")
         self.kubeconfig, self.state = kubeconfig, Path(state)
+        self.api = Api(self.kubectl_program, kubeconfig)
+        synthetic = os.environ.get("RL_RUNTIME_SYNTHETIC_SECONDS")
+        self.synthetic = float(synthetic) if synthetic else None
         self.pods = {}  # uid -> {"process", "pod", ...}
         self.lock = threading.Lock()
         self.log = open(self.state / "runtime.log", "a", buffering=1)
@@ -58,12 +112,21 @@ class Runtime:
     def say(self, line):
         self.log.write("%s %s\n" % (rfc3339(nano=True), line))
 
-    def kubectl(self, *args, stdin=None, check=True):
-        done = subprocess.run([self.kubectl_program, "--kubeconfig", self.kubeconfig, *args], input=stdin,
-                              text=True, capture_output=True, timeout=60)
-        if check and done.returncode != 0:
-            self.say("kubectl %s failed: %s" % (" ".join(args[:4]), done.stderr.strip()))
-        return done
+    def request(self, what, method, path, body=None, content_type="application/json", ok=(200, 201)):
+        status, answer = self.api.call(method, path, body, content_type)
+        if status not in ok:
+            self.say("%s failed: HTTP %s %s" % (what, status, (answer or {}).get("message", "")))
+        return status, answer
+
+    def patch_pod(self, namespace, name, annotations):
+        self.request("patch pod %s/%s" % (namespace, name), "PATCH", "/api/v1/namespaces/%s/pods/%s" % (namespace, name),
+                     {"metadata": {"annotations": annotations}}, "application/merge-patch+json")
+
+    def create_kwok(self, obj):
+        """A kwok Logs or Exec object (one already there, from before a restart, is kept)."""
+        self.request("create %s %s" % (obj["kind"], obj["metadata"]["name"]), "POST",
+                     "/apis/kwok.x-k8s.io/v1alpha1/namespaces/%s/%s" % (obj["metadata"]["namespace"],
+                                                                      KWOK_PLURALS[obj["kind"]]), obj, ok=(201, 409))
 
     # --- the watch
 
@@ -95,7 +158,7 @@ class Runtime:
         with self.lock:
             record = self.pods.get(uid)
         if meta.get("deletionTimestamp"):
-            if record is not None and record.get("process") is not None:
+            if record is not None:
                 self.stop(record, pod)
             return
         if record is None and pod["spec"].get("nodeName") and pod["status"].get("phase") in (None, "Pending", "Running"):
@@ -121,9 +184,10 @@ class Runtime:
             path = folder / "volumes" / volume["name"]
             path.mkdir(parents=True, exist_ok=True)
             if "configMap" in volume:
-                got = self.kubectl("get", "configmap", "-n", namespace, volume["configMap"]["name"], "-o", "json")
-                if got.returncode == 0:
-                    for key, value in (json.loads(got.stdout).get("data") or {}).items():
+                status, configmap = self.request("get configmap", "GET", "/api/v1/namespaces/%s/configmaps/%s" % (
+                    namespace, volume["configMap"]["name"]))
+                if status == 200:
+                    for key, value in (configmap.get("data") or {}).items():
                         (path / key).write_text(value)
             volumes[volume["name"]] = path
         mounts = {m["mountPath"]: volumes[m["name"]] for m in container.get("volumeMounts", [])
@@ -148,13 +212,15 @@ class Runtime:
                 "metadata": {"name": name, "namespace": namespace, "ownerReferences": [
                     {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}]},
                 "spec": {"logs": [{"containers": [container["name"]], "logsFile": str(log_path), "follow": True}]}}
-        self.kubectl("apply", "-f", "-", stdin=json.dumps(logs))
+        self.create_kwok(logs)
         # `kubectl exec` into this pod: kwok runs the command as a local process with this env (the
         # container's, as in a container) and folder; the `env`/`sh` shim on kwok's PATH translates
         # the mount paths (exec_shim.py)
         exec_env = dict(env, RL_RUNTIME_MOUNTS=json.dumps({path: str(local) for path, local in mounts.items()}),
                         RL_TERMINATION_LOG=str(folder / "exec-termination-log"),
                         RL_RUNTIME_EXEC_LOG=str(folder / "execs.jsonl"))
+        if self.synthetic is not None:
+            exec_env["RL_RUNTIME_SYNTHETIC_SECONDS"] = str(self.synthetic)
         (folder / "pod-name").write_text("%s/%s" % (namespace, name))
         execs = {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Exec",
                  "metadata": {"name": name, "namespace": namespace, "ownerReferences": [
@@ -162,17 +228,17 @@ class Runtime:
                  "spec": {"execs": [{"containers": [container["name"]], "local": {
                      "workDir": str(mounts.get("/workspace", folder)),
                      "envs": [{"name": key, "value": value} for key, value in sorted(exec_env.items())]}}]}}
-        self.kubectl("apply", "-f", "-", stdin=json.dumps(execs))
+        self.create_kwok(execs)
         started = time.time()
+        if self.synthetic is not None:
+            self.start_synthetic(record, pod, argv, log_path, started)
+            return
         process = subprocess.Popen(argv, cwd=str(mounts.get("/workspace", folder)), env=env,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                    start_new_session=True)
         record.update(process=process, started=started, termination=termination,
                       grace=pod["spec"].get("terminationGracePeriodSeconds", 30))
         self.say("pod %s/%s: started %s" % (namespace, name, " ".join(argv)))
-        # now kwok's pod-ready stage may report it Running and Ready (cluster.POD_READY_STAGE)
-        self.kubectl("patch", "pod", "-n", namespace, name, "--type", "merge", "-p", json.dumps(
-            {"metadata": {"annotations": {ANNOTATION + "running": rfc3339(started)}}}))
         writer = threading.Lock()
         log = open(log_path, "a", buffering=1)  # closed by finish() once both streams have ended
         readers = [threading.Thread(target=self.copy, args=(stream, kind, log, writer), daemon=True)
@@ -180,6 +246,32 @@ class Runtime:
         for reader in readers:
             reader.start()
         threading.Thread(target=self.finish, args=(record, pod, readers, log), daemon=True).start()
+        # now kwok's pod-ready stage may report it Running and Ready (cluster.POD_READY_STAGE)
+        self.patch_pod(namespace, name, {ANNOTATION + "running": rfc3339(started)})
+
+    def start_synthetic(self, record, pod, argv, log_path, started):
+        """Benchmark mode: no process. An episode (its command runs episode.py) ends after the
+        synthetic seconds with made-up events; anything else (a sandbox's keep-alive) runs until
+        its pod is deleted."""
+        meta = pod["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        record.update(started=started, grace=0)
+        self.patch_pod(namespace, name, {ANNOTATION + "running": rfc3339(started)})
+        if not any(arg.endswith("episode.py") for arg in argv):
+            return
+
+        def finish():
+            time.sleep(self.synthetic)
+            events = synthetic_events(name, started, time.time())
+            with open(log_path, "a") as log:
+                for line in events.splitlines():
+                    log.write("%s stdout F %s\n" % (rfc3339(nano=True), line))
+            if record.get("stopping"):
+                return
+            self.patch_pod(namespace, name, {ANNOTATION + "exit-code": "0", ANNOTATION + "message": events,
+                                             ANNOTATION + "started-at": rfc3339(started),
+                                             ANNOTATION + "finished-at": rfc3339(time.time())})
+        threading.Thread(target=finish, daemon=True).start()
 
     def copy(self, stream, kind, log, writer):
         """The process's output as CRI lines: a line ending in a newline is full (F); what is
@@ -205,11 +297,14 @@ class Runtime:
             ANNOTATION + "message": message,
             ANNOTATION + "started-at": rfc3339(record["started"]),
             ANNOTATION + "finished-at": rfc3339(finished)}}}
-        self.kubectl("patch", "pod", "-n", meta["namespace"], meta["name"], "--type", "merge", "-p", json.dumps(patch))
+        self.patch_pod(meta["namespace"], meta["name"], patch["metadata"]["annotations"])
         self.say("pod %s/%s: exited %s" % (meta["namespace"], meta["name"], code))
 
     def stop(self, record, pod):
-        process = record["process"]
+        process = record.get("process")
+        if process is None:  # synthetic: nothing runs
+            record["stopping"] = True
+            return
         if record.get("stopping") or process.poll() is not None:
             return
         record["stopping"] = True
@@ -238,6 +333,15 @@ class Runtime:
                 except OSError:
                     pass
         os._exit(0)
+
+
+def synthetic_events(episode_id, start, end):
+    """The ready and reward events an episode would write (its protocol), made up and marked."""
+    ready = {"event": "ready", "at": start + 0.02, "episode_id": episode_id, "started_at": start + 0.005,
+             "imports_done_at": start + 0.015, "synthetic": True}
+    reward = {"event": "reward", "at": end - 0.01, "episode_id": episode_id, "reward": 1, "baseline_exit": 1,
+              "tests_exit": 0, "tests_output": "synthetic episode: no tests ran\n", "synthetic": True}
+    return json.dumps(ready) + "\n" + json.dumps(reward) + "\n"
 
 
 def translated(value, mounts):

@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Benchmark: the tool against the real control plane (tests/controlplane/): Kubernetes v1.36.3's
+API server, controller manager and scheduler at their default rates, etcd, kwok's nodes, and
+agent-sandbox v0.5.6's controller, with synthetic episodes (the episode runtime starts no
+process: an episode pod's log gets made-up ready/reward events after --episode-seconds, a
+sandbox's exec prints them after as long; runtime.py) so that 1,000 episodes fit 2 cores.
+The tool drives it through this machine's kubectl (v1.32.4), as a user's would.
+
+Figures, per case:
+  job N        `run --count N`: complete->exit, the Job's Complete condition first seen by a
+               poll of the API every 20 ms (client clock, about 20 ms precision) -> the
+               command's exit; kubectl processes the command started (a counting wrapper named
+               by KUBECTL: every process, however short); peak resident MB of the command alone
+               and with its kubectl children (/proc every 50 ms); logs archived;
+               batch_to_all_rewards_seconds and client_job_complete_seconds from results.json
+  warm N       `run --backend warm-pool --count N` (pool of N filled first, not measured):
+               batch_to_all_rewards_seconds, client_job_complete_seconds, kubectl processes,
+               peak MB; then `cleanup` of its N claims, its pool and namespace: seconds
+  kept M       `pool up --size M`, then 3 steps `run --backend warm-pool --pool POOL --count M`:
+               each step's wall time, its slowest episode (exec started -> finished, client
+               clock) and the overhead, step minus slowest episode; `pool down` at the end
+
+Usage: python3 benchmarks/real_control_plane.py [--job 200 1000] [--warm 200 1000] [--kept 64 512]
+                                                [--episode-seconds 1.0]
+Prints one line per case and, at the end, a JSON document of every figure."""
+
+import argparse
+import json
+import os
+from pathlib import Path
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from collection import tree_rss_mb  # noqa: E402
+from controlplane import build  # noqa: E402
+from controlplane.cluster import ControlPlane, machine_kubectl  # noqa: E402
+from controlplane.runtime import Api  # noqa: E402
+
+
+class Measured:
+    """One command of the tool run against the plane, sampled while it runs."""
+
+    def __init__(self, plane, workdir, *args):
+        self.plane, self.workdir = plane, Path(workdir)
+        counter = self.workdir / ("kubectl-calls-%d" % time.monotonic_ns())
+        wrapper = self.workdir / ("kubectl-%d" % time.monotonic_ns())
+        wrapper.write_text('#!/bin/sh\necho "$$" >> %s\nexec %s "$@"\n' % (counter, machine_kubectl()))
+        wrapper.chmod(0o755)
+        env = plane.env(KUBECTL=str(wrapper))
+        self.peak = [0.0, 0.0]
+        started = time.monotonic()
+        self.process = subprocess.Popen([sys.executable, str(ROOT / "rl-batch-demo.py"), *args], cwd=str(workdir),
+                                        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        sampler = threading.Thread(target=self.sample, daemon=True)
+        sampler.start()
+        self.stdout, self.stderr = self.process.communicate(timeout=7200)
+        self.exited = time.time()
+        self.seconds = time.monotonic() - started
+        sampler.join()
+        self.kubectl_processes = len(counter.read_text().splitlines()) if counter.exists() else 0
+        if self.process.returncode != 0:
+            raise SystemExit("rl-batch-demo %s failed: %s" % (" ".join(args), self.stderr[-3000:]))
+
+    def sample(self):
+        while self.process.poll() is None:
+            tree, alone = tree_rss_mb(self.process.pid)
+            self.peak = [max(self.peak[0], tree), max(self.peak[1], alone)]
+            time.sleep(0.05)
+
+
+def watch_complete(api, output, seen):
+    """The client time the Job `rollout` of the run writing `output` is first seen Complete."""
+    receipt = Path(output) / "receipt.json"
+    while not seen.get("stop"):
+        try:
+            namespace = json.loads(receipt.read_text())["namespace"]
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.02)
+            continue
+        status, job = api.call("GET", "/apis/batch/v1/namespaces/%s/jobs/rollout" % namespace)
+        if status == 200 and any(c["type"] == "Complete" and c["status"] == "True"
+                                 for c in (job.get("status") or {}).get("conditions") or []):
+            seen["complete_at"] = time.time()
+            return
+        time.sleep(0.02)
+
+
+def plane_for(size, workdir, seconds, parts=()):
+    nodes = max(2, -(-size // 100) + 1)  # kwok's default node holds 110 pods
+    plane = ControlPlane(Path(workdir) / "plane", build.ensure_built(), nodes=nodes, parts=parts,
+                         synthetic_seconds=seconds)
+    return plane.start()
+
+
+def job_case(size, workdir, seconds):
+    plane = plane_for(size, workdir, seconds)
+    try:
+        api, seen, output = Api(plane.kubectl_program, str(plane.kubeconfig)), {}, Path(workdir) / "job-out"
+        watcher = threading.Thread(target=watch_complete, args=(api, output, seen), daemon=True)
+        watcher.start()
+        run = Measured(plane, workdir, "run", "--allow-large", "--quiet", "--count", str(size), "--output",
+                       str(output))
+        seen["stop"] = True
+        results = json.loads((output / "results.json").read_text())
+        assert results["successful_episodes"] == size, results["successful_episodes"]
+        logs = len(list(output.glob("rollout-*.log")))
+        figures = {"case": "job", "size": size, "complete_to_exit_seconds": run.exited - seen["complete_at"]
+                   if "complete_at" in seen else None, "kubectl_processes": run.kubectl_processes,
+                   "peak_mb_with_kubectl": round(run.peak[0], 1), "peak_mb_tool": round(run.peak[1], 1),
+                   "logs_archived": logs, "run_seconds": round(run.seconds, 2),
+                   "batch_to_all_rewards_seconds": results["batch_to_all_rewards_seconds"],
+                   "client_job_complete_seconds": results["client_job_complete_seconds"]}
+        cleanup = Measured(plane, workdir, "cleanup", str(output))
+        figures["cleanup_seconds"] = round(cleanup.seconds, 2)
+        return figures
+    finally:
+        plane.stop()
+
+
+def warm_case(size, workdir, seconds):
+    plane = plane_for(size, workdir, seconds, parts=("agent-sandbox",))
+    try:
+        output = Path(workdir) / "warm-out"
+        run = Measured(plane, workdir, "run", "--backend", "warm-pool", "--allow-large", "--quiet", "--count",
+                       str(size), "--output", str(output))
+        results = json.loads((output / "results.json").read_text())
+        assert results["successful_episodes"] == size, results["successful_episodes"]
+        cleanup = Measured(plane, workdir, "cleanup", str(output))
+        return {"case": "warm", "size": size, "batch_to_all_rewards_seconds": results["batch_to_all_rewards_seconds"],
+                "client_job_complete_seconds": results["client_job_complete_seconds"],
+                "launch_types": results["launch_types"], "pool_fill_seconds": results["pool"]["fill_seconds"],
+                "kubectl_processes": run.kubectl_processes, "peak_mb_tool": round(run.peak[1], 1),
+                "run_seconds": round(run.seconds, 2), "cleanup_seconds": round(cleanup.seconds, 2)}
+    finally:
+        plane.stop()
+
+
+def kept_case(size, workdir, seconds, steps=3):
+    plane = plane_for(size, workdir, seconds, parts=("agent-sandbox",))
+    try:
+        pool = Path(workdir) / "pool"
+        Measured(plane, workdir, "pool", "up", "--size", str(size), "--allow-large", "--quiet", "--output", str(pool))
+        rows = []
+        for number in range(1, steps + 1):
+            output = Path(workdir) / ("step-%d" % number)
+            step = Measured(plane, workdir, "run", "--backend", "warm-pool", "--pool", str(pool), "--allow-large",
+                            "--quiet", "--count", str(size), "--output", str(output))
+            results = json.loads((output / "results.json").read_text())
+            slowest = max(row["times"]["exec_finished"] - row["times"]["exec_started"] for row in results["pods"])
+            rows.append({"step_seconds": round(step.seconds, 2), "slowest_episode_seconds": round(slowest, 2),
+                         "overhead_seconds": round(step.seconds - slowest, 2),
+                         "warm": results["kept_pool_step"]["warm"], "cold": results["kept_pool_step"]["cold"]})
+        down = Measured(plane, workdir, "pool", "down", str(pool))
+        return {"case": "kept", "size": size, "steps": rows, "pool_down_seconds": round(down.seconds, 2)}
+    finally:
+        plane.stop()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--job", type=int, nargs="*", default=[200, 1000])
+    parser.add_argument("--warm", type=int, nargs="*", default=[200, 1000])
+    parser.add_argument("--kept", type=int, nargs="*", default=[64, 512])
+    parser.add_argument("--episode-seconds", type=float, default=1.0)
+    args = parser.parse_args()
+    every = []
+    for case, sizes in ((job_case, args.job), (warm_case, args.warm), (kept_case, args.kept)):
+        for size in sizes:
+            with tempfile.TemporaryDirectory(prefix="rl-bench-real-") as workdir:
+                figures = case(size, workdir, args.episode_seconds)
+            every.append(figures)
+            print(json.dumps(figures), flush=True)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    print(json.dumps({"commit": commit, "cluster": "real control plane: Kubernetes v1.36.3, etcd v3.6.13, kwok "
+                      "v0.8.0, agent-sandbox v0.5.6; kubectl v1.32.4", "figures": every}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
