@@ -15,7 +15,8 @@ What it does
     loop can call the same run from Python: rl_batch_demo.run_batch(...) (section Python API).
     `pool up` keeps one warm pool across a training loop's steps: each `run --backend warm-pool
     --pool POOLDIR` claims from it and deletes only its own claims; `pool down` removes it
-    (from Python: `with rl_batch_demo.warm_pool(size=64) as pool: pool.run_batch(...)`).
+    (from Python: `with rl_batch_demo.warm_pool(size=64, allow_large=True) as pool:
+    pool.run_batch(..., allow_large=True)`).
 
     "The tutorial", wherever this file says it, is the one this tool started as a port of:
     Tencent Cloud Agent Runtime's RL batch tutorial (README, first section). Its choices are
@@ -31,8 +32,8 @@ How to run
     python3 rl-batch-demo.py run --backend local --episode my_episode.py --tasks tasks.jsonl \
         --output trial                            # your own episodes, no cluster needed
     python3 rl-batch-demo.py run --backend warm-pool --count 10 --output warm-10
-    python3 rl-batch-demo.py pool up --size 64 --output pool      # a warm pool kept across steps
-    python3 rl-batch-demo.py run --backend warm-pool --pool pool --count 64 --output step-1
+    python3 rl-batch-demo.py pool up --size 64 --allow-large --output pool  # a warm pool kept across steps
+    python3 rl-batch-demo.py run --backend warm-pool --pool pool --count 64 --allow-large --output step-1
     python3 rl-batch-demo.py pool down pool
     python3 rl-batch-demo.py run --count 10 --queue team --cluster-queue team-cq --output queued-10
 
@@ -8693,8 +8694,8 @@ def build_parser():
         description="Keep one agent-sandbox warm pool up across many batches: `pool up` makes it and waits for it\n"
                     "to fill, each `run --backend warm-pool --pool POOLDIR` is a step that claims from it and deletes\n"
                     "only its own claims, `pool status` shows it, `pool down` deletes it (as cleanup does).",
-        epilog="example:\n  %(prog)s up --size 64 --output pool\n  %(prog)s status pool\n"
-               "  " + program_name() + " run --backend warm-pool --pool pool --count 64 --output step-1\n"
+        epilog="example:\n  %(prog)s up --size 64 --allow-large --output pool\n  %(prog)s status pool\n"
+               "  " + program_name() + " run --backend warm-pool --pool pool --count 64 --allow-large --output step-1\n"
                "  %(prog)s down pool")
     pool.set_defaults(subparser=pool)
     actions = pool.add_subparsers(dest="pool_command", metavar="ACTION", parser_class=ArgumentParser)
@@ -9069,9 +9070,7 @@ def refuse_bad_arguments(argv, output):
         with contextlib.redirect_stderr(said):
             parse_args(["run", *argv, "--stream"])
     except SystemExit:
-        line = next((text.split(": error: ", 1)[1] for text in said.getvalue().splitlines() if ": error: " in text),
-                    said.getvalue().strip())
-        raise RunFailed(line, EXIT_USAGE, output) from None
+        raise RunFailed(caller_message(said.getvalue().splitlines(), EXIT_USAGE, "run"), EXIT_USAGE, output) from None
     except DemoError:
         pass  # not a usage error: the run says it, as the command would
 
@@ -9150,10 +9149,9 @@ class BatchStream:
             self.result = BatchResult(self.output, json.loads((self.output / "results.json").read_text()), code,
                                       self.streamed)
             return
-        message = (self.last or {}).get("error") or next(
-            (line.split(": error: ", 1)[1] for line in reversed(self.errors) if ": error: " in line), None) or next(
-            (line[len("Error: "):] for line in reversed(self.errors) if line.startswith("Error: ")),
-            "the run ended with exit code %d" % code)
+        message = (self.last or {}).get("error") or caller_message(self.errors, code, "the run")
+        if code == EXIT_USAGE:  # the command line's words, as this API's keywords
+            message = as_keywords(message)
         error_type = RunInterrupted if code == EXIT_INTERRUPTED else RunFailed
         raise error_type(message, code, self.output)
 
@@ -9237,10 +9235,35 @@ def tool_command(argv, output, passing_stderr=False):
     reader.join()
     stderr = "".join(said)
     if code != 0:
-        lines = [line for line in stderr.splitlines() if line.startswith("Error: ")]
-        raise RunFailed(lines[-1][len("Error: "):] if lines else stderr.strip() or "`%s` ended with exit code %d"
-                        % (" ".join(argv[:2]), code), code, Path(output))
+        raise RunFailed(caller_message(stderr.splitlines(), code, "`%s`" % " ".join(argv[:2])), code, Path(output))
     return stdout, stderr
+
+
+def caller_message(lines, code, what):
+    """The one line a Python caller gets for a command that failed (its stderr `lines`): the
+    usage error, its options named as this API's keywords (allow_large=True, not --allow-large),
+    or the `Error:` line."""
+    for line in reversed(lines):
+        if ": error: " in line:
+            return as_keywords(line.rstrip("\n").split(": error: ", 1)[1])
+    for line in reversed(lines):
+        if line.startswith("Error: "):
+            return line.rstrip("\n")[len("Error: "):]
+    return "%s ended with exit code %d" % (what, code)
+
+
+def as_keywords(message):
+    """A command-line message as a Python caller reads it: each option of `run` or `pool up` named
+    as its keyword argument (`--allow-large` -> `allow_large=True`, `--count` -> `count`)."""
+    options = {}
+    for argv in (["run"], ["pool", "up", "--size", "1", "--output", "-"]):
+        for action in build_parser().parse_known_args(argv)[0].subparser._actions:
+            for option in action.option_strings:
+                options.setdefault(option, action.dest + ("=True" if action.nargs == 0 else ""))
+
+    def keyword(match):
+        return options.get(match.group(0), match.group(0))
+    return re.sub(r"--[a-z][a-z-]*[a-z]", keyword, message)
 
 
 class WarmPool:
@@ -9295,7 +9318,7 @@ class WarmPool:
 
 @contextlib.contextmanager
 def warm_pool(size, output=None, **options):
-    """`with warm_pool(size=64, no_runtime_class=True) as pool:` a warm pool kept for the block
+    """`with warm_pool(size=64, allow_large=True) as pool:` a warm pool kept for the block
     (`pool up`'s options as keyword arguments: image, runtime, no_runtime_class, network, episode,
     context, timeout, allow_large); `pool.run_batch(tasks=...)` per step; leaving the block
     brings the pool down (`pool down`). Its folder is `output`, or a new temporary one."""

@@ -58,15 +58,32 @@ def test_a_refused_run_raises_run_failed_with_the_commands_line_and_exit_code(to
                                      "record is overwritten" % (tmp_path / "taken"))
     with pytest.raises(tool.RunFailed) as usage:
         tool.run_batch(backend="local", count=0, output=str(tmp_path / "none"))
-    assert usage.value.exit_code == 2 and usage.value.message.startswith("--count must be between 1 and 20")
+    assert usage.value.exit_code == 2 and usage.value.message.startswith("count must be between 1 and 20")
 
 
 def test_a_bad_option_value_raises_before_anything_runs_and_prints_no_usage(tool, tmp_path, capfd):
     with pytest.raises(tool.RunFailed) as usage:
         tool.run_batch(backend="local", count=0, output=str(tmp_path / "none"))
-    assert usage.value.exit_code == 2 and usage.value.message.startswith("--count must be between 1 and 20")
+    assert usage.value.exit_code == 2 and usage.value.message.startswith("count must be between 1 and 20")
     assert capfd.readouterr().err == ""  # no argparse usage, no "see 'rl-batch-demo.py run --help'"
     assert not (tmp_path / "none").exists()
+
+
+def test_a_count_over_the_bound_names_the_keyword_that_lifts_it(tool, tmp_path):
+    with pytest.raises(tool.RunFailed) as usage:
+        tool.run_batch(backend="local", count=25, output=str(tmp_path / "none"))
+    assert usage.value.message == ("count must be between 1 and 20 (the demo's bound to keep first trials small; "
+                                   "allow_large=True lifts it to 10000), got 25")
+
+
+def test_a_pool_over_the_bound_is_one_line_naming_the_keyword(tool, tmp_path):
+    with pytest.raises(tool.RunFailed) as usage:
+        with tool.warm_pool(size=64, output=tmp_path / "pool"):
+            pass
+    assert usage.value.exit_code == 2
+    assert "\n" not in usage.value.message and "usage:" not in usage.value.message
+    assert usage.value.message.startswith("size must be between 1 and 20") and "allow_large=True" in usage.value.message
+    assert not (tmp_path / "pool").exists()
 
 
 def test_leaving_a_stream_early_says_nothing_on_stderr(tool, tmp_path, capfd):
