@@ -3481,6 +3481,11 @@ class ClusterBackend(Backend):
     # --- cleanup and list (each cluster backend writes its own) -----------------------------
 
     @classmethod
+    def busy(cls, receipt, listing):
+        """Why cleanup must wait (something of the run's still serves others), or None."""
+        return None
+
+    @classmethod
     def delete_objects(cls, cluster, namespace, run_id, receipt, output, listing):
         """Prove (and where it matters, delete) what this backend made in the run's namespace,
         before the namespace goes; `listing` is what cleanup read of it (a NamespaceListing)."""
@@ -6673,6 +6678,8 @@ class WarmPoolBackend(ClusterBackend):
         # cleanup then proves and deletes claims, pool and template; a step's, only its claims,
         # in the kept pool's namespace
         receipt = dict(super().new_receipt(context, namespace, run_id), backend=self.name)
+        if self.spec.command == POOL_UP_COMMAND:
+            receipt["command"] = POOL_UP_COMMAND  # the folder is a kept pool's, even before pool.json exists
         if self.spec.pool:
             record = read_pool_record(Path(self.spec.pool))
             receipt.update(namespace=record["namespace"], kept_pool={
@@ -6891,6 +6898,23 @@ class WarmPoolBackend(ClusterBackend):
         delete_recorded_jobs(cluster, namespace, receipt, output, listing)
 
     @classmethod
+    def busy(cls, receipt, listing):
+        """A kept pool with a step's claims in it: a step is running (or died without its end)."""
+        if receipt.get("command") != POOL_UP_COMMAND:
+            return None
+        steps = {}
+        for obj in listing.items:
+            step = (obj["metadata"].get("labels") or {}).get(RUN_LABEL)
+            if obj.get("kind") == "SandboxClaim" and step not in (None, receipt["run_id"]):
+                steps.setdefault(step, []).append(obj["metadata"]["name"])
+        if not steps:
+            return None
+        return ("a step of this kept pool is running: %s; let it end (its claims go with it), or, for a step that "
+                "died, `%s cleanup STEPDIR`; then `pool down` again (--delete-foreign deletes them now)" % (
+                    "; ".join("step %s holds %d claim(s) (%s)" % (step, len(names), ", ".join(sorted(names)[:3]))
+                              for step, names in sorted(steps.items())), invocation()))
+
+    @classmethod
     def list_objects(cls, cluster, namespace):
         objects = {"jobs": cluster.read_items("-n", namespace, "get", "jobs")}  # a Job of the run's, if any
         try:
@@ -7070,16 +7094,34 @@ REFILL_DEFINITION = ("client clock (time.time()), watch-arrival precision: the s
 
 def read_pool_record(folder):
     """pool.json of a kept pool's folder; one line saying what the folder is otherwise."""
+    check_pool_folder(folder)
+    if not (folder / POOL_RECORD_FILE).exists():
+        raise DemoError("%s holds no %s: `pool up` did not finish there (the pool never filled, or it was "
+                        "interrupted); `%s pool down %s` deletes what it made" % (
+                            folder, POOL_RECORD_FILE, invocation(), folder))
+    return read_json(folder / POOL_RECORD_FILE, "a kept pool's record", keys=POOL_RECORD_KEYS)
+
+
+def check_pool_folder(folder):
+    """A folder `pool up` made (its pool.json, or its receipt of `pool up` when the pool never
+    filled); anything else is refused in one line saying what it is (a run's folder is
+    `cleanup`'s, never `pool down`'s)."""
     if not folder.is_dir():
         raise NoSuchFolder("no such folder: %s (give the folder of `pool up --output DIR`)" % folder)
-    if not (folder / POOL_RECORD_FILE).exists():
-        if (folder / "receipt.json").exists():
-            raise DemoError("%s holds no %s: `pool up` did not finish there (the pool never filled, or it was "
-                            "interrupted); `%s pool down %s` deletes what it made" % (
-                                folder, POOL_RECORD_FILE, invocation(), folder))
-        raise DemoError("%s is not a kept pool's folder (no %s); bring one up with `%s pool up --size N --output "
-                        "DIR`" % (folder, POOL_RECORD_FILE, invocation()))
-    return read_json(folder / POOL_RECORD_FILE, "a kept pool's record", keys=POOL_RECORD_KEYS)
+    if (folder / POOL_RECORD_FILE).exists():
+        return
+    try:
+        receipt = read_saved(folder / "receipt.json")
+    except (OSError, ValueError):
+        receipt = None
+    if isinstance(receipt, dict) and receipt.get("command") == POOL_UP_COMMAND:
+        return
+    if isinstance(receipt, dict):
+        raise DemoError("%s is not a kept pool's folder: it holds the receipt of a `run`%s; `%s cleanup %s` deletes "
+                        "what that run made" % (folder, " (a step of the kept pool in %s)" % receipt["kept_pool"].get(
+                            "folder") if isinstance(receipt.get("kept_pool"), dict) else "", invocation(), folder))
+    raise DemoError("%s is not a kept pool's folder (no %s); bring one up with `%s pool up --size N --output "
+                    "DIR`" % (folder, POOL_RECORD_FILE, invocation()))
 
 
 def kept_pool_options(args, fail):
@@ -7959,6 +8001,9 @@ def cleanup_receipt(receipt, source, output, console, delete_foreign=False):
         console.note("Namespace %s is already being deleted; waiting for it to go..." % namespace)
         return wait_for_namespace(cluster, namespace)
     listing = list_namespace(cluster, namespace)
+    busy = backend.busy(receipt, listing)
+    if busy and not delete_foreign:
+        raise DemoError(busy)
     used = set().union(*(gate.used_in_namespace(receipt) for gate in GATES))
     foreign = not_created_by_run(listing.items, run_id, used)
     if foreign and not delete_foreign:
@@ -8785,6 +8830,7 @@ def cmd_pool(args, console):
     """`pool status` and `pool down` (`pool up` is a run: start_run)."""
     folder = Path(args.folder)
     if args.pool_command == "down":
+        check_pool_folder(folder)  # a run's folder is cleanup's: pool down never deletes a run
         return cleanup_one(folder, console, args.delete_foreign)
     record = read_pool_record(folder)
     status = kept_pool_status(Cluster(Kubectl(console), record["context"]), folder, record)

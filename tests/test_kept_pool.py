@@ -245,6 +245,38 @@ def test_cleanup_of_a_step_deletes_its_claims_and_leaves_the_pool(make_cluster, 
     assert cluster.get_json("namespace", record["namespace"])["metadata"]["uid"] == record["namespace_uid"]
 
 
+def test_pool_down_while_a_step_runs_says_a_step_is_running(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster(AGENT_SANDBOX)
+    pool_up(run_tool, cluster, 2, "--episode", EPISODE)
+    record = read(tmp_path / "pool" / "pool.json")
+    process, run_id = held_step(cluster, tmp_path, "step-1", tmp_path / "release")
+    down = run_tool("pool", "down", "pool", cluster=cluster)
+    assert down.code == 1, down
+    [error] = [line for line in down.stderr.splitlines() if line.startswith("Error: ")]
+    assert error.startswith("Error: a step of this kept pool is running: step %s holds 1 claim(s) (episode-%s-0)"
+                            % (run_id, run_id[:8])), error
+    assert "did not create" not in down.stderr  # the step's objects are not called foreign
+    (tmp_path / "release").touch()
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    assert run_tool("pool", "down", "pool", cluster=cluster).code == 0
+    assert cluster.kubectl("get", "namespace", record["namespace"], "--ignore-not-found", "-o", "name").stdout == ""
+
+
+@pytest.mark.parametrize("command", [["pool", "down", "out"], ["pool", "status", "out"],
+                                     ["run", "--backend", "warm-pool", "--pool", "out", "--output", "step"]])
+def test_a_run_folder_is_not_a_pool_and_pool_commands_leave_its_run_alone(command, sandbox_cluster, run_tool,
+                                                                          tmp_path):
+    assert run_tool("run", "--count", "1", "--output", "out", cluster=sandbox_cluster).code == 0
+    namespace = read(tmp_path / "out" / "receipt.json")["namespace"]
+    done = run_tool(*command, cluster=sandbox_cluster)
+    assert done.code in (1, 2), done
+    assert "out is not a kept pool's folder: it holds the receipt of a `run`" in done.stderr
+    assert "cleanup out" in done.stderr and "pool down out" not in done.stderr
+    live = sandbox_cluster.get_json("namespace", namespace)
+    assert live is not None and not live["metadata"].get("deletionTimestamp")  # the run is untouched
+
+
 def test_pool_down_refuses_a_foreign_object_and_names_it(sandbox_cluster, run_tool, tmp_path):
     pool_up(run_tool, sandbox_cluster, 1)
     namespace = read(tmp_path / "pool" / "pool.json")["namespace"]
