@@ -746,13 +746,17 @@ class Cluster:
     def watch(self, kind, *parts, timed=False):
         return Watch(self, kind, *parts, timed=timed)
 
-    def wait_until_gone(self, what, parts, timeout):
+    def wait_until_gone(self, what, parts, timeout, since=None):
+        """Poll until `parts` names nothing, for `timeout` seconds; the refusal names the whole
+        wait, from `since` (a time.monotonic() of a wait that came before this one) when given."""
+        started = time.monotonic() if since is None else since
         deadline = time.monotonic() + timeout
         delay = 0.25
         while self.exists(*parts):
             if time.monotonic() > deadline:
                 raise BatchTimeout("%s still terminating after %d s; inspect it with `kubectl --context "
-                                   "%s get %s` and run cleanup again" % (what, timeout, self.context, " ".join(parts)))
+                                   "%s get %s` and run cleanup again" % (what, time.monotonic() - started, self.context,
+                                                                        " ".join(parts)))
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
 
@@ -7136,8 +7140,9 @@ def kept_pool_options(args, fail):
                         ("--runtime", args.runtime), ("--no-runtime-class", args.no_runtime_class),
                         ("--network", args.network != "default" and args.network != record["network"])):
         if given:
-            fail("%s is the kept pool's, fixed by `pool up` (image %s, RuntimeClass %s, network %s, %d sandboxes): "
-                 "leave it out with --pool" % (flag, record["image"], record["runtime"], record["network"],
+            fail("%s is the kept pool's, fixed by `pool up` (image %s, %s, network %s, %d sandboxes): "
+                 "leave it out with --pool" % (flag, record["image"], "RuntimeClass " + record["runtime"]
+                                               if record["runtime"] else "no RuntimeClass", record["network"],
                                                record["size"]))
     if args.context and args.context != record["context"]:
         fail("--context %s: the kept pool in %s is on context %s" % (args.context, folder, record["context"]))
@@ -8070,7 +8075,7 @@ def wait_for_namespace(cluster, namespace):
         cluster.console.note("watching the namespace's deletion failed (%s); polling it instead"
                              % (meaningful_line(error.stderr) or "no message"))
         cluster.wait_until_gone("Namespace %s (inspect its finalizers)" % namespace, ("namespace", namespace),
-                                max(1.0, CLEANUP_WAIT_SECONDS - (time.monotonic() - started)))
+                                max(1.0, CLEANUP_WAIT_SECONDS - (time.monotonic() - started)), since=started)
     cluster.console.tell("Deleted the run's namespace: %s" % namespace)
     return EXIT_OK
 

@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import EPISODE, SCRIPT, read, start_tool, wait_for, write_tasks
 
 
@@ -359,3 +361,17 @@ def test_a_colleagues_configmap_made_moments_after_the_namespace_is_refused(clus
     assert done.returncode == 1, done.stderr
     assert "holds 1 object(s) this run did not create: ConfigMap notes" in done.stderr
     assert cluster.get_json("-n", namespace, "configmap", "notes")["data"] == {"todo": "keep me"}
+
+
+def test_a_wait_that_follows_another_names_the_whole_time_waited(tool, monkeypatch):
+    # the namespace's watch failed after most of the wait; the poll that finishes it has 1 s left,
+    # and its refusal names the whole wait, not that last second
+    clock = [1000.0]
+    monkeypatch.setattr(tool.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(tool.time, "sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds))
+    cluster = tool.Cluster.__new__(tool.Cluster)
+    cluster.context = "kind-rl"
+    cluster.exists = lambda *parts: True
+    with pytest.raises(tool.BatchTimeout) as raised:
+        cluster.wait_until_gone("Namespace agc-rl-x", ("namespace", "agc-rl-x"), 1.0, since=1000.0 - 119)
+    assert "still terminating after 120 s" in str(raised.value)

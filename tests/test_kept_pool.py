@@ -177,6 +177,8 @@ def test_a_step_refuses_options_the_pool_fixed(sandbox_cluster, run_tool, tmp_pa
     done = step(run_tool, sandbox_cluster, "step-1", "--image", "python:3.13-alpine")
     assert done.code == 2
     assert "--image is the kept pool's, fixed by `pool up` (image python:3.12-alpine" in done.stderr
+    # pool_up made it with --no-runtime-class: said so, not "RuntimeClass None"
+    assert "no RuntimeClass, network default, 1 sandboxes)" in done.stderr and "None" not in done.stderr
 
 
 # ---------------------------------------------------------------- the world changed between steps
