@@ -6037,9 +6037,10 @@ def warm_pool_summary(output, report, observed):
     }
 
 
-def check_agent_sandbox(cluster):
+def check_agent_sandbox(cluster, who="--backend warm-pool"):
     """Read-only: the four v1beta1 kinds are served, and the controller runs with --extensions
-    (when its Deployment can be read). Raises one line with the install command otherwise."""
+    (when its Deployment can be read). Raises one line with the install command otherwise,
+    naming `who` needs it (the option, or `pool up`)."""
     install = AGENT_SANDBOX_INSTALL % cluster.context
     served = set()
     for group in ("agents.x-k8s.io", "extensions.agents.x-k8s.io"):
@@ -6048,9 +6049,9 @@ def check_agent_sandbox(cluster):
         "sandboxtemplates", "sandboxwarmpools", "sandboxclaims")]
     missing = [name for name in wanted if name not in served]
     if missing:
-        raise DemoError("--backend warm-pool needs kubernetes-sigs/agent-sandbox with its extensions on context %s, and "
+        raise DemoError("%s needs kubernetes-sigs/agent-sandbox with its extensions on context %s, and "
                         "the API serves no %s; install it with `%s` (then `kubectl --context %s -n %s rollout status "
-                        "deployment/%s`)" % (cluster.context, ", ".join(missing), install, cluster.context,
+                        "deployment/%s`)" % (who, cluster.context, ", ".join(missing), install, cluster.context,
                                              CONTROLLER_NAMESPACE, CONTROLLER_DEPLOYMENT))
     try:
         deployment = cluster.get_json("-n", CONTROLLER_NAMESPACE, "deployment", CONTROLLER_DEPLOYMENT)
@@ -6695,7 +6696,8 @@ class WarmPoolBackend(ClusterBackend):
         if self.spec.pool:  # a step: its kept pool's existence proves agent-sandbox (KeptPoolStep.check)
             facts["agent_sandbox"] = {"checked": "by the kept pool's existence"}
             return
-        facts["agent_sandbox"] = check_agent_sandbox(cluster)
+        facts["agent_sandbox"] = check_agent_sandbox(
+            cluster, "`pool up`" if self.spec.command == POOL_UP_COMMAND else "--backend warm-pool")
 
     def pods_at_once(self):
         # A warm pool holds its pods idle, and refills as it is claimed: about pool + count pods
@@ -8097,6 +8099,14 @@ def cmd_report(args, console):
             raise DemoError("no such folder: %s (give the output folders of runs, e.g. the --output of `run`)"
                             % folder)
         if not path.exists():
+            if (Path(folder) / COMPARE_FILE).exists():
+                raise DemoError("%s is a comparison's folder: `%s report %s` alone recomputes its figures; a column "
+                                "of a table is one of its batches, %s/ARM/round-N" % (folder, invocation(), folder,
+                                                                                     folder))
+            if (Path(folder).parent / COMPARE_FILE).exists() and (Path(folder) / "round-1").is_dir():
+                raise DemoError("%s is an arm of the comparison in %s: its batches are %s/round-N; `%s report %s` "
+                                "compares the arms" % (folder, Path(folder).parent, folder, invocation(),
+                                                       Path(folder).parent))
             raise DemoError("%s has no results.json (the run failed, was interrupted, or is not an output "
                             "folder)" % folder)
         columns.append((label, read_json(path, "the results", keys=RESULT_KEYS)))

@@ -156,3 +156,14 @@ def test_compare_help_prints_the_percent_sign_once(run_tool):
     done = run_tool("compare", "--help")
     assert done.code == 0
     assert "95% bootstrap interval" in done.stdout and "%%" not in done.stdout
+
+
+def test_report_of_a_comparison_beside_a_run_or_of_one_arm_says_what_the_folder_is(run_tool, tmp_path):
+    assert run_tool("compare", "--arm", "a=", "--arm", "b=", "--backend", "local", "--count", "2", "--rounds", "2",
+                    "--output", "cmp").code == 0
+    beside = run_tool("report", "cmp", "cmp/a/round-1")
+    assert beside.code == 1
+    assert beside.stderr.startswith("Error: cmp is a comparison's folder: ") and "run failed" not in beside.stderr
+    arm = run_tool("report", "cmp/a")
+    assert arm.code == 1
+    assert arm.stderr.startswith("Error: cmp/a is an arm of the comparison in cmp: its batches are cmp/a/round-N")

@@ -181,6 +181,14 @@ def test_a_step_refuses_options_the_pool_fixed(sandbox_cluster, run_tool, tmp_pa
     assert "no RuntimeClass, network default, 1 sandboxes)" in done.stderr and "None" not in done.stderr
 
 
+def test_pool_up_on_a_cluster_without_agent_sandbox_names_pool_up(cluster, run_tool, tmp_path):
+    done = run_tool("pool", "up", "--size", "1", "--no-runtime-class", "--output", "pool", cluster=cluster)
+    assert done.code == 1
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("Error: `pool up` needs kubernetes-sigs/agent-sandbox") and "--backend" not in line
+    assert not (tmp_path / "pool").exists()
+
+
 # ---------------------------------------------------------------- the world changed between steps
 
 
