@@ -8323,8 +8323,13 @@ def comparison(arms, seed, resamples=COMPARE_RESAMPLES):
     """comparison.json's figures for {arm: [results of each completed round]}: per arm and
     metric the value and its interval, per pair of arms the ratio, its interval and the verdict."""
     rng = random.Random(seed)
-    names = [arm for arm in arms if arms[arm]]
-    figures = {arm: {"rounds": len(arms[arm])} for arm in names}
+    figures = {arm: {"rounds": len(arms[arm])} for arm in arms if arms[arm]}
+    # an arm none of whose batches has a successful episode has no figure: it is named, and the
+    # other arms are still measured
+    for arm in figures:
+        if not any(results.get("successful_episodes") for results in arms[arm]):
+            figures[arm]["no_samples"] = first_failure(arms[arm])
+    names = [arm for arm in figures if "no_samples" not in figures[arm]]
     pairs = []
     for metric in comparison_metrics({arm: arms[arm] for arm in names}) if names else []:
         by_arm, draws = metric_figures(metric, names, rng, resamples)
@@ -8342,6 +8347,14 @@ def comparison(arms, seed, resamples=COMPARE_RESAMPLES):
                        "resolution": "a figure and its interval are rounded to the resolution of its clock; a "
                                      "difference below it is no difference shown"},
             "arms": figures, "pairs": pairs}
+
+
+def first_failure(rounds):
+    """The first reason an arm's batches gave no sample: an infrastructure failure's, or a count."""
+    for results in rounds:
+        for failure in results.get("infrastructure_failures") or []:
+            return "episode %s: %s" % (failure.get("index"), failure.get("reason"))
+    return "no successful episode in %d batch(es)" % len(rounds)
 
 
 def metric_figures(metric, names, rng, resamples):
@@ -8478,6 +8491,9 @@ def comparison_lines(result):
                 lines.append("  %s: %s %s %s (%s to %s)" % (arm, figure["label"], format_figure(figure["value"]),
                                                          figure["unit"], format_figure(figure["low"]),
                                                          format_figure(figure["high"])))
+        if "no_samples" in figures:
+            lines.append("  %s: no figures: no successful episode in its %d batch(es) (first: %s)" % (
+                arm, figures["rounds"], figures["no_samples"]))
     lines += [pair["verdict"] for pair in result["pairs"]]
     return lines
 
@@ -8549,8 +8565,9 @@ def cmd_compare(args, console):
             write_json(output / COMPARE_FILE, record)
             continue
         record["status"] = "stopped"
-        failure = "round %d of arm %s failed (exit code %d; its line is above, its folder %s keeps what it saw)" % (
-            number, arm, returned, folder)
+        failure = "round %d of arm %s failed (exit code %d; its line is above, %s)" % (
+            number, arm, returned, "its folder %s keeps what it saw" % folder if folder.exists() else
+            "before it made its folder")
         code = returned if returned else EXIT_ERROR
         break
     else:
@@ -8559,6 +8576,11 @@ def cmd_compare(args, console):
     write_json(output / COMPARE_FILE, record)
     result = write_comparison(output, record)
     console.say(json.dumps(result, indent=2) if args.json else "\n".join(comparison_lines(result)))
+    empty = [arm for arm, figures in result["arms"].items() if "no_samples" in figures]
+    if empty and not failure:
+        failure = "arm %s measured nothing: no successful episode in %s (first: %s)" % (
+            empty[0], "its %d batch(es)" % result["arms"][empty[0]]["rounds"], result["arms"][empty[0]]["no_samples"])
+        record["status"], code = "no samples", EXIT_BATCH_FAILED
     if failure:
         stopped = DemoError("comparison %s: %s; the %d complete batch(es) are compared above (%s)" % (
             record["status"], failure, len(record["completed"]), output / COMPARISON_FILE))
@@ -8802,8 +8824,9 @@ def compare_args(args, shared):
     take itself), each arm's options checked as `run` checks them before any batch runs."""
     fail = args.subparser.error
     args.arms, args.shared = parse_arms(args.arm, fail), shared
-    if args.rounds < 1:
-        fail("--rounds must be at least 1, got %d" % args.rounds)
+    if args.rounds < 2:
+        fail("compare needs --rounds 2 or more, got %d: the intervals draw rounds, and one round gives none "
+             "(a single batch per arm is `run` twice and `report`)" % args.rounds)
     if args.resamples < 100:
         fail("--resamples must be at least 100, got %d" % args.resamples)
     for name, options in args.arms.items():

@@ -93,7 +93,7 @@ def test_a_comparison_of_two_local_arms_writes_every_batch_the_figures_and_the_v
 
 def test_report_of_a_comparison_recomputes_the_same_figures_from_the_folder(run_tool, tmp_path):
     assert run_tool("compare", "--arm", "a=", "--arm", "b=--parallelism 1", "--backend", "local", "--count", "3",
-                    "--rounds", "1", "--output", "cmp", "--seed", "2").code == 0
+                    "--rounds", "2", "--output", "cmp", "--seed", "2").code == 0
     again = run_tool("report", "cmp", "--json")
     assert again.code == 0, again
     assert json.loads(again.stdout) == read(tmp_path / "cmp" / "comparison.json")
@@ -117,7 +117,7 @@ def test_ctrl_c_stops_the_comparison_and_keeps_the_record(tmp_path):
     write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok", "sleep": 3600}])
     process = subprocess.Popen([sys.executable, str(SCRIPT), "compare", "--arm", "a=", "--arm", "b=",
                                 "--backend", "local", "--episode", EPISODE, "--tasks", "tasks.jsonl",
-                                "--rounds", "1", "--output", "cmp"], cwd=str(tmp_path),
+                                "--rounds", "2", "--output", "cmp"], cwd=str(tmp_path),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for("the first batch running", lambda: list((tmp_path / "cmp").glob("*/round-1/run.json")))
     process.send_signal(signal.SIGINT)
@@ -167,3 +167,35 @@ def test_report_of_a_comparison_beside_a_run_or_of_one_arm_says_what_the_folder_
     arm = run_tool("report", "cmp/a")
     assert arm.code == 1
     assert arm.stderr.startswith("Error: cmp/a is an arm of the comparison in cmp: its batches are cmp/a/round-N")
+
+
+def test_one_round_is_refused_because_it_gives_no_interval(run_tool, tmp_path):
+    done = run_tool("compare", "--arm", "a=", "--arm", "b=", "--backend", "local", "--rounds", "1", "--output", "cmp")
+    assert done.code == 2
+    assert "compare needs --rounds 2 or more, got 1: the intervals draw rounds, and one round gives none" in done.stderr
+    assert not (tmp_path / "cmp").exists()
+
+
+def test_an_arm_without_a_successful_episode_fails_the_comparison_and_the_other_arm_is_still_measured(run_tool,
+                                                                                                     tmp_path):
+    write_tasks(tmp_path / "ok.jsonl", [{"mode": "ok", "reward": 1}] * 2)
+    write_tasks(tmp_path / "crash.jsonl", [{"mode": "crash"}] * 2)
+    done = run_tool("compare", "--arm", "good=--tasks ok.jsonl", "--arm", "broken=--tasks crash.jsonl", "--episode",
+                    EPISODE, "--backend", "local", "--rounds", "2", "--output", "cmp")
+    assert done.code == 4, done
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "Error: comparison no samples: arm broken measured nothing: no successful episode in its 2 batch(es) (first: "
+        "episode 0: crashed: exit code 3")
+    assert "  good: batch all rewards " in done.stdout  # the healthy arm's figures
+    assert "  broken: no figures: no successful episode in its 2 batch(es)" in done.stdout
+    arms = read(tmp_path / "cmp" / "comparison.json")["arms"]
+    assert "batch_to_all_rewards_seconds" in arms["good"] and "no_samples" in arms["broken"]
+
+
+def test_a_batch_that_fails_before_making_its_folder_is_not_named_by_a_folder(cluster, run_tool, tmp_path):
+    done = run_tool("compare", "--arm", "a=--no-runtime-class", "--arm", "b=--runtime nosuch", "--count", "1",
+                    "--rounds", "2", "--output", "cmp", cluster=cluster)
+    assert done.code == 1, done
+    last = done.stderr.strip().splitlines()[-1]
+    assert "of arm b failed (exit code 1; its line is above, before it made its folder)" in last, last
+    assert "cmp/b/round-" not in last
