@@ -75,10 +75,11 @@ Sections of this file, in order (each under a banner of the same name)
                                        and ApiProxy: the API over one `kubectl proxy`, unthrottled
     Exec channels                      a command in a running pod: a WebSocket through `kubectl
                                        proxy`, or one `kubectl exec` each
-    Console and output files           where people's lines go; atomic JSON files
+    Console and output files           where people's lines go; atomic JSON files; time stamps
     Manifests                          pure functions: the objects every backend creates
-    Metrics and validation             pure: time points, phases, percentiles, episode checks,
-                                       reserved capacity per reward (the `cost` section)
+    Metrics and validation             pure: time points, phases, percentiles, episode checks
+    Cost                               pure: reserved capacity per reward (results.json's `cost`)
+    Preflight                          pure: how many episode pods fit the usable nodes at once
     The results folder                 results.json from the saved files, and nothing else
     Presentation                       the comparison table and the timeline picture
     Backend interface                  Admission, Gate, RunSpec, Run, Backend (the contract every
@@ -86,11 +87,12 @@ Sections of this file, in order (each under a banner of the same name)
                                        the summary
     The episode stream                 --stream: each episode on stdout once verified, and what a
                                        reader may rely on
-    Job backend                        one batch/v1 Job: watches, logs, rounds, prewarm, what a
-                                       failed wait saves
+    Pod logs                           each episode pod's log archived as it finishes
+    Job backend                        one batch/v1 Job: watches, rounds, prewarm, what a failed
+                                       wait saves
     Kueue gate                         --queue: the Job's admission by Kueue, a plug-in of the Job backend
-    Warm-pool backend                  agent-sandbox claims from a warm pool, episodes exec'd; a
-                                       kept pool: `pool up/status/down`, steps with `run --pool`
+    Warm-pool backend                  agent-sandbox claims from a warm pool, episodes exec'd
+    Kept pool                          `pool up/status/down`, and the steps of `run --pool`
     Local backend                      local processes, no cluster
     Backend registry                   BACKENDS and GATES: the one place that lists the backends
                                        and the admission gates
@@ -1508,6 +1510,14 @@ def invocation():
 def cleanup_command(output):
     return "%s cleanup --output %s" % (invocation(), shlex.quote(str(output)))
 
+def utc_now():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def iso_micro(unix_seconds):
+    return datetime.datetime.fromtimestamp(unix_seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 # ============================================================================
 # Manifests: pure functions returning the objects a run creates
 # ============================================================================
@@ -1646,11 +1656,6 @@ def common_manifests(spec, namespace, run_id):
     if spec.network == "none":
         objects.append(network_policy_manifest(namespace, run_id))
     return objects
-
-
-def run_manifests(spec, namespace, run_id):
-    """Every object of one run, in creation order (the namespace first), as its backend makes them."""
-    return backend_named(spec.backend)(spec, Console(quiet=True)).manifests(namespace, run_id)
 
 
 # ============================================================================
@@ -2342,24 +2347,6 @@ def node_summary(node):
             "allocatable": node.get("status", {}).get("allocatable")}
 
 
-def job_outcome(job):
-    """'Complete', 'Failed' or None (still running), from the Job's conditions. FailureTarget
-    counts as Failed: since 1.31 `Failed` waits until every pod has terminated, up to their
-    grace period later (tests/fakecluster/ASSUMPTIONS.md, fact 29), but the outcome is already decided."""
-    conditions = {c.get("type"): c for c in (job or {}).get("status", {}).get("conditions", [])}
-    for kind, outcome in (("Complete", "Complete"), ("Failed", "Failed"), ("FailureTarget", "Failed")):
-        if conditions.get(kind, {}).get("status") == "True":
-            return outcome
-    return None
-
-
-def job_condition(job, kind):
-    for condition in job.get("status", {}).get("conditions", []):
-        if condition.get("type") == kind:
-            return condition
-    return {}
-
-
 def eviction_message(pod):
     """Why a pod was evicted (by the kubelet under node pressure, or through the Eviction
     API), or None when it was not."""
@@ -2404,15 +2391,9 @@ def describe_failed_pods(pods, logs, explained=()):
     return phrases
 
 
-def utc_now():
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def iso_micro(unix_seconds):
-    return datetime.datetime.fromtimestamp(unix_seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-# ---------------------------------------------------------------------------- reserved capacity
+# ============================================================================
+# Cost: reserved capacity per reward (results.json's `cost`), pure
+# ============================================================================
 # What a batch held of its cluster: each pod's effective request (as the scheduler counts it)
 # x the time it held its node. Kubernetes timestamps: whole seconds, API server and kubelet
 # clocks. Divided per verified reward; the RuntimeClass's Pod overhead shown apart.
@@ -2556,6 +2537,95 @@ def cost_summary(shares, rewards, prices, extra=None, used_cpu=None):
 
 
 # ============================================================================
+# Preflight: how many episode pods fit the usable nodes at once, pure
+# ============================================================================
+
+def tolerates(tolerations, taint):
+    """Kubernetes' Toleration.ToleratesTaint: an empty effect matches every effect, and
+    `Exists` without a key matches every taint."""
+    for toleration in tolerations:
+        if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+            continue
+        if toleration.get("operator", "Equal") == "Exists":
+            if not toleration.get("key") or toleration["key"] == taint.get("key"):
+                return True
+        elif toleration.get("key") == taint.get("key") and toleration.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def usable_nodes(nodes, runtime_class):
+    """Nodes the episode pods can land on: schedulable, Ready, every NoSchedule/NoExecute taint
+    tolerated, and matching the RuntimeClass's nodeSelector. Admission adds the RuntimeClass's
+    `scheduling.tolerations` to every pod (tests/fakecluster/ASSUMPTIONS.md, fact 31), so dedicated
+    sandbox pools tainted for that class count."""
+    scheduling = (runtime_class or {}).get("scheduling") or {}
+    selector = scheduling.get("nodeSelector") or {}
+    tolerations = scheduling.get("tolerations") or []
+    usable = []
+    for node in nodes:
+        labels = node["metadata"].get("labels", {})
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in node.get("status", {}).get("conditions", []))
+        untolerated = [t for t in node.get("spec", {}).get("taints") or []
+                       if t.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, t)]
+        if ready and not untolerated and not node.get("spec", {}).get("unschedulable") and all(
+                labels.get(key) == value for key, value in selector.items()):
+            usable.append(node)
+    return usable
+
+
+# resource.Quantity's suffixes (kubernetes/apimachinery pkg/api/resource/quantity.go): binary SI,
+# decimal SI, and a decimal exponent ("1e3", "1E3"; "1E" alone is exa).
+QUANTITY_SUFFIXES = {"Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "Pi": 2 ** 50, "Ei": 2 ** 60,
+                     "n": 1e-9, "u": 1e-6, "m": 1e-3, "": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
+                     "E": 1e18}
+
+
+def parse_quantity(value):
+    """Kubernetes quantity -> float ('100m' -> 0.1 CPU, '64Mi' -> bytes, '2Pi', '500u', '1e3')."""
+    match = re.match(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]+|[A-Za-z]*)$", str(value).strip())
+    if not match:
+        raise ValueError("not a Kubernetes quantity: %r" % (value,))
+    number, suffix = match.groups()
+    if re.match(r"^[eE][+-]?[0-9]+$", suffix):
+        return float(number + suffix)
+    if suffix not in QUANTITY_SUFFIXES:
+        raise ValueError("not a Kubernetes quantity: %r (unknown suffix %r)" % (value, suffix))
+    return float(number) * QUANTITY_SUFFIXES[suffix]
+
+
+def mebibytes(value):
+    text = "%.0fMi" % (value / 2 ** 20)
+    return text + (" (%.1fGiB)" % (value / 2 ** 30) if value >= 2 ** 30 else "")
+
+
+def preflight(parallelism, runtime_class, nodes):
+    """Can `parallelism` episode pods (requests plus Pod overhead) run at once on the usable
+    nodes' allocatable capacity? Returns (pods that fit at once, the arithmetic as text)."""
+    overhead = (runtime_class or {}).get("overhead", {}).get("podFixed", {})
+    cpu = parse_quantity(EPISODE_REQUESTS["cpu"]) + parse_quantity(overhead.get("cpu", 0))
+    memory = parse_quantity(EPISODE_REQUESTS["memory"]) + parse_quantity(overhead.get("memory", 0))
+    usable = usable_nodes(nodes, runtime_class)
+    fit = 0
+    for node in usable:
+        allocatable = node["status"].get("allocatable", {})
+        fit += int(min(parse_quantity(allocatable.get("cpu", 0)) // cpu if cpu else 10 ** 9,
+                       parse_quantity(allocatable.get("memory", 0)) // memory if memory else 10 ** 9,
+                       parse_quantity(allocatable.get("pods", 110))))
+    lines = ["each episode pod requests %s CPU + %s memory" % (EPISODE_REQUESTS["cpu"], EPISODE_REQUESTS["memory"])]
+    if overhead:
+        lines.append("plus the RuntimeClass's Pod overhead %s CPU + %s memory (overhead alone: %s x %d = %s)" % (
+            overhead.get("cpu", "0"), overhead.get("memory", "0"), overhead.get("memory", "0"), parallelism,
+            mebibytes(parse_quantity(overhead.get("memory", 0)) * parallelism)))
+    lines.append("%d at once need %.0fm CPU and %s memory" % (parallelism, cpu * parallelism * 1000,
+                                                              mebibytes(memory * parallelism)))
+    lines.append("%d usable node(s) of %d fit %d such pods at once (allocatable capacity, not counting other "
+                 "pods' requests)" % (len(usable), len(nodes), fit))
+    return fit, "; ".join(lines)
+
+
+# ============================================================================
 # The results folder: results.json from the saved files, and nothing else
 # ============================================================================
 
@@ -2606,7 +2676,7 @@ def results_from_folder(output):
     expected = run_info.get("expected_episodes", flags["count"])
     gate = saved_admission(output)
     if gate is not None:
-        pods, logs = gate.results_pods(pods, logs, expected, run_info.get("custom_episode"), observed)
+        pods, logs = gate.results_pods(pods, logs, expected, observed)
     validate = collect_samples if run_info.get("custom_episode") else collect
     report = validate(pods, logs, job, expected, observed, backend.scheme)
     report.update(backend=backend.name, context=run_info["context"], namespace=run_info["namespace"], image=flags["image"],
@@ -3613,91 +3683,6 @@ def fetch_optional(fetch):
 # and how many of them fit at once.
 
 
-def tolerates(tolerations, taint):
-    """Kubernetes' Toleration.ToleratesTaint: an empty effect matches every effect, and
-    `Exists` without a key matches every taint."""
-    for toleration in tolerations:
-        if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
-            continue
-        if toleration.get("operator", "Equal") == "Exists":
-            if not toleration.get("key") or toleration["key"] == taint.get("key"):
-                return True
-        elif toleration.get("key") == taint.get("key") and toleration.get("value", "") == taint.get("value", ""):
-            return True
-    return False
-
-
-def usable_nodes(nodes, runtime_class):
-    """Nodes the episode pods can land on: schedulable, Ready, every NoSchedule/NoExecute taint
-    tolerated, and matching the RuntimeClass's nodeSelector. Admission adds the RuntimeClass's
-    `scheduling.tolerations` to every pod (tests/fakecluster/ASSUMPTIONS.md, fact 31), so dedicated
-    sandbox pools tainted for that class count."""
-    scheduling = (runtime_class or {}).get("scheduling") or {}
-    selector = scheduling.get("nodeSelector") or {}
-    tolerations = scheduling.get("tolerations") or []
-    usable = []
-    for node in nodes:
-        labels = node["metadata"].get("labels", {})
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                    for c in node.get("status", {}).get("conditions", []))
-        untolerated = [t for t in node.get("spec", {}).get("taints") or []
-                       if t.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, t)]
-        if ready and not untolerated and not node.get("spec", {}).get("unschedulable") and all(
-                labels.get(key) == value for key, value in selector.items()):
-            usable.append(node)
-    return usable
-
-
-# resource.Quantity's suffixes (kubernetes/apimachinery pkg/api/resource/quantity.go): binary SI,
-# decimal SI, and a decimal exponent ("1e3", "1E3"; "1E" alone is exa).
-QUANTITY_SUFFIXES = {"Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "Pi": 2 ** 50, "Ei": 2 ** 60,
-                     "n": 1e-9, "u": 1e-6, "m": 1e-3, "": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
-                     "E": 1e18}
-
-
-def parse_quantity(value):
-    """Kubernetes quantity -> float ('100m' -> 0.1 CPU, '64Mi' -> bytes, '2Pi', '500u', '1e3')."""
-    match = re.match(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]+|[A-Za-z]*)$", str(value).strip())
-    if not match:
-        raise ValueError("not a Kubernetes quantity: %r" % (value,))
-    number, suffix = match.groups()
-    if re.match(r"^[eE][+-]?[0-9]+$", suffix):
-        return float(number + suffix)
-    if suffix not in QUANTITY_SUFFIXES:
-        raise ValueError("not a Kubernetes quantity: %r (unknown suffix %r)" % (value, suffix))
-    return float(number) * QUANTITY_SUFFIXES[suffix]
-
-
-def mebibytes(value):
-    text = "%.0fMi" % (value / 2 ** 20)
-    return text + (" (%.1fGiB)" % (value / 2 ** 30) if value >= 2 ** 30 else "")
-
-
-def preflight(parallelism, runtime_class, nodes):
-    """Can `parallelism` episode pods (requests plus Pod overhead) run at once on the usable
-    nodes' allocatable capacity? Returns (pods that fit at once, the arithmetic as text)."""
-    overhead = (runtime_class or {}).get("overhead", {}).get("podFixed", {})
-    cpu = parse_quantity(EPISODE_REQUESTS["cpu"]) + parse_quantity(overhead.get("cpu", 0))
-    memory = parse_quantity(EPISODE_REQUESTS["memory"]) + parse_quantity(overhead.get("memory", 0))
-    usable = usable_nodes(nodes, runtime_class)
-    fit = 0
-    for node in usable:
-        allocatable = node["status"].get("allocatable", {})
-        fit += int(min(parse_quantity(allocatable.get("cpu", 0)) // cpu if cpu else 10 ** 9,
-                       parse_quantity(allocatable.get("memory", 0)) // memory if memory else 10 ** 9,
-                       parse_quantity(allocatable.get("pods", 110))))
-    lines = ["each episode pod requests %s CPU + %s memory" % (EPISODE_REQUESTS["cpu"], EPISODE_REQUESTS["memory"])]
-    if overhead:
-        lines.append("plus the RuntimeClass's Pod overhead %s CPU + %s memory (overhead alone: %s x %d = %s)" % (
-            overhead.get("cpu", "0"), overhead.get("memory", "0"), overhead.get("memory", "0"), parallelism,
-            mebibytes(parse_quantity(overhead.get("memory", 0)) * parallelism)))
-    lines.append("%d at once need %.0fm CPU and %s memory" % (parallelism, cpu * parallelism * 1000,
-                                                              mebibytes(memory * parallelism)))
-    lines.append("%d usable node(s) of %d fit %d such pods at once (allocatable capacity, not counting other "
-                 "pods' requests)" % (len(usable), len(nodes), fit))
-    return fit, "; ".join(lines)
-
-
 def human_summary(report, output):
     """A few lines for a person at a terminal (stdout keeps the JSON for scripts)."""
     backend = backend_of(report)
@@ -3873,7 +3858,233 @@ class EpisodeStream:
 
 
 # ============================================================================
-# Job backend: one batch/v1 Job, a pod per episode; its watches, logs, rounds and prewarm
+# Pod logs: every episode pod's log archived as it finishes, through `kubectl proxy`
+# ============================================================================
+
+def log_workers(count):
+    """Concurrent `kubectl logs` processes: enough for large batches, few for small ones
+    (each kubectl is a process of its own, tens of MB)."""
+    return max(LOG_FETCH_WORKERS, min(MAX_LOG_FETCH_WORKERS, count // 16))
+
+
+API_LOGS_FROM = 4  # this many pods or more: their logs come through one `kubectl proxy`
+
+LOGS_SOURCE_PROXY = "GET pods/NAME/log through the run's kubectl proxy"
+
+LOGS_SOURCE_POD = "kubectl logs POD"
+
+FOLLOW_DRAIN_SECONDS = 5  # a followed log whose container has exited: the stream's end, waited for this long
+
+LOGS_SOURCE_FOLLOWED = ("GET pods/NAME/log?follow=true through the run's kubectl proxy, from the pod's deletion "
+                        "until its container exited")
+
+LOGS_GONE = "not available: the pod was gone from the API before its log could be read (no <pod>.log)"
+
+
+def fetch_logs(cluster, namespace, folder, names):
+    """Save <pod>.log for each pod named, byte for byte what the API's pods/NAME/log returns (what
+    `kubectl logs POD` prints); return {pod name: log text}. With API_LOGS_FROM pods or more, one
+    `kubectl proxy` carries one GET per pod, API_PROXY_IN_FLIGHT at once: through one kubectl
+    process the real kubectl allows 5 requests a second (`kubectl logs -l` of 1,000 pods took
+    199 s, issue 31). For a few pods, or any the proxy did not give, one `kubectl logs POD` each
+    (4 to 16 at a time: each process has a bucket of its own). A log that cannot be had is saved
+    empty, one warning names how many and the first reason. logs.json records where each came from."""
+    if not names:
+        return {}
+    sources, saved, missing = {}, {}, []
+    if len(names) >= API_LOGS_FROM:
+        saved.update(fetch_logs_through_proxy(cluster, namespace, folder, names, sources))
+
+    def fetch(name):
+        try:
+            data = cluster.read("-n", namespace, "logs", name, "-c", CONTAINER_NAME, binary=True)
+            sources[name] = LOGS_SOURCE_POD
+        except KubectlError as error:
+            missing.append((name, meaningful_line(error.stderr)))
+            sources[name] = "not available: " + meaningful_line(error.stderr)
+            data = b""
+        (folder / (name + ".log")).write_bytes(data)  # byte for byte
+        return name, log_text(data)
+
+    rest = [name for name in names if name not in saved]
+    if rest:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=log_workers(len(rest))) as pool:
+            saved.update(pool.map(fetch, rest))
+    if missing:
+        missing.sort()
+        cluster.console.warn("no log for %d pod(s), saved empty; first: %s: %s" % (len(missing), missing[0][0],
+                                                                                   missing[0][1]))
+    record_log_sources(folder, sources)
+    return saved
+
+
+def fetch_logs_through_proxy(cluster, namespace, folder, names, sources):
+    """{name: log text} of every pod whose log the proxy answered 200; the rest are left to
+    `kubectl logs POD` (which then words any error as kubectl does)."""
+    proxy = log_proxy(cluster, namespace)
+    try:
+        proxy.open()
+    except ProxyUnavailable as unavailable:
+        proxy.close()
+        cluster.console.note("reading the logs through `kubectl proxy` failed (%s); one `kubectl logs` per pod"
+                             % unavailable)
+        return {}
+
+    saved = {}
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=API_PROXY_IN_FLIGHT) as pool:
+            for name, data in zip(names, pool.map(lambda name: read_log_through_proxy(proxy, namespace, folder, name),
+                                                  names)):
+                if data is not None:
+                    saved[name], sources[name] = log_text(data), LOGS_SOURCE_PROXY
+    finally:
+        proxy.close()
+    return saved
+
+
+def log_proxy(cluster, namespace):
+    """A `kubectl proxy` that serves only the namespace's pod logs and its Jobs (the wait's poll)."""
+    return ApiProxy(cluster, ["^/api/v1/namespaces/%s/pods/[^/]+/log$" % re.escape(namespace),
+                              "^/apis/batch/v1/namespaces/%s/jobs/[^/]+$" % re.escape(namespace)])
+
+
+def read_log_through_proxy(proxy, namespace, folder, name, follow_seconds=None):
+    """GET one pod's log through `proxy` and save it byte for byte as <pod>.log; the bytes, or
+    None when the proxy did not answer 200 (the caller leaves that pod to `kubectl logs POD`).
+    With follow_seconds, the log is followed (`follow=true`) until its container exits, for at
+    most that long: a pod in its grace period, whose log goes with it."""
+    query = {"container": CONTAINER_NAME}
+    if follow_seconds is not None:
+        query["follow"] = "true"
+    try:
+        status, data = proxy.request("GET", "/api/v1/namespaces/%s/pods/%s/log?%s" % (
+            urllib.parse.quote(namespace), urllib.parse.quote(name), urllib.parse.urlencode(query)),
+            **({"timeout": follow_seconds} if follow_seconds is not None else {}))
+    except ProxyUnavailable:
+        return None
+    if status != 200:
+        return None
+    (folder / (name + ".log")).write_bytes(data)
+    return data
+
+
+class LogArchive:
+    """A Job's episode logs archived while the batch runs, not after it: the wait loop offers
+    every pod it sees finished, and one `kubectl proxy` (opened at the first, for batches of
+    API_LOGS_FROM pods or more) reads each one's log, API_PROXY_IN_FLIGHT at once, saved byte
+    for byte as <pod>.log. A finished pod's log is final (restartPolicy Never: its one
+    container has exited), so reading it early reads what the end would, and at Complete only
+    the last few remain (1,000 pods at 100 ms a request: 3.5 s of reads after Complete before,
+    none of them after; issue 31). What it did not get (no proxy, a refusal, a pod already gone)
+    is left to the end's fetch_logs, which words why. Its threads only write <pod>.log;
+    logs.json is written by settle(), in the caller's thread.
+
+    A pod deleted while it runs (an eviction, a drain) takes its log with it when its grace
+    period ends, perhaps seconds after its episode printed a reward and exited inside that
+    period; whatever the batch's size, such a pod's log is followed from the moment the watch
+    shows its deletion until its container exits (issue 32 item 6)."""
+
+    def __init__(self, cluster, namespace, folder, pod_count):
+        self.cluster, self.namespace, self.folder = cluster, namespace, folder
+        self.enabled = pod_count >= API_LOGS_FROM
+        self.proxy, self.pool = None, None
+        self.finished = set()  # the pods offered finished: each is looked at once
+        self.reads = {}  # pod name -> Future of its read (bytes, or None when not had)
+        self.recorded = set()  # the pods whose source settle() wrote into logs.json
+        self.followed = set()  # the pods seen deleted while running: their logs followed
+        self.exited = set()  # followed pods last seen Succeeded or Failed: their streams are ending
+        self.closed = False  # closed, or its proxy would not serve: no more reads
+
+    def offer(self, pods):
+        """Start reading the log of every finished pod in {name: pod} not read or saved yet, and
+        following that of every pod deleted while it runs."""
+        if self.closed:
+            return
+        self.exited.update(name for name in self.followed if pods.get(name, {}).get("status", {}).get("phase")
+                           in ("Succeeded", "Failed"))
+        for name, pod in pods.items():
+            phase = pod.get("status", {}).get("phase")
+            if name in self.followed or name in self.reads or not pod["metadata"].get("deletionTimestamp") \
+                    or phase not in ("Pending", "Running"):
+                continue
+            self.followed.add(name)
+            if (self.proxy is not None or self.open()) and not (self.folder / (name + ".log")).exists():
+                grace = pod["metadata"].get("deletionGracePeriodSeconds") or pod["spec"].get(
+                    "terminationGracePeriodSeconds", 30)
+                self.reads[name] = self.pool.submit(read_log_through_proxy, self.proxy, self.namespace, self.folder,
+                                                    name, grace + KUBECTL_PROCESS_TIMEOUT_SECONDS)
+        if not self.enabled:
+            return
+        for name, pod in pods.items():
+            if name in self.finished or pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
+                continue
+            self.finished.add(name)
+            if name in self.reads or (self.folder / (name + ".log")).exists():  # followed, or the stream saved it
+                continue
+            if self.proxy is None and not self.open():
+                return
+            self.reads[name] = self.pool.submit(read_log_through_proxy, self.proxy, self.namespace, self.folder, name)
+
+    def open_proxy(self):
+        """Its proxy when it is open (for the wait's poll), else None: a poll opens none."""
+        return self.proxy if self.proxy is not None and not self.closed else None
+
+    def open(self):
+        self.proxy = log_proxy(self.cluster, self.namespace)
+        try:
+            self.proxy.open()
+        except ProxyUnavailable as unavailable:
+            self.close()
+            self.cluster.console.note("reading the logs through `kubectl proxy` failed (%s); they are read "
+                                      "when the batch has finished" % unavailable)
+            return False
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=API_PROXY_IN_FLIGHT)
+        return True
+
+    def settle(self, names=None):
+        """Wait for the reads started of `names` (all when None) and record where their logs came
+        from in logs.json; the names whose log is saved."""
+        wanted = [name for name in (self.reads if names is None else names) if name in self.reads]
+        # A followed log whose pod still runs (a deadline's kill, a drain: up to its grace period,
+        # 30 s by default) is not waited for: the end reads what the API has of it now.
+        wanted = [name for name in wanted if name not in self.followed or name in self.exited
+                  or self.reads[name].done()]
+        saved = [name for name in wanted if not self.reads[name].cancelled() and self.result_of(name) is not None]
+        new = [name for name in saved if name not in self.recorded]
+        if new:
+            record_log_sources(self.folder, {name: LOGS_SOURCE_FOLLOWED if name in self.followed else LOGS_SOURCE_PROXY
+                                             for name in new})
+            self.recorded.update(new)
+        return saved
+
+    def result_of(self, name):
+        """A read's bytes (None when not had); a followed stream whose container has exited gets
+        FOLLOW_DRAIN_SECONDS to end."""
+        try:
+            return self.reads[name].result(timeout=FOLLOW_DRAIN_SECONDS if name in self.followed else None)
+        except concurrent.futures.TimeoutError:
+            return None
+
+    def close(self):
+        """Stop reading (reads not started are dropped; the end or a failure path reads what it needs)."""
+        self.enabled, self.closed = False, True
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.proxy is not None:
+            self.proxy.close()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+
+
+def record_log_sources(folder, sources):
+    """Add {pod: where its log came from} to logs.json."""
+    record = read_saved(folder / "logs.json") or {}
+    record.update(sources)
+    write_json(folder / "logs.json", dict(sorted(record.items())))
+
+
+# ============================================================================
+# Job backend: one batch/v1 Job, a pod per episode; its watches, rounds and prewarm
 # ============================================================================
 
 JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
@@ -3886,6 +4097,24 @@ MAX_LOG_FETCH_WORKERS = 16  # each is a kubectl process of its own
 PERMANENT_REFUSALS = ("violates PodSecurity", "pod rejected: RuntimeClass", "because it is being terminated",
                       "cannot create resource")
 PERMANENT_WAITING = ("CreateContainerConfigError", "InvalidImageName", "ErrImageNeverPull")
+
+
+def job_outcome(job):
+    """'Complete', 'Failed' or None (still running), from the Job's conditions. FailureTarget
+    counts as Failed: since 1.31 `Failed` waits until every pod has terminated, up to their
+    grace period later (tests/fakecluster/ASSUMPTIONS.md, fact 29), but the outcome is already decided."""
+    conditions = {c.get("type"): c for c in (job or {}).get("status", {}).get("conditions", [])}
+    for kind, outcome in (("Complete", "Complete"), ("Failed", "Failed"), ("FailureTarget", "Failed")):
+        if conditions.get(kind, {}).get("status") == "True":
+            return outcome
+    return None
+
+
+def job_condition(job, kind):
+    for condition in job.get("status", {}).get("conditions", []):
+        if condition.get("type") == kind:
+            return condition
+    return {}
 
 
 def blocking_reason(events, pods):
@@ -4150,228 +4379,6 @@ class JobProgress:
 class Unqueued(Admission):
     """The Job's admission when no gate holds it: admitted from the start, its deadline the
     client's wait from the create call (every method as Admission has it)."""
-
-
-def log_workers(count):
-    """Concurrent `kubectl logs` processes: enough for large batches, few for small ones
-    (each kubectl is a process of its own, tens of MB)."""
-    return max(LOG_FETCH_WORKERS, min(MAX_LOG_FETCH_WORKERS, count // 16))
-
-
-API_LOGS_FROM = 4  # this many pods or more: their logs come through one `kubectl proxy`
-
-LOGS_SOURCE_PROXY = "GET pods/NAME/log through the run's kubectl proxy"
-
-LOGS_SOURCE_POD = "kubectl logs POD"
-
-FOLLOW_DRAIN_SECONDS = 5  # a followed log whose container has exited: the stream's end, waited for this long
-
-LOGS_SOURCE_FOLLOWED = ("GET pods/NAME/log?follow=true through the run's kubectl proxy, from the pod's deletion "
-                        "until its container exited")
-
-LOGS_GONE = "not available: the pod was gone from the API before its log could be read (no <pod>.log)"
-
-
-def fetch_logs(cluster, namespace, folder, names):
-    """Save <pod>.log for each pod named, byte for byte what the API's pods/NAME/log returns (what
-    `kubectl logs POD` prints); return {pod name: log text}. With API_LOGS_FROM pods or more, one
-    `kubectl proxy` carries one GET per pod, API_PROXY_IN_FLIGHT at once: through one kubectl
-    process the real kubectl allows 5 requests a second (`kubectl logs -l` of 1,000 pods took
-    199 s, issue 31). For a few pods, or any the proxy did not give, one `kubectl logs POD` each
-    (4 to 16 at a time: each process has a bucket of its own). A log that cannot be had is saved
-    empty, one warning names how many and the first reason. logs.json records where each came from."""
-    if not names:
-        return {}
-    sources, saved, missing = {}, {}, []
-    if len(names) >= API_LOGS_FROM:
-        saved.update(fetch_logs_through_proxy(cluster, namespace, folder, names, sources))
-
-    def fetch(name):
-        try:
-            data = cluster.read("-n", namespace, "logs", name, "-c", CONTAINER_NAME, binary=True)
-            sources[name] = LOGS_SOURCE_POD
-        except KubectlError as error:
-            missing.append((name, meaningful_line(error.stderr)))
-            sources[name] = "not available: " + meaningful_line(error.stderr)
-            data = b""
-        (folder / (name + ".log")).write_bytes(data)  # byte for byte
-        return name, log_text(data)
-
-    rest = [name for name in names if name not in saved]
-    if rest:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=log_workers(len(rest))) as pool:
-            saved.update(pool.map(fetch, rest))
-    if missing:
-        missing.sort()
-        cluster.console.warn("no log for %d pod(s), saved empty; first: %s: %s" % (len(missing), missing[0][0],
-                                                                                   missing[0][1]))
-    record_log_sources(folder, sources)
-    return saved
-
-
-def fetch_logs_through_proxy(cluster, namespace, folder, names, sources):
-    """{name: log text} of every pod whose log the proxy answered 200; the rest are left to
-    `kubectl logs POD` (which then words any error as kubectl does)."""
-    proxy = log_proxy(cluster, namespace)
-    try:
-        proxy.open()
-    except ProxyUnavailable as unavailable:
-        proxy.close()
-        cluster.console.note("reading the logs through `kubectl proxy` failed (%s); one `kubectl logs` per pod"
-                             % unavailable)
-        return {}
-
-    saved = {}
-    try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=API_PROXY_IN_FLIGHT) as pool:
-            for name, data in zip(names, pool.map(lambda name: read_log_through_proxy(proxy, namespace, folder, name),
-                                                  names)):
-                if data is not None:
-                    saved[name], sources[name] = log_text(data), LOGS_SOURCE_PROXY
-    finally:
-        proxy.close()
-    return saved
-
-
-def log_proxy(cluster, namespace):
-    """A `kubectl proxy` that serves only the namespace's pod logs and its Jobs (the wait's poll)."""
-    return ApiProxy(cluster, ["^/api/v1/namespaces/%s/pods/[^/]+/log$" % re.escape(namespace),
-                              "^/apis/batch/v1/namespaces/%s/jobs/[^/]+$" % re.escape(namespace)])
-
-
-def read_log_through_proxy(proxy, namespace, folder, name, follow_seconds=None):
-    """GET one pod's log through `proxy` and save it byte for byte as <pod>.log; the bytes, or
-    None when the proxy did not answer 200 (the caller leaves that pod to `kubectl logs POD`).
-    With follow_seconds, the log is followed (`follow=true`) until its container exits, for at
-    most that long: a pod in its grace period, whose log goes with it."""
-    query = {"container": CONTAINER_NAME}
-    if follow_seconds is not None:
-        query["follow"] = "true"
-    try:
-        status, data = proxy.request("GET", "/api/v1/namespaces/%s/pods/%s/log?%s" % (
-            urllib.parse.quote(namespace), urllib.parse.quote(name), urllib.parse.urlencode(query)),
-            **({"timeout": follow_seconds} if follow_seconds is not None else {}))
-    except ProxyUnavailable:
-        return None
-    if status != 200:
-        return None
-    (folder / (name + ".log")).write_bytes(data)
-    return data
-
-
-class LogArchive:
-    """A Job's episode logs archived while the batch runs, not after it: the wait loop offers
-    every pod it sees finished, and one `kubectl proxy` (opened at the first, for batches of
-    API_LOGS_FROM pods or more) reads each one's log, API_PROXY_IN_FLIGHT at once, saved byte
-    for byte as <pod>.log. A finished pod's log is final (restartPolicy Never: its one
-    container has exited), so reading it early reads what the end would, and at Complete only
-    the last few remain (1,000 pods at 100 ms a request: 3.5 s of reads after Complete before,
-    none of them after; issue 31). What it did not get (no proxy, a refusal, a pod already gone)
-    is left to the end's fetch_logs, which words why. Its threads only write <pod>.log;
-    logs.json is written by settle(), in the caller's thread.
-
-    A pod deleted while it runs (an eviction, a drain) takes its log with it when its grace
-    period ends, perhaps seconds after its episode printed a reward and exited inside that
-    period; whatever the batch's size, such a pod's log is followed from the moment the watch
-    shows its deletion until its container exits (issue 32 item 6)."""
-
-    def __init__(self, cluster, namespace, folder, pod_count):
-        self.cluster, self.namespace, self.folder = cluster, namespace, folder
-        self.enabled = pod_count >= API_LOGS_FROM
-        self.proxy, self.pool = None, None
-        self.finished = set()  # the pods offered finished: each is looked at once
-        self.reads = {}  # pod name -> Future of its read (bytes, or None when not had)
-        self.recorded = set()  # the pods whose source settle() wrote into logs.json
-        self.followed = set()  # the pods seen deleted while running: their logs followed
-        self.exited = set()  # followed pods last seen Succeeded or Failed: their streams are ending
-        self.closed = False  # closed, or its proxy would not serve: no more reads
-
-    def offer(self, pods):
-        """Start reading the log of every finished pod in {name: pod} not read or saved yet, and
-        following that of every pod deleted while it runs."""
-        if self.closed:
-            return
-        self.exited.update(name for name in self.followed if pods.get(name, {}).get("status", {}).get("phase")
-                           in ("Succeeded", "Failed"))
-        for name, pod in pods.items():
-            phase = pod.get("status", {}).get("phase")
-            if name in self.followed or name in self.reads or not pod["metadata"].get("deletionTimestamp") \
-                    or phase not in ("Pending", "Running"):
-                continue
-            self.followed.add(name)
-            if (self.proxy is not None or self.open()) and not (self.folder / (name + ".log")).exists():
-                grace = pod["metadata"].get("deletionGracePeriodSeconds") or pod["spec"].get(
-                    "terminationGracePeriodSeconds", 30)
-                self.reads[name] = self.pool.submit(read_log_through_proxy, self.proxy, self.namespace, self.folder,
-                                                    name, grace + KUBECTL_PROCESS_TIMEOUT_SECONDS)
-        if not self.enabled:
-            return
-        for name, pod in pods.items():
-            if name in self.finished or pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
-                continue
-            self.finished.add(name)
-            if name in self.reads or (self.folder / (name + ".log")).exists():  # followed, or the stream saved it
-                continue
-            if self.proxy is None and not self.open():
-                return
-            self.reads[name] = self.pool.submit(read_log_through_proxy, self.proxy, self.namespace, self.folder, name)
-
-    def open_proxy(self):
-        """Its proxy when it is open (for the wait's poll), else None: a poll opens none."""
-        return self.proxy if self.proxy is not None and not self.closed else None
-
-    def open(self):
-        self.proxy = log_proxy(self.cluster, self.namespace)
-        try:
-            self.proxy.open()
-        except ProxyUnavailable as unavailable:
-            self.close()
-            self.cluster.console.note("reading the logs through `kubectl proxy` failed (%s); they are read "
-                                      "when the batch has finished" % unavailable)
-            return False
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=API_PROXY_IN_FLIGHT)
-        return True
-
-    def settle(self, names=None):
-        """Wait for the reads started of `names` (all when None) and record where their logs came
-        from in logs.json; the names whose log is saved."""
-        wanted = [name for name in (self.reads if names is None else names) if name in self.reads]
-        # A followed log whose pod still runs (a deadline's kill, a drain: up to its grace period,
-        # 30 s by default) is not waited for: the end reads what the API has of it now.
-        wanted = [name for name in wanted if name not in self.followed or name in self.exited
-                  or self.reads[name].done()]
-        saved = [name for name in wanted if not self.reads[name].cancelled() and self.result_of(name) is not None]
-        new = [name for name in saved if name not in self.recorded]
-        if new:
-            record_log_sources(self.folder, {name: LOGS_SOURCE_FOLLOWED if name in self.followed else LOGS_SOURCE_PROXY
-                                             for name in new})
-            self.recorded.update(new)
-        return saved
-
-    def result_of(self, name):
-        """A read's bytes (None when not had); a followed stream whose container has exited gets
-        FOLLOW_DRAIN_SECONDS to end."""
-        try:
-            return self.reads[name].result(timeout=FOLLOW_DRAIN_SECONDS if name in self.followed else None)
-        except concurrent.futures.TimeoutError:
-            return None
-
-    def close(self):
-        """Stop reading (reads not started are dropped; the end or a failure path reads what it needs)."""
-        self.enabled, self.closed = False, True
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-        if self.proxy is not None:
-            self.proxy.close()
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
-
-
-def record_log_sources(folder, sources):
-    """Add {pod: where its log came from} to logs.json."""
-    record = read_saved(folder / "logs.json") or {}
-    record.update(sources)
-    write_json(folder / "logs.json", dict(sorted(record.items())))
 
 
 def save_events(cluster, namespace, folder):
@@ -5494,7 +5501,7 @@ class SavedAdmission:
         self.record = record
         self.earlier = []  # pods of a preempted admission cycle
 
-    def results_pods(self, pods, logs, expected, custom_episode, observed=None):
+    def results_pods(self, pods, logs, expected, observed=None):
         """The pods (and logs) that are results: those of the last admission cycle, and those of
         an earlier cycle that succeeded before its eviction (the Job counted them and does not run
         their episodes again). A pod the eviction's suspension deleted is never a result: the Job
@@ -7077,7 +7084,9 @@ def delete_through_proxy(cluster, base, deletes):
         proxy.close()
 
 
-# ---------------------------------------------------------------------------- a kept pool
+# ============================================================================
+# Kept pool: `pool up`, `pool status`, `pool down` and the steps of `run --pool`
+# ============================================================================
 # `pool up` makes a namespace, template and pool as a warm-pool run does, waits for it to fill,
 # and stops there, leaving pool.json (what steps read) beside its receipt.json (what `pool down`,
 # which is `cleanup`, proves). A step (`run --backend warm-pool --pool POOLDIR`) makes and deletes
@@ -7413,6 +7422,46 @@ def pool_status_lines(status):
         human_age(status["age_seconds"]), status["steps_served"]),
         "idle cost: %.0f CPU core-seconds and %.0f GiB-seconds reserved per hour between steps" % (
             idle["cpu_core_seconds"], idle["gib_seconds"])]
+
+
+def pool_up_spec(args):
+    """`pool up` as the RunSpec of a warm-pool run that fires no claim (count 0), checked once."""
+    fail = args.subparser.error
+    bound = MAX_LARGE_COUNT if args.allow_large else MAX_COUNT
+    if not 1 <= args.size <= bound:
+        fail("--size must be between 1 and %d%s, got %d" % (bound, "" if args.allow_large else
+                                                            " (--allow-large lifts it to %d)" % MAX_LARGE_COUNT, args.size))
+    if args.timeout is not None and args.timeout < 1:
+        fail("--timeout must be at least 1 second, got %d" % args.timeout)
+    program, _ = read_episode_inputs(argparse.Namespace(episode=args.episode, tasks=None, retries=0, count=None), fail)
+    run_parser = build_parser().parse_known_args(["run"])[0].subparser
+    options = {dest: run_parser.get_default(dest) for dest in run_parser.plugin_options}
+    options.update(pool_size=args.size, exec_concurrency=1, pool=None)
+    return RunSpec(command=POOL_UP_COMMAND, output=args.output, backend=WarmPoolBackend.name, count=0,
+                   allow_large=args.allow_large, parallelism=0, image=args.image or DEFAULT_IMAGE,
+                   runtime=args.runtime or DEFAULT_RUNTIME, no_runtime_class=args.no_runtime_class,
+                   timeout=args.timeout or default_deadline(args.size, args.size), network=args.network,
+                   force=args.force, quiet=args.quiet, context=args.context, episode=args.episode, program=program,
+                   options=options)
+
+
+def cmd_pool(args, console):
+    """`pool status` and `pool down` (`pool up` is a run: start_run)."""
+    folder = Path(args.folder)
+    if args.pool_command == "down":
+        check_pool_folder(folder)  # a run's folder is cleanup's: pool down never deletes a run
+        return cleanup_one(folder, console, args.delete_foreign)
+    record = read_pool_record(folder)
+    status = kept_pool_status(Cluster(Kubectl(console), record["context"]), folder, record)
+    if args.json:
+        console.say(json.dumps(status, indent=2))
+    else:
+        for line in pool_status_lines(status):
+            console.say(line)
+    if status["state"] != "up":
+        raise DemoError("the kept pool in %s is %s: bring up a new one with `%s pool up`" % (
+            folder, status["state"], invocation()))
+    return EXIT_OK
 
 
 # ============================================================================
@@ -8841,46 +8890,6 @@ def compare_args(args, shared):
             said = [line for line in said.getvalue().splitlines() if ": error: " in line]
             fail("arm %s: %s" % (name, said[-1].split(": error: ", 1)[1] if said else "refused by `run`"))
     return args
-
-
-def pool_up_spec(args):
-    """`pool up` as the RunSpec of a warm-pool run that fires no claim (count 0), checked once."""
-    fail = args.subparser.error
-    bound = MAX_LARGE_COUNT if args.allow_large else MAX_COUNT
-    if not 1 <= args.size <= bound:
-        fail("--size must be between 1 and %d%s, got %d" % (bound, "" if args.allow_large else
-                                                            " (--allow-large lifts it to %d)" % MAX_LARGE_COUNT, args.size))
-    if args.timeout is not None and args.timeout < 1:
-        fail("--timeout must be at least 1 second, got %d" % args.timeout)
-    program, _ = read_episode_inputs(argparse.Namespace(episode=args.episode, tasks=None, retries=0, count=None), fail)
-    run_parser = build_parser().parse_known_args(["run"])[0].subparser
-    options = {dest: run_parser.get_default(dest) for dest in run_parser.plugin_options}
-    options.update(pool_size=args.size, exec_concurrency=1, pool=None)
-    return RunSpec(command=POOL_UP_COMMAND, output=args.output, backend=WarmPoolBackend.name, count=0,
-                   allow_large=args.allow_large, parallelism=0, image=args.image or DEFAULT_IMAGE,
-                   runtime=args.runtime or DEFAULT_RUNTIME, no_runtime_class=args.no_runtime_class,
-                   timeout=args.timeout or default_deadline(args.size, args.size), network=args.network,
-                   force=args.force, quiet=args.quiet, context=args.context, episode=args.episode, program=program,
-                   options=options)
-
-
-def cmd_pool(args, console):
-    """`pool status` and `pool down` (`pool up` is a run: start_run)."""
-    folder = Path(args.folder)
-    if args.pool_command == "down":
-        check_pool_folder(folder)  # a run's folder is cleanup's: pool down never deletes a run
-        return cleanup_one(folder, console, args.delete_foreign)
-    record = read_pool_record(folder)
-    status = kept_pool_status(Cluster(Kubectl(console), record["context"]), folder, record)
-    if args.json:
-        console.say(json.dumps(status, indent=2))
-    else:
-        for line in pool_status_lines(status):
-            console.say(line)
-    if status["state"] != "up":
-        raise DemoError("the kept pool in %s is %s: bring up a new one with `%s pool up`" % (
-            folder, status["state"], invocation()))
-    return EXIT_OK
 
 
 def read_episode_inputs(args, fail):

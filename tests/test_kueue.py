@@ -676,7 +676,7 @@ def test_a_pod_created_in_the_second_of_the_readmission_is_told_apart_by_when_th
     observed = {"old-running": {"first_seen": 1004.1}, "old-done": {"first_seen": 1004.05},
                 "new": {"first_seen": 1004.8}}
     gate = tool.SavedAdmission(record)
-    kept, _ = gate.results_pods(pods, [""] * 3, 2, False, observed)
+    kept, _ = gate.results_pods(pods, [""] * 3, 2, observed)
     # the preempted pod is never a result; one that succeeded before the eviction was counted by the Job
     assert [p["metadata"]["name"] for p in kept] == ["old-done", "new"]
     assert [p["metadata"]["name"] for p in gate.earlier] == ["old-running"]

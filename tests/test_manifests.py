@@ -9,6 +9,11 @@ import pytest
 from conftest import find_python
 
 
+def manifests_of(tool, spec, namespace="agc-rl-x", run_id="x"):
+    """Every object of one run, in creation order, as its backend makes them."""
+    return tool.backend_named(spec.backend)(spec, tool.Console(quiet=True)).manifests(namespace, run_id)
+
+
 @pytest.mark.parametrize("count, parallelism, deadline", [(10, 10, 240), (20, 20, 240), (10, 1, 510),
                                                            (1000, 1000, 338), (1000, 100, 608)])
 def test_deadline_follows_count_and_parallelism(tool, count, parallelism, deadline):
@@ -73,7 +78,7 @@ def test_the_pods_command_runs_the_program_the_configmap_ships(tool):
 
 def test_every_created_object_carries_the_recommended_labels(tool):
     args = tool.parse_args(["run", "--output", "o", "--network", "none"])
-    for obj in tool.run_manifests(args, "agc-rl-x", "x"):
+    for obj in manifests_of(tool, args):
         labels = obj["metadata"]["labels"]
         assert labels["agc-demo-run"] == "x", obj["kind"]
         assert labels["app.kubernetes.io/name"] == "rl-batch-demo"
@@ -81,16 +86,16 @@ def test_every_created_object_carries_the_recommended_labels(tool):
         assert labels["app.kubernetes.io/managed-by"] == "rl-batch-demo"
         assert labels["app.kubernetes.io/version"] == tool.__version__
         assert labels["app.kubernetes.io/component"]
-    job = tool.run_manifests(args, "agc-rl-x", "x")[-1]
+    job = manifests_of(tool, args)[-1]
     assert job["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/instance"] == "x"
 
 
-def test_run_manifests_create_the_namespace_first_and_the_job_last(tool):
+def test_a_job_runs_objects_are_the_namespace_first_and_the_job_last(tool):
     args = tool.parse_args(["run", "--output", "o", "--network", "none"])
-    kinds = [obj["kind"] for obj in tool.run_manifests(args, "agc-rl-x", "x")]
+    kinds = [obj["kind"] for obj in manifests_of(tool, args)]
     assert kinds == ["Namespace", "ConfigMap", "NetworkPolicy", "Job"]
     args = tool.parse_args(["run", "--output", "o"])
-    assert [obj["kind"] for obj in tool.run_manifests(args, "agc-rl-x", "x")] == ["Namespace", "ConfigMap", "Job"]
+    assert [obj["kind"] for obj in manifests_of(tool, args)] == ["Namespace", "ConfigMap", "Job"]
 
 
 def test_episode_program_imports_only_cheap_standard_modules(tool):
