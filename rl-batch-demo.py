@@ -99,7 +99,8 @@ Sections of this file, in order (each under a banner of the same name)
     Cleanup, report and list           the other subcommands; foreign objects, --receipt
     Compare                            arms run interleaved, bootstrap intervals, verdicts, the
                                        ECDF picture
-    Command line                       argparse, the RunSpec built once, main()
+    Command line                       `run`'s parser (each other command's sits beside it), the
+                                       RunSpec built once, the top parser, main()
     Python API                         run_batch(), stream_batch(), warm_pool() for a training loop
                                        (`import rl_batch_demo` once installed)
 """
@@ -7445,6 +7446,50 @@ def pool_up_spec(args):
                    options=options)
 
 
+def add_pool_parser(commands):
+    """`pool up|status|down`'s arguments (up shares `run`'s sandbox options)."""
+    pool = commands.add_parser(
+        "pool", help="a warm pool kept across batches (a training loop's steps: run --pool POOLDIR)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Keep one agent-sandbox warm pool up across many batches: `pool up` makes it and waits for it\n"
+                    "to fill, each `run --backend warm-pool --pool POOLDIR` is a step that claims from it and deletes\n"
+                    "only its own claims, `pool status` shows it, `pool down` deletes it (as cleanup does).",
+        epilog="example:\n  %(prog)s up --size 64 --allow-large --output pool\n  %(prog)s status pool\n"
+               "  " + program_name() + " run --backend warm-pool --pool pool --count 64 --allow-large --output step-1\n"
+               "  %(prog)s down pool")
+    pool.set_defaults(subparser=pool)
+    actions = pool.add_subparsers(dest="pool_command", metavar="ACTION", parser_class=ArgumentParser)
+    actions.required = True
+    up = actions.add_parser("up", help="make a warm pool and wait until it is full",
+                            description="Make a namespace, SandboxTemplate and SandboxWarmPool of SIZE sandboxes "
+                                        "(shaped as `run` shapes a sandbox), wait until every one is Ready, and "
+                                        "write POOLDIR/receipt.json and POOLDIR/%s." % POOL_RECORD_FILE)
+    up.add_argument("--size", type=int, required=True, metavar="N",
+                    help="sandboxes kept Ready, 1..%d, or up to %d with --allow-large" % (MAX_COUNT, MAX_LARGE_COUNT))
+    up.add_argument("--output", required=True, metavar="POOLDIR", help="a new folder for the pool's receipt and record")
+    up.add_argument("--allow-large", action="store_true", help="lift the bound of %d sandboxes to %d"
+                    % (MAX_COUNT, MAX_LARGE_COUNT))
+    add_sandbox_options(up.add_argument_group("the cluster (as for `run`)"))
+    up.add_argument("--episode", metavar="FILE.py", help="the episode program the sandboxes hold (steps then run it, "
+                                                         "with their own --tasks)")
+    up.add_argument("--timeout", type=int, metavar="SECONDS", help="how long to wait for the pool to fill (default: "
+                                                                   "as `run` for SIZE episodes)")
+    up.add_argument("--force", action="store_true", help="make the pool even when the preflight says it cannot fill")
+    up.add_argument("--quiet", action="store_true", help="no progress or notes on stderr")
+    up.set_defaults(subparser=up)
+    status = actions.add_parser("status", help="the pool's Ready sandboxes, age, steps served and idle cost")
+    status.add_argument("folder", metavar="POOLDIR", help="the folder of `pool up --output`")
+    status.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    status.set_defaults(subparser=status)
+    down = actions.add_parser("down", help="delete what `pool up` made, after proving it owns it (as cleanup)")
+    down.add_argument("folder", metavar="POOLDIR", help="the folder of `pool up --output`")
+    down.add_argument("--delete-foreign", action="store_true",
+                      help="also delete objects in the pool's namespace it did not create (a running or unfinished "
+                           "step's claims among them); without it, pool down names them and refuses")
+    down.add_argument("--quiet", action="store_true", help="no progress or notes on stderr")
+    down.set_defaults(subparser=down)
+
+
 def cmd_pool(args, console):
     """`pool status` and `pool down` (`pool up` is a run: start_run)."""
     folder = Path(args.folder)
@@ -8131,6 +8176,48 @@ def wait_for_namespace(cluster, namespace):
     return EXIT_OK
 
 
+def add_cleanup_parser(commands):
+    """`cleanup`'s arguments."""
+    cleanup = commands.add_parser("cleanup", help="delete what one run created, after checking "
+                                                  "ownership against its receipt.json",
+                                  description="Delete what each run created, after checking ownership against "
+                                              "its receipt.json.")
+    cleanup.add_argument("folders", nargs="*", metavar="DIR", help="the runs' output folders (as for report)")
+    cleanup.add_argument("--output", metavar="DIR", nargs="+", help="the same as DIR (kept for scripts)")
+    cleanup.add_argument("--receipt", metavar="FILE",
+                         help="a receipt on its own (`-`: from stdin), e.g. the one a run prints when its "
+                              "output folder failed")
+    cleanup.add_argument("--delete-foreign", action="store_true",
+                         help="also delete objects in the run's namespace that the run did not create "
+                              "(without it, cleanup names them and refuses)")
+    cleanup.set_defaults(subparser=cleanup)
+
+
+def add_report_parser(commands):
+    """`report`'s arguments."""
+    report = commands.add_parser("report", help="compare saved runs side by side (no cluster needed)",
+                                 description="Print one table for saved output folders, a column each, every "
+                                             "figure with its ratio to the first column's (above 1: slower).")
+    report.add_argument("folders", nargs="+", metavar="DIR", help="output folders with results.json")
+    report.add_argument("--label", action="append", metavar="TEXT",
+                        help="column label, once per folder in order (default: the folder names)")
+    report.add_argument("--json", action="store_true", help="print JSON instead of a Markdown table")
+    report.add_argument("--timeline", metavar="FILE.svg", help="also write one timeline stacking every run")
+    report.set_defaults(subparser=report)
+
+
+def add_list_parser(commands):
+    """`list`'s arguments."""
+    listing = commands.add_parser("list", help="list the runs of this tool on a context, and the local "
+                                               "receipts that name them")
+    listing.add_argument("--search", metavar="DIR", nargs="+",
+                         help="folders holding output folders, searched for receipts (default: .)")
+    listing.add_argument("--context", metavar="NAME",
+                         help="kubectl context (default: kubectl's current context)")
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    listing.set_defaults(subparser=listing)
+
+
 def cmd_report(args, console):
     if len(args.folders) == 1 and (Path(args.folders[0]) / COMPARE_FILE).exists():
         # a comparison's folder: its figures recomputed from the batches' results (same seed, same draws)
@@ -8565,6 +8652,31 @@ def parse_arms(values, fail):
     return arms
 
 
+def add_compare_parser(commands):
+    """`compare`'s own arguments (every other one is a `run` option the arms share)."""
+    compare = commands.add_parser(
+        "compare", help="run two or more arms interleaved and compare them with intervals",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run each arm's batch --rounds times, interleaved (A B, B A, ...), each a full `run` in\n"
+                    "DIR/ARM/round-N/ cleaned up after it; then per arm and metric the pooled figure with a\n"
+                    "95% bootstrap interval (rounds, then episodes, resampled), per pair the ratio with its\n"
+                    "interval, and a verdict only where the interval stays on one side of 1. Every other\n"
+                    "option is a `run` option shared by every arm.",
+        epilog="example (local processes, no cluster):\n  %s compare --arm serial='--parallelism 1' --arm parallel='' "
+               "--backend local --count 8 --rounds 4 --output cmp" % program_name())
+    compare.add_argument("--arm", action="append", metavar="NAME='RUN OPTIONS'", required=True,
+                         help="an arm: its name and its own `run` options (quoted); twice or more")
+    compare.add_argument("--rounds", type=int, default=3, metavar="R",
+                         help="batches per arm, interleaved (default 3)")
+    compare.add_argument("--output", metavar="DIR", required=True, help="a new folder for every batch and the comparison")
+    compare.add_argument("--seed", type=int, metavar="N", help="the seed of the order and the bootstrap (default: "
+                                                               "drawn, and recorded)")
+    compare.add_argument("--resamples", type=int, default=COMPARE_RESAMPLES, metavar="N",
+                         help="bootstrap resamples (default %d)" % COMPARE_RESAMPLES)
+    compare.add_argument("--json", action="store_true", help="print comparison.json instead of lines")
+    compare.set_defaults(subparser=compare)
+
+
 def cmd_compare(args, console):
     output = Path(args.output)
     if output.exists():
@@ -8666,29 +8778,26 @@ RUN_EXAMPLES = """examples:
   %(prog)s --episode my_episode.py --tasks tasks.jsonl --output step-1 --stream   each reward as it is verified"""
 
 
-def build_parser():
-    parser = ArgumentParser(
-        prog=program_name(),
-        description="Launch a batch of isolated sandbox episodes for RL rollouts (one Kubernetes Job, a\n"
-                    "warm pool of agent-sandbox claims, or local processes), measure batch readiness and\n"
-                    "reward latency, verify every episode, and clean up only what was created.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="exit codes:\n"
-               "  0    ok\n"
-               "  1    error (kubectl, cluster, prerequisites, refused cleanup)\n"
-               "  2    bad command line\n"
-               "  3    timed out (Job deadline, client wait, cleanup wait)\n"
-               "  4    batch failed or validation failed\n"
-               "  5    custom episodes: results written, some episodes are infrastructure failures\n"
-               "  130  interrupted (Ctrl-C)\n"
-               "  143  terminated (SIGTERM)\n\n"
-               "environment: KUBECTL overrides the kubectl program.\n"
-               "Each command has its own help: %s run --help" % program_name(),
-    )
-    parser.add_argument("--version", action="version", version="%(prog)s " + __version__)
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
-    commands.required = True
+def add_sandbox_options(group):
+    """The options that shape a sandbox and where it runs, shared by `run` and `pool up` (one
+    declaration, one help text): --context, --image, --runtime / --no-runtime-class, --network."""
+    group.add_argument("--context", metavar="NAME",
+                       help="kubectl context (default: kubectl's current context)")
+    group.add_argument("--image",
+                       help="image with `python` (3.9+) runnable as UID/GID 1000 (default %s)" % DEFAULT_IMAGE)
+    runtime = group.add_mutually_exclusive_group()
+    runtime.add_argument("--runtime", metavar="NAME",
+                         help="RuntimeClass of the sandboxes (default %s)" % DEFAULT_RUNTIME)
+    runtime.add_argument("--no-runtime-class", action="store_true",
+                         help="set no RuntimeClass: pods use the nodes' default runtime (e.g. "
+                              "runc on a kind cluster); results.json records runtime null")
+    group.add_argument("--network", choices=("default", "none"), default="default",
+                       help="`none`: a default-deny NetworkPolicy (ingress and egress) in the namespace; "
+                            "needs a CNI that enforces NetworkPolicies (default: default)")
 
+
+def add_run_parser(commands):
+    """`run`'s arguments, grouped as its --help shows them; the backends and gates add theirs."""
     run = commands.add_parser("run", help="run one batch and write results.json",
                               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=RUN_EXAMPLES,
                               description="Run COUNT episodes (a Job, a warm pool, or local processes), validate\n"
@@ -8725,20 +8834,7 @@ def build_parser():
                        help="the Job's activeDeadlineSeconds; the client waits this plus %d s (default: "
                             "240, plus 30 per further wave of PARALLELISM episodes, plus 1 per 10 "
                             "episodes beyond 20)" % CLIENT_GRACE_SECONDS)
-    cluster = run.add_argument_group("the cluster")
-    cluster.add_argument("--context", metavar="NAME",
-                         help="kubectl context (default: kubectl's current context)")
-    cluster.add_argument("--image",
-                         help="image with `python` (3.9+) runnable as UID/GID 1000 (default %s)" % DEFAULT_IMAGE)
-    runtime = cluster.add_mutually_exclusive_group()
-    runtime.add_argument("--runtime", metavar="NAME",
-                         help="RuntimeClass of the sandboxes (default %s)" % DEFAULT_RUNTIME)
-    runtime.add_argument("--no-runtime-class", action="store_true",
-                         help="set no RuntimeClass: pods use the nodes' default runtime (e.g. "
-                              "runc on a kind cluster); results.json records runtime null")
-    cluster.add_argument("--network", choices=("default", "none"), default="default",
-                         help="`none`: a default-deny NetworkPolicy (ingress and egress) in the run's "
-                              "namespace; needs a CNI that enforces NetworkPolicies (default: default)")
+    add_sandbox_options(run.add_argument_group("the cluster"))
     episodes = run.add_argument_group("your own episodes")
     episodes.add_argument("--episode", metavar="FILE.py",
                           help="run this episode program instead of the built-in shipping task (see the "
@@ -8764,107 +8860,32 @@ def build_parser():
                       help="price of one GiB of memory for an hour, in the same currency")
     run.set_defaults(subparser=run)
 
-    cleanup = commands.add_parser("cleanup", help="delete what one run created, after checking "
-                                                  "ownership against its receipt.json",
-                                  description="Delete what each run created, after checking ownership against "
-                                              "its receipt.json.")
-    cleanup.add_argument("folders", nargs="*", metavar="DIR", help="the runs' output folders (as for report)")
-    cleanup.add_argument("--output", metavar="DIR", nargs="+", help="the same as DIR (kept for scripts)")
-    cleanup.add_argument("--receipt", metavar="FILE",
-                         help="a receipt on its own (`-`: from stdin), e.g. the one a run prints when its "
-                              "output folder failed")
-    cleanup.add_argument("--delete-foreign", action="store_true",
-                         help="also delete objects in the run's namespace that the run did not create "
-                              "(without it, cleanup names them and refuses)")
-    cleanup.set_defaults(subparser=cleanup)
 
-    report = commands.add_parser("report", help="compare saved runs side by side (no cluster needed)",
-                                 description="Print one table for saved output folders, a column each, every "
-                                             "figure with its ratio to the first column's (above 1: slower).")
-    report.add_argument("folders", nargs="+", metavar="DIR", help="output folders with results.json")
-    report.add_argument("--label", action="append", metavar="TEXT",
-                        help="column label, once per folder in order (default: the folder names)")
-    report.add_argument("--json", action="store_true", help="print JSON instead of a Markdown table")
-    report.add_argument("--timeline", metavar="FILE.svg", help="also write one timeline stacking every run")
-    report.set_defaults(subparser=report)
-
-    listing = commands.add_parser("list", help="list the runs of this tool on a context, and the local "
-                                               "receipts that name them")
-    listing.add_argument("--search", metavar="DIR", nargs="+",
-                         help="folders holding output folders, searched for receipts (default: .)")
-    listing.add_argument("--context", metavar="NAME",
-                         help="kubectl context (default: kubectl's current context)")
-    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    listing.set_defaults(subparser=listing)
-
-    compare = commands.add_parser(
-        "compare", help="run two or more arms interleaved and compare them with intervals",
+def build_parser():
+    parser = ArgumentParser(
+        prog=program_name(),
+        description="Launch a batch of isolated sandbox episodes for RL rollouts (one Kubernetes Job, a\n"
+                    "warm pool of agent-sandbox claims, or local processes), measure batch readiness and\n"
+                    "reward latency, verify every episode, and clean up only what was created.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Run each arm's batch --rounds times, interleaved (A B, B A, ...), each a full `run` in\n"
-                    "DIR/ARM/round-N/ cleaned up after it; then per arm and metric the pooled figure with a\n"
-                    "95% bootstrap interval (rounds, then episodes, resampled), per pair the ratio with its\n"
-                    "interval, and a verdict only where the interval stays on one side of 1. Every other\n"
-                    "option is a `run` option shared by every arm.",
-        epilog="example (local processes, no cluster):\n  %s compare --arm serial='--parallelism 1' --arm parallel='' "
-               "--backend local --count 8 --rounds 4 --output cmp" % program_name())
-    compare.add_argument("--arm", action="append", metavar="NAME='RUN OPTIONS'", required=True,
-                         help="an arm: its name and its own `run` options (quoted); twice or more")
-    compare.add_argument("--rounds", type=int, default=3, metavar="R",
-                         help="batches per arm, interleaved (default 3)")
-    compare.add_argument("--output", metavar="DIR", required=True, help="a new folder for every batch and the comparison")
-    compare.add_argument("--seed", type=int, metavar="N", help="the seed of the order and the bootstrap (default: "
-                                                               "drawn, and recorded)")
-    compare.add_argument("--resamples", type=int, default=COMPARE_RESAMPLES, metavar="N",
-                         help="bootstrap resamples (default %d)" % COMPARE_RESAMPLES)
-    compare.add_argument("--json", action="store_true", help="print comparison.json instead of lines")
-    compare.set_defaults(subparser=compare)
+        epilog="exit codes:\n"
+               "  0    ok\n"
+               "  1    error (kubectl, cluster, prerequisites, refused cleanup)\n"
+               "  2    bad command line\n"
+               "  3    timed out (Job deadline, client wait, cleanup wait)\n"
+               "  4    batch failed or validation failed\n"
+               "  5    custom episodes: results written, some episodes are infrastructure failures\n"
+               "  130  interrupted (Ctrl-C)\n"
+               "  143  terminated (SIGTERM)\n\n"
+               "environment: KUBECTL overrides the kubectl program.\n"
+               "Each command has its own help: %s run --help" % program_name(),
+    )
+    parser.add_argument("--version", action="version", version="%(prog)s " + __version__)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
+    commands.required = True
 
-    pool = commands.add_parser(
-        "pool", help="a warm pool kept across batches (a training loop's steps: run --pool POOLDIR)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Keep one agent-sandbox warm pool up across many batches: `pool up` makes it and waits for it\n"
-                    "to fill, each `run --backend warm-pool --pool POOLDIR` is a step that claims from it and deletes\n"
-                    "only its own claims, `pool status` shows it, `pool down` deletes it (as cleanup does).",
-        epilog="example:\n  %(prog)s up --size 64 --allow-large --output pool\n  %(prog)s status pool\n"
-               "  " + program_name() + " run --backend warm-pool --pool pool --count 64 --allow-large --output step-1\n"
-               "  %(prog)s down pool")
-    pool.set_defaults(subparser=pool)
-    actions = pool.add_subparsers(dest="pool_command", metavar="ACTION", parser_class=ArgumentParser)
-    actions.required = True
-    up = actions.add_parser("up", help="make a warm pool and wait until it is full",
-                            description="Make a namespace, SandboxTemplate and SandboxWarmPool of SIZE sandboxes "
-                                        "(shaped as `run` shapes a sandbox), wait until every one is Ready, and "
-                                        "write POOLDIR/receipt.json and POOLDIR/%s." % POOL_RECORD_FILE)
-    up.add_argument("--size", type=int, required=True, metavar="N",
-                    help="sandboxes kept Ready, 1..%d, or up to %d with --allow-large" % (MAX_COUNT, MAX_LARGE_COUNT))
-    up.add_argument("--output", required=True, metavar="POOLDIR", help="a new folder for the pool's receipt and record")
-    up.add_argument("--allow-large", action="store_true", help="lift the bound of %d sandboxes to %d"
-                    % (MAX_COUNT, MAX_LARGE_COUNT))
-    up.add_argument("--context", metavar="NAME", help="kubectl context (default: kubectl's current context)")
-    up.add_argument("--image", help="image with `python` (3.9+) runnable as UID/GID 1000 (default %s)" % DEFAULT_IMAGE)
-    runtime = up.add_mutually_exclusive_group()
-    runtime.add_argument("--runtime", metavar="NAME", help="RuntimeClass of the sandboxes (default %s)" % DEFAULT_RUNTIME)
-    runtime.add_argument("--no-runtime-class", action="store_true", help="set no RuntimeClass (the nodes' default)")
-    up.add_argument("--network", choices=("default", "none"), default="default",
-                    help="`none`: a default-deny NetworkPolicy in the pool's namespace (default: default)")
-    up.add_argument("--episode", metavar="FILE.py", help="the episode program the sandboxes hold (steps then run it, "
-                                                         "with their own --tasks)")
-    up.add_argument("--timeout", type=int, metavar="SECONDS", help="how long to wait for the pool to fill (default: "
-                                                                   "as `run` for SIZE episodes)")
-    up.add_argument("--force", action="store_true", help="make the pool even when the preflight says it cannot fill")
-    up.add_argument("--quiet", action="store_true", help="no progress or notes on stderr")
-    up.set_defaults(subparser=up)
-    status = actions.add_parser("status", help="the pool's Ready sandboxes, age, steps served and idle cost")
-    status.add_argument("folder", metavar="POOLDIR", help="the folder of `pool up --output`")
-    status.add_argument("--json", action="store_true", help="print JSON instead of lines")
-    status.set_defaults(subparser=status)
-    down = actions.add_parser("down", help="delete what `pool up` made, after proving it owns it (as cleanup)")
-    down.add_argument("folder", metavar="POOLDIR", help="the folder of `pool up --output`")
-    down.add_argument("--delete-foreign", action="store_true",
-                      help="also delete objects in the pool's namespace it did not create (a running or unfinished "
-                           "step's claims among them); without it, pool down names them and refuses")
-    down.add_argument("--quiet", action="store_true", help="no progress or notes on stderr")
-    down.set_defaults(subparser=down)
+    for add_parser in COMMAND_PARSERS:
+        add_parser(commands)
     return parser
 
 
@@ -9005,6 +9026,10 @@ def run_spec(args):
     options = {dest: fields.pop(dest, getattr(args, dest)) for dest in sorted(plugin)}
     return RunSpec(**fields, options=options)
 
+
+# Each command's parser, in --help's order; each is declared beside its command.
+COMMAND_PARSERS = (add_run_parser, add_cleanup_parser, add_report_parser, add_list_parser, add_compare_parser,
+                   add_pool_parser)
 
 COMMANDS = {"run": start_run, "cleanup": cmd_cleanup, "report": cmd_report, "list": cmd_list, "compare": cmd_compare,
             "pool": cmd_pool, POOL_UP_COMMAND: start_run}

@@ -43,6 +43,14 @@ from controlplane import build  # noqa: E402
 from controlplane.cluster import ControlPlane, machine_kubectl  # noqa: E402
 from controlplane.runtime import Api  # noqa: E402
 
+# The batches' deadline: generous, so that a slow cluster shows as a slow figure, not a failure
+# (the default for 1,000 episodes at once is 338 s, which the real plane on 2 cores missed)
+TIMEOUT = ("--timeout", "1800")
+
+
+class CaseFailed(Exception):
+    """A command of a case failed: the case is reported with its error line, the others still run."""
+
 
 class Measured:
     """One command of the tool run against the plane, sampled while it runs."""
@@ -66,7 +74,9 @@ class Measured:
         sampler.join()
         self.kubectl_processes = len(counter.read_text().splitlines()) if counter.exists() else 0
         if self.process.returncode != 0:
-            raise SystemExit("rl-batch-demo %s failed: %s" % (" ".join(args), self.stderr[-3000:]))
+            lines = [line for line in self.stderr.splitlines() if line.startswith("Error: ")]
+            raise CaseFailed("`rl-batch-demo %s` exited %d: %s" % (" ".join(args[:2]), self.process.returncode,
+                                                                  lines[-1] if lines else self.stderr[-500:]))
 
     def sample(self):
         while self.process.poll() is None:
@@ -106,7 +116,7 @@ def job_case(size, workdir, seconds):
         watcher = threading.Thread(target=watch_complete, args=(api, output, seen), daemon=True)
         watcher.start()
         run = Measured(plane, workdir, "run", "--allow-large", "--quiet", "--count", str(size), "--output",
-                       str(output))
+                       str(output), *TIMEOUT)
         seen["stop"] = True
         results = json.loads((output / "results.json").read_text())
         assert results["successful_episodes"] == size, results["successful_episodes"]
@@ -129,7 +139,7 @@ def warm_case(size, workdir, seconds):
     try:
         output = Path(workdir) / "warm-out"
         run = Measured(plane, workdir, "run", "--backend", "warm-pool", "--allow-large", "--quiet", "--count",
-                       str(size), "--output", str(output))
+                       str(size), "--output", str(output), *TIMEOUT)
         results = json.loads((output / "results.json").read_text())
         assert results["successful_episodes"] == size, results["successful_episodes"]
         cleanup = Measured(plane, workdir, "cleanup", str(output))
@@ -146,12 +156,13 @@ def kept_case(size, workdir, seconds, steps=3):
     plane = plane_for(size, workdir, seconds, parts=("agent-sandbox",))
     try:
         pool = Path(workdir) / "pool"
-        Measured(plane, workdir, "pool", "up", "--size", str(size), "--allow-large", "--quiet", "--output", str(pool))
+        Measured(plane, workdir, "pool", "up", "--size", str(size), "--allow-large", "--quiet", "--output", str(pool),
+                 *TIMEOUT)
         rows = []
         for number in range(1, steps + 1):
             output = Path(workdir) / ("step-%d" % number)
             step = Measured(plane, workdir, "run", "--backend", "warm-pool", "--pool", str(pool), "--allow-large",
-                            "--quiet", "--count", str(size), "--output", str(output))
+                            "--quiet", "--count", str(size), "--output", str(output), *TIMEOUT)
             results = json.loads((output / "results.json").read_text())
             slowest = max(row["times"]["exec_finished"] - row["times"]["exec_started"] for row in results["pods"])
             rows.append({"step_seconds": round(step.seconds, 2), "slowest_episode_seconds": round(slowest, 2),
@@ -174,7 +185,10 @@ def main():
     for case, sizes in ((job_case, args.job), (warm_case, args.warm), (kept_case, args.kept)):
         for size in sizes:
             with tempfile.TemporaryDirectory(prefix="rl-bench-real-") as workdir:
-                figures = case(size, workdir, args.episode_seconds)
+                try:
+                    figures = case(size, workdir, args.episode_seconds)
+                except CaseFailed as failure:
+                    figures = {"case": case.__name__.split("_")[0], "size": size, "error": str(failure)}
             every.append(figures)
             print(json.dumps(figures), flush=True)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,

@@ -173,3 +173,21 @@ def test_the_module_docstrings_section_map_names_every_banner_in_order():
     assert len(mapped) == len(banners), (mapped, banners)
     for name, banner in zip(mapped, banners):
         assert banner.startswith(name), (name, banner)
+
+
+def test_no_function_of_the_tool_is_over_100_lines():
+    import ast
+    tree = ast.parse((ROOT / "rl-batch-demo.py").read_text())
+    long = sorted((node.end_lineno - node.lineno + 1, node.name) for node in ast.walk(tree)
+                  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 100)
+    assert long == []
+
+
+def test_run_and_pool_up_share_one_declaration_of_the_sandbox_options():
+    import rl_batch_demo
+    parsers = [rl_batch_demo.build_parser().parse_known_args(argv)[0].subparser
+               for argv in (["run"], ["pool", "up", "--size", "1", "--output", "-"])]
+    helps = [{option: action.help for action in parser._actions for option in action.option_strings}
+             for parser in parsers]
+    for option in ("--context", "--image", "--runtime", "--no-runtime-class", "--network"):
+        assert helps[0][option] == helps[1][option], option
