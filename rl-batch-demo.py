@@ -3454,10 +3454,15 @@ class Backend:
     # --- cleanup and list -----------------------------------------------------------------
 
     @classmethod
-    def cleanup_in_shared_namespace(cls, receipt, source, console):
-        """For a run that owns only some objects of a namespace it shares (a step of a kept pool):
-        prove and delete those, and return the exit code. None: the run owns its namespace."""
-        return None
+    def cleanup(cls, receipt, source, output, console, delete_foreign=False):
+        """`cleanup` of one of its runs (`receipt`, read from `source`; `output` its folder or
+        None): delete what it left, after proving it is the run's; the exit code. A backend that
+        leaves nothing behind (leaves_remote_state false) has nothing to do."""
+        if cls.leaves_remote_state:
+            raise NotImplementedError
+        console.tell("Nothing to clean up: %s ran with --backend %s, which leaves nothing behind"
+                     % (output or source, cls.name))
+        return EXIT_OK
 
 class ClusterBackend(Backend):
     """What is true of every backend that runs through kubectl against a context: the receipt
@@ -3554,6 +3559,10 @@ class ClusterBackend(Backend):
         return "image %s, context %s" % (results["image"], results["context"])
 
     # --- cleanup and list (each cluster backend writes its own) -----------------------------
+
+    @classmethod
+    def cleanup(cls, receipt, source, output, console, delete_foreign=False):
+        return cleanup_namespace(receipt, source, output, console, delete_foreign)
 
     @classmethod
     def busy(cls, receipt, listing):
@@ -6900,8 +6909,11 @@ class WarmPoolBackend(ClusterBackend):
             results["pool"]["size"], ", ".join("%s %d" % item for item in results["launch_types"].items()) or "none")
 
     @classmethod
-    def cleanup_in_shared_namespace(cls, receipt, source, console):
-        return cleanup_step(receipt, source, console) if receipt.get("kept_pool") else None
+    def cleanup(cls, receipt, source, output, console, delete_foreign=False):
+        # a step of a kept pool owns only its claims in the pool's namespace
+        if receipt.get("kept_pool"):
+            return cleanup_step(receipt, source, console)
+        return super().cleanup(receipt, source, output, console, delete_foreign)
 
     @classmethod
     def delete_objects(cls, cluster, namespace, run_id, receipt, output, listing):
@@ -7549,8 +7561,9 @@ class LocalBatch:
     """One local batch under way: the episode processes (the parallelism honoured, retries as
     --retries says), their records, and what an interrupt must stop."""
 
-    def __init__(self, spec, console, folder, stream):
+    def __init__(self, spec, console, folder, stream, backend):
         self.spec, self.console, self.folder, self.stream = spec, console, folder, stream
+        self.backend = backend  # a LocalBackend (or a subclass): how an episode process is started
         self.records, self.running = [], set()  # pod-shaped records; episode processes alive
         self.lock, self.stopping = threading.Lock(), threading.Event()  # stopping: set on Ctrl-C or SIGTERM
         self.scratch = None
@@ -7585,7 +7598,7 @@ class LocalBatch:
             condition = {"type": "Failed", "status": "True",
                          "reason": "DeadlineExceeded" if timed_out else "EpisodeFailed",
                          "message": "an episode was killed at --timeout" if timed_out else "an episode failed"}
-        job = batch_record(LocalBackend, "LocalBatch", "local", iso_micro(self.created), {"conditions": [condition]},
+        job = batch_record(self.backend, "LocalBatch", "local", iso_micro(self.created), {"conditions": [condition]},
                            spec={"completions": spec.count, "parallelism": spec.parallelism})
         run_info["client_job_complete_seconds"] = time.time() - self.created
         write_json(folder / "run.json", run_info)
@@ -7619,7 +7632,7 @@ class LocalBatch:
                 with self.lock:
                     if self.stopping.is_set():
                         return
-                    process = CHILDREN.popen([sys.executable, "-B", str(scratch / "episode.py")],
+                    process = CHILDREN.popen(self.backend.episode_argv(scratch / "episode.py", workspace, env),
                                              cwd=str(workspace), env=env, stdout=log, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL, start_new_session=True)
                     self.running.add(process)
@@ -7650,9 +7663,9 @@ class LocalBatch:
                  for record in records]
         created = parse_k8s_time(iso_micro(self.created))  # job.json's creationTimestamp, as validation reads it
         if self.spec.episode:
-            self.stream.offer(index, tried, created, {}, LocalBackend.scheme, final)
+            self.stream.offer(index, tried, created, {}, self.backend.scheme, final)
         else:
-            self.stream.offer(name, tried[-1:], created, {}, LocalBackend.scheme, final)
+            self.stream.offer(name, tried[-1:], created, {}, self.backend.scheme, final)
 
     def interrupted(self, pool):
         """Stop every episode's process group at once, keep what is known, leave nothing behind;
@@ -7669,7 +7682,7 @@ class LocalBatch:
         records = sorted(self.records, key=lambda record: record["metadata"]["name"])
         write_json(self.folder / "pods.json", records)
         interrupted = len([r for r in records if r["status"].get("reason") == "Interrupted"])
-        write_json(self.folder / "job.json", batch_record(LocalBackend, "LocalBatch", "local", iso_micro(self.created), {
+        write_json(self.folder / "job.json", batch_record(self.backend, "LocalBatch", "local", iso_micro(self.created), {
             "interrupted": True, "finished_episodes": len(records) - interrupted, "interrupted_episodes": interrupted}))
         self.console.tell("Interrupted: stopped the running episodes; job.json, pods.json and the episode logs are "
                           "in %s" % self.folder)
@@ -7695,21 +7708,15 @@ class LocalBackend(Backend):
     timeline_origin = "batch"
     REPORT_ROWS = {}
 
-    @classmethod
-    def check_options(cls, args, fail):
-        # Every cluster-only flag is refused alike, rather than some silently ignored.
-        for flag, used in (("--dry-run", args.dry_run),
-                           ("--network none", args.network == "none"), ("--context", args.context),
-                           ("--image", args.image), ("--runtime", args.runtime),
-                           ("--no-runtime-class", args.no_runtime_class), ("--force", args.force)):
-            if used:
-                fail("%s is for the kubernetes backend; a local run uses this machine's Python (leave %s out, or "
-                     "drop --backend local)" % (flag, flag.split()[0]))
-        return {}
+    @staticmethod
+    def episode_argv(program, workspace, env):
+        """The launcher: the command that runs one episode's `program` with `env` in `workspace`
+        (this machine's Python here; a backend that runs episodes elsewhere starts them there)."""
+        return [sys.executable, "-B", str(program)]
 
     def new_receipt(self, context, namespace, run_id):
         return {"backend": self.name, "namespace": None,
-                "note": "a local run: there is nothing on a cluster to clean up"}
+                "note": "a %s run: there is nothing on a cluster to clean up" % self.name}
 
     def run(self, run):
         spec, output = self.spec, run.output
@@ -7720,7 +7727,7 @@ class LocalBackend(Backend):
             folder = round_folder(output, number, spec.rounds)
             folder.mkdir(exist_ok=True)
             info = dict(run_info, **({"round": number} if spec.rounds > 1 else {}))
-            report = LocalBatch(spec, self.console, folder, run.stream).run(info)
+            report = LocalBatch(spec, self.console, folder, run.stream, type(self)).run(info)
             run.stream.finish(report)
             rounds.append(report)
         return conclude(pool_round_folders(output, run_info, rounds), run)
@@ -8063,16 +8070,16 @@ def adopt_unconfirmed(cluster, receipt, output, kind, live, key, yourself):
 
 def cleanup_receipt(receipt, source, output, console, delete_foreign=False):
     """Cleanup from a receipt read from `source`; `output` is its run's folder, None for a
-    receipt given on its own. Objects in the namespace that the run did not create stop it,
-    unless delete_foreign."""
+    receipt given on its own: whatever its backend does to clean up (Backend.cleanup)."""
     backend = backend_named(receipt.get("backend"), str(source))
-    if not backend.leaves_remote_state:
-        console.tell("Nothing to clean up: %s ran with --backend %s, which leaves nothing behind"
-                     % (output or source, backend.name))
-        return EXIT_OK
-    shared = backend.cleanup_in_shared_namespace(receipt, source, console)
-    if shared is not None:
-        return shared
+    return backend.cleanup(receipt, source, output, console, delete_foreign)
+
+
+def cleanup_namespace(receipt, source, output, console, delete_foreign=False):
+    """A cluster run's cleanup (ClusterBackend.cleanup): its namespace and what its backend made
+    there, each proven against the receipt first. Objects in the namespace that the run did not
+    create stop it, unless delete_foreign."""
+    backend = backend_named(receipt.get("backend"), str(source))
     try:
         cluster = Cluster(Kubectl(console), receipt["context"])
         namespace, run_id = receipt["namespace"], receipt["run_id"]
@@ -8970,6 +8977,13 @@ class RecordingGroup:
         return action
 
 
+def cluster_only_flags(args):
+    """(flag, given) of every `run` option that only a backend on a cluster can honour."""
+    return (("--dry-run", args.dry_run), ("--network none", args.network == "none"), ("--context", args.context),
+            ("--image", args.image), ("--runtime", args.runtime), ("--no-runtime-class", args.no_runtime_class),
+            ("--force", args.force))
+
+
 def check_shared_bounds(args, fail):
     """The bounds of the options every backend shares (--count, --parallelism, --rounds,
     --timeout, the prices), checked before any gate or backend reads them; the parallelism."""
@@ -9015,6 +9029,12 @@ def run_spec(args):
         for flag, field in other.own_flags:
             if other is not backend and getattr(args, field) is not None:
                 fail("%s is for --backend %s" % (flag, other.name))
+    if not backend.uses_cluster:
+        # every cluster-only flag is refused alike for a backend without a cluster, never ignored
+        for flag, used in cluster_only_flags(args):
+            if used:
+                fail("%s is for a backend on a cluster; --backend %s runs without one (leave %s out, or choose "
+                     "another --backend)" % (flag, backend.name, flag.split()[0]))
     for gate in GATES:
         gate.check_options(args, fail, backend)
     if backend.uses_cluster:

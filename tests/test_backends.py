@@ -3,6 +3,7 @@ declares what varies itself, nothing falls back to the Job backend's semantics, 
 naming a backend this version does not know is refused in one line."""
 
 import json
+import os
 
 import pytest
 
@@ -77,3 +78,73 @@ def test_cleanup_of_a_receipt_naming_an_unknown_backend_is_one_line(run_tool, tm
     done = run_tool("cleanup", "out")
     assert done.code == 1, done
     assert len(done.stderr.splitlines()) == 1 and "names backend 'ssh'" in done.stderr, done
+
+
+# ---------------------------------------------------------------- a new backend: its section and one registry line
+
+
+def ssh_backend(tool):
+    """What a backend that runs each episode on another machine over ssh is: its section (the
+    whole contract, declared, and its launcher), nothing outside it."""
+    import sys
+
+    class SshBackend(tool.LocalBackend):
+        """`--backend ssh`: each episode on host `worker-1`, started over ssh."""
+        name = "ssh"
+        help = "each episode a process on another machine, over ssh"
+        scheme = tool.LOCAL_SCHEME
+        episodes_file = "pods.json"
+        uses_cluster = False
+        leaves_remote_state = False
+        api_timestamps = False
+        coarse_batch_keys = ()
+        takes_queue = False
+        takes_parallelism = True
+        own_flags = ()
+        batch_origin = "batch started"
+        startup_label = "Episode process launched -> ready"
+        timeline_origin = "batch"
+        REPORT_ROWS = {}
+
+        @staticmethod
+        def episode_argv(program, workspace, env):
+            return ["ssh", "worker-1", sys.executable, "-B", str(program)]
+    return SshBackend
+
+
+@pytest.fixture
+def with_ssh(tool, tmp_path, monkeypatch):
+    """The ssh backend registered (its one line), and an `ssh` on PATH that runs the command here
+    and logs each call."""
+    backend = ssh_backend(tool)
+    monkeypatch.setitem(tool.BACKENDS, backend.name, backend)  # the registry line
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text('#!/bin/sh\necho "$@" >> %s\nshift\nexec "$@"\n' % (tmp_path / "ssh-calls"))
+    (bin_dir / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (bin_dir, os.environ["PATH"]))
+    monkeypatch.chdir(tmp_path)
+    return backend
+
+
+def test_an_ssh_shaped_backend_declares_the_whole_contract(tool, with_ssh):
+    assert [attribute for attribute in tool.Backend.CONTRACT if attribute not in vars(with_ssh)] == []
+    assert not [method for method in tool.Backend.METHODS if is_stub(getattr(with_ssh, method))]
+
+
+def test_an_ssh_shaped_backend_runs_a_batch_through_its_launcher(tool, with_ssh, tmp_path, capfd):
+    assert tool.main(["run", "--backend", "ssh", "--count", "2", "--output", "out"]) == 0
+    results = read(tmp_path / "out" / "results.json")
+    assert (results["backend"], results["successful_episodes"]) == ("ssh", 2)
+    calls = (tmp_path / "ssh-calls").read_text().splitlines()
+    assert len(calls) == 2 and all(call.startswith("worker-1 ") for call in calls)
+    assert tool.main(["cleanup", "out"]) == 0
+    assert "Nothing to clean up: out ran with --backend ssh" in capfd.readouterr().err
+
+
+def test_an_ssh_shaped_backend_refuses_the_cluster_only_flags(tool, with_ssh, tmp_path, capfd):
+    with pytest.raises(SystemExit) as refused:
+        tool.main(["run", "--backend", "ssh", "--image", "python:3.13", "--output", "out"])
+    assert refused.value.code == 2
+    assert "--image is for a backend on a cluster; --backend ssh runs without one" in capfd.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -94,5 +94,5 @@ def test_ctrl_c_twice_on_a_local_batch_stops_every_episode_and_leaves_nothing(tm
 def test_cluster_only_flags_are_refused_alike_by_the_local_backend(run_tool, tmp_path, flags):
     result = run_tool("run", "--backend", "local", *flags, "--output", "out")
     assert result.code == 2, result
-    assert "%s is for the kubernetes backend" % flags[0] in result.stderr
+    assert "%s is for a backend on a cluster; --backend local runs without one" % flags[0] in result.stderr
     assert not (tmp_path / "out").exists()
