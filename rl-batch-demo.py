@@ -6470,7 +6470,8 @@ class WarmPoolRun:
 
     def deleted_under(self, sandbox_name, pod_name, pod_uid=None):
         """Why an episode's exec ended, as (status reason, message): its pod was evicted ("Evicted",
-        with the eviction's own message: agent-sandbox then makes a new pod, perhaps of the same
+        with the eviction's own message: by its node's kubelet, the pod staying Failed; through the
+        Eviction API, the pod deleted, and agent-sandbox then makes a new pod, perhaps of the same
         name, so the pod's uid tells them apart), or its Sandbox or pod was deleted while it ran
         ("SandboxDeleted": this run deletes nothing before its batch ends, so someone else did).
         None when both are there, unchanged."""
@@ -6481,6 +6482,10 @@ class WarmPoolRun:
             return None
         replaced = pod is not None and pod_uid is not None and pod["metadata"].get("uid") != pod_uid
         pod_gone = pod is None or replaced or bool(pod["metadata"].get("deletionTimestamp"))
+        if not pod_gone and eviction_message(pod):
+            # the kubelet evicted it under node pressure: it stays, Failed with reason Evicted
+            return "Evicted", "pod %s of Sandbox %s was evicted by its node while the episode ran (%s)" % (
+                pod_name, sandbox_name, eviction_message(pod))
         if pod_gone:
             last = pod if pod is not None and not replaced else self.last_pod_state(pod_uid)
             evicted = eviction_message(last) if last is not None else None

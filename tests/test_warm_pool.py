@@ -815,6 +815,19 @@ def test_a_claimed_sandbox_pod_evicted_mid_episode_is_named_as_an_eviction_and_k
         ["EvictionByEvictionAPI"]
 
 
+def test_a_claimed_sandbox_pod_evicted_by_its_kubelet_is_named_as_an_eviction(sandbox_cluster, tmp_path):
+    # node pressure: the kubelet kills the pod's containers (the exec'd episode with them) and
+    # leaves the pod Failed, reason Evicted; the exec ends with exit code 137
+    process, namespace, sandbox, pod = start_with_a_running_second_episode(sandbox_cluster, tmp_path)
+    (sandbox_cluster.state / ("evict-" + pod)).touch()
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 5, stderr
+    [failure] = read(tmp_path / "warm" / "results.json")["infrastructure_failures"]
+    assert failure["reason"].startswith("evicted: pod %s of Sandbox %s was evicted by its node while the episode ran "
+                                        "(The node was low on resource: memory." % (pod, sandbox)), failure
+    assert "exit code 137" not in failure["reason"]
+
+
 def test_a_sandbox_deleted_mid_episode_is_named_not_reported_as_a_crash(sandbox_cluster, tmp_path):
     process, namespace, sandbox, pod = start_with_a_running_second_episode(sandbox_cluster, tmp_path)
     sandbox_cluster.kubectl("-n", namespace, "delete", "sandbox", sandbox, "--wait=false")

@@ -209,6 +209,12 @@ class Kubelet:
                 self.finish_synthetic_episode(pod, record)
             elif record.get("evict_at") is not None and time.time() >= record["evict_at"]:
                 self.evict(pod, record)
+            elif record.get("process") is not None and (self.dir / ("evict-" + pod["metadata"]["name"])).exists() \
+                    and not record.get("evicted_on_demand"):
+                # fault on demand: the test writes `evict-<pod>` into the state folder, and this
+                # kubelet evicts that pod under node pressure now (as `evictFirstPod` does at start)
+                record["evicted_on_demand"] = True
+                self.evict(pod, record)
             elif record.get("api_evict_after_line") is not None:
                 text, delay = record["api_evict_after_line"]
                 if text.encode() in Path(record["log_path"]).read_bytes():
