@@ -3002,6 +3002,21 @@ def timeline_legend(results_list, drawn=None):
     return legend
 
 
+def text_width(text, size):
+    """An upper estimate of a bold sans-serif text's width in px at `size` px: em widths close to
+    Helvetica Bold's (narrow punctuation and i/l/t, wide m/w and capitals), rounded up."""
+    def em(char):
+        if char in " .,:;!|'()[]ijlft-/":
+            return 0.34
+        if char in "mwMW@%":
+            return 0.95
+        if char.isupper() or char in "&#":
+            return 0.75
+        return 0.62
+    # never below 0.58 em a character on average (the estimate a whole title was drawn with before)
+    return size * max(sum(em(char) for char in text), 0.58 * len(text))
+
+
 def timeline_svg(runs):
     """One SVG stacking each run: a row per episode in creation order, a segment per phase,
     x in seconds since the run's batch was created. runs: [(label, results)]."""
@@ -3014,8 +3029,8 @@ def timeline_svg(runs):
             "parallelism %s, " % results["parallelism"] if backend.takes_parallelism else "",
             "runtime %s" % results["runtime"] if results["runtime"] else "no RuntimeClass (the nodes' default runtime)",
             backend.timeline_where(results))
-    # wide enough for the longest title (bold 13 px text, about 7.5 px a character)
-    width = max(1000, 20 + int(7.5 * max(len(title_of(label, results)) for label, results in runs)))
+    # wide enough for the longest title (bold 13 px text), so that no title is clipped
+    width = max(1000, 20 + int(max(text_width(title_of(label, results), 13) for label, results in runs)))
     left, right = 40, 10  # the left margin holds the episode numbers
     plot = width - left - right
     drawn = set()  # (scheme, phase) drawn at least once: the legend shows only those

@@ -323,6 +323,13 @@ def test_a_long_timeline_title_widens_the_picture_and_long_legend_labels_their_c
     assert int(root.get("width")) >= 7.5 * len(title)
 
 
+def test_a_title_of_wide_letters_is_not_clipped(tool):
+    # bold 13 px capitals and w/m are about 10-12 px wide: 7.5 px a character clipped such titles
+    run = results(pods=[timeline_row("rollout-a", T0)], runtime="WMWMWMWMWM" * 12)
+    svg = tool.timeline_svg([("run", run)])
+    assert int(ET.fromstring(svg.encode()).get("width")) >= 120 * 0.95 * 13
+
+
 # ---------------------------------------------------------------- a report that cannot mislead
 
 def test_a_stored_negative_p50_keeps_its_sign_in_the_report(two_runs, run_tool, tmp_path):
