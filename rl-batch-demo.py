@@ -3412,8 +3412,7 @@ class Backend:
         "REPORT_ROWS": "slot -> [(label, kind, key)]: its rows of the comparison table",
     }
     METHODS = ("run", "new_receipt", "describe_results", "cost", "timeline_where")
-    CLUSTER_METHODS = ("manifests", "read_facts", "delete_objects", "list_objects", "list_state", "list_fields",
-                       "episodes_cell")
+    CLUSTER_METHODS = ("manifests", "read_facts", "delete_objects", "list_objects", "list_state", "list_fields")
 
     def __init__(self, spec, console):
         self.spec, self.console = spec, console
@@ -3467,6 +3466,14 @@ class Backend:
         raise NotImplementedError
 
     # --- cleanup and list -----------------------------------------------------------------
+
+    @classmethod
+    def episodes_cell(cls, row):
+        """`list`'s EPISODES column for one row: its counts (from its results.json when nothing
+        on a cluster counts them)."""
+        if row.get("succeeded") is None:
+            return "no results.json found"
+        return "%s/%s done, %s failed" % (row["succeeded"], row["completions"], row["failed"])
 
     @classmethod
     def cleanup(cls, receipt, source, output, console, delete_foreign=False):
@@ -3607,10 +3614,6 @@ class ClusterBackend(Backend):
         this very namespace was found, else None."""
         raise NotImplementedError
 
-    @classmethod
-    def episodes_cell(cls, row):
-        """`list`'s EPISODES column for one row."""
-        raise NotImplementedError
 
 
 def job_list_fields(jobs):
@@ -6975,18 +6978,7 @@ class WarmPoolBackend(ClusterBackend):
     def list_fields(cls, objects, folder):
         """The claims on the cluster; the episodes' outcomes, which only the run's results.json
         holds (an exec leaves nothing on the cluster): null without it."""
-        try:
-            results = read_saved(folder / "results.json") if folder is not None else None
-        except (OSError, ValueError):
-            results = None
-        done = {} if not isinstance(results, dict) else {
-            "completions": results.get("episodes"), "succeeded": results.get("successful_episodes"),
-            "failed": (results["episodes"] - results["successful_episodes"])
-            if isinstance(results.get("episodes"), int) and isinstance(results.get("successful_episodes"), int)
-            else None}
-        return {**job_list_fields(objects["jobs"]), "claims": len(objects["claims"]), "completions": done.get("completions"),
-                "succeeded": done.get("succeeded"), "failed": done.get("failed"), "counts_from": "results.json"
-                if done.get("succeeded") is not None else None}
+        return {**job_list_fields(objects["jobs"]), "claims": len(objects["claims"]), **results_counts(folder)}
 
     @classmethod
     def episodes_cell(cls, row):
@@ -8292,9 +8284,10 @@ RECEIPT_SEARCH_DEPTH = 4  # `list --search DIR`: DIR and its subfolders this man
 
 
 def find_receipts(folders):
-    """{namespace: (folder, receipt)} for every receipt.json in the folders and their subfolders
-    (RECEIPT_SEARCH_DEPTH levels down, hidden folders skipped: a training loop's steps/step-N)."""
-    found = {}
+    """({namespace: (folder, receipt)}, [(folder, receipt) of runs of backends without a cluster])
+    for every receipt.json in the folders and their subfolders (RECEIPT_SEARCH_DEPTH levels down,
+    hidden folders skipped: a training loop's steps/step-N)."""
+    found, off_cluster = {}, []
     for folder in folders:
         folder = Path(folder)
         paths = []
@@ -8306,10 +8299,37 @@ def find_receipts(folders):
         for path in sorted(paths):
             try:
                 receipt = json.loads(path.read_text())
+                if not BACKENDS.get(receipt.get("backend"), UNNAMED_BACKEND).uses_cluster:
+                    off_cluster.append((path.parent, receipt))
+                    continue
                 found[receipt["namespace"]] = (path.parent, receipt)
-            except (OSError, ValueError, KeyError, TypeError):
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue
-    return found
+    return found, off_cluster
+
+
+def off_cluster_row(folder, receipt, now):
+    """One line of `list` for a run of a backend without a cluster, from its folder alone."""
+    backend = backend_named(receipt.get("backend"), str(folder / "receipt.json"))
+    try:
+        started = parse_k8s_time(read_saved(folder / "run.json")["started_at"])
+    except (OSError, ValueError, TypeError, KeyError):
+        started = now
+    return {"namespace": None, "run_id": None, "backend": backend.name, "age_seconds": int(now - started),
+            "state": "ran on this machine: nothing to clean up", **results_counts(folder), "receipt": str(folder)}
+
+
+def results_counts(folder):
+    """A run's episodes done and failed, from its results.json (None when there is none)."""
+    try:
+        results = read_saved(folder / "results.json") if folder is not None else None
+    except (OSError, ValueError):
+        results = None
+    if not isinstance(results, dict) or not isinstance(results.get("episodes"), int) or \
+            not isinstance(results.get("successful_episodes"), int):
+        return {"completions": None, "succeeded": None, "failed": None, "counts_from": None}
+    return {"completions": results["episodes"], "succeeded": results["successful_episodes"],
+            "failed": results["episodes"] - results["successful_episodes"], "counts_from": "results.json"}
 
 
 def run_row(namespace, objects, receipts, now):
@@ -8342,12 +8362,23 @@ def human_age(seconds):
 
 
 def cmd_list(args, console):
-    runner = Kubectl(console)
-    cluster = Cluster(runner, args.context or runner.current_context())
-    namespaces = json.loads(cluster.kubectl("get", "namespaces", "-l", RUN_LABEL, "-o", "json"))["items"]
-    receipts = find_receipts(args.search or ["."])
+    """The runs of this tool: those on the context (their namespaces, through kubectl), and the
+    runs of backends without a cluster whose receipts the search finds (no kubectl needed: when
+    kubectl cannot serve, those are still listed, with a note)."""
+    receipts, off_cluster = find_receipts(args.search or ["."])
     now = time.time()
-    rows = []
+    rows = [off_cluster_row(folder, receipt, now) for folder, receipt in off_cluster]
+    context = None
+    try:
+        runner = Kubectl(console)
+        cluster = Cluster(runner, args.context or runner.current_context())
+        context = cluster.context
+        namespaces = json.loads(cluster.kubectl("get", "namespaces", "-l", RUN_LABEL, "-o", "json"))["items"]
+    except DemoError as error:
+        if not rows:
+            raise
+        console.note("runs on a cluster not listed: %s" % error)
+        namespaces = []
     for ns in namespaces:
         backend = backend_named(ns["metadata"].get("labels", {}).get(BACKEND_LABEL))
         rows.append(run_row(ns, backend.list_objects(cluster, ns["metadata"]["name"]), receipts, now))
@@ -8355,11 +8386,11 @@ def cmd_list(args, console):
         console.say(json.dumps(rows, indent=2))
         return EXIT_OK
     if not rows:
-        console.say("No runs of %s on context %s." % (TOOL_NAME, cluster.context))
+        console.say("No runs of %s on context %s." % (TOOL_NAME, context))
         return EXIT_OK
     table = [("NAMESPACE", "AGE", "STATE", "EPISODES", "RECEIPT")]
     for row in rows:
-        table.append((row["namespace"], human_age(row["age_seconds"]), row["state"],
+        table.append((row["namespace"] or "-", human_age(row["age_seconds"]), row["state"],
                       backend_named(row["backend"]).episodes_cell(row), row["receipt"]))
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     for line in table:

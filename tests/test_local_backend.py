@@ -1,5 +1,6 @@
 """The local backend: episodes as local processes, no cluster."""
 
+import json
 import os
 import signal
 import subprocess
@@ -96,3 +97,15 @@ def test_cluster_only_flags_are_refused_alike_by_the_local_backend(run_tool, tmp
     assert result.code == 2, result
     assert "%s is for a backend on a cluster; --backend local runs without one" % flags[0] in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_list_shows_a_local_run_without_kubectl(run_tool, tmp_path):
+    assert run_tool("run", "--backend", "local", "--count", "2", "--output", "out").code == 0
+    # no kubectl at all: the local run is still listed, from its folder
+    done = run_tool("list", env={"KUBECTL": "/nonexistent/kubectl"})
+    assert done.code == 0, done
+    [row] = [line for line in done.stdout.splitlines() if line.endswith(" out")]
+    assert "ran on this machine: nothing to clean up" in row and "2/2 done, 0 failed" in row
+    assert "runs on a cluster not listed: " in done.stderr
+    rows = json.loads(run_tool("list", "--json", env={"KUBECTL": "/nonexistent/kubectl"}).stdout)
+    assert [(r["backend"], r["namespace"], r["succeeded"]) for r in rows] == [("local", None, 2)]
