@@ -106,6 +106,10 @@ class Runtime:
         synthetic = os.environ.get("RL_RUNTIME_SYNTHETIC_SECONDS")
         self.synthetic = float(synthetic) if synthetic else None
         self.pods = {}  # uid -> {"process", "pod", ...}
+        # containers are started 8 at a time, as kubelets on several nodes start theirs at once:
+        # one after another, a batch of 1,000 waited for the runtime, not for Kubernetes
+        import concurrent.futures
+        self.starter = concurrent.futures.ThreadPoolExecutor(max_workers=8)
         self.lock = threading.Lock()
         self.log = open(self.state / "runtime.log", "a", buffering=1)
 
@@ -164,9 +168,15 @@ class Runtime:
         if record is None and pod["spec"].get("nodeName") and pod["status"].get("phase") in (None, "Pending", "Running"):
             with self.lock:
                 self.pods[uid] = record = {"pod": pod}
-            self.start(record, pod)
+            self.starter.submit(self.start_logged, record, pod)
 
     # --- a container
+
+    def start_logged(self, record, pod):
+        try:
+            self.start(record, pod)
+        except Exception as error:  # one pod's trouble never stops the runtime
+            self.say("pod %s: %r" % (pod["metadata"].get("name"), error))
 
     def start(self, record, pod):
         meta = pod["metadata"]
@@ -238,6 +248,8 @@ class Runtime:
                                    start_new_session=True)
         record.update(process=process, started=started, termination=termination,
                       grace=pod["spec"].get("terminationGracePeriodSeconds", 30))
+        if record.get("stopping"):  # its pod was deleted while it was being started
+            os.killpg(process.pid, signal.SIGKILL)
         self.say("pod %s/%s: started %s" % (namespace, name, " ".join(argv)))
         writer = threading.Lock()
         log = open(log_path, "a", buffering=1)  # closed by finish() once both streams have ended
@@ -302,7 +314,7 @@ class Runtime:
 
     def stop(self, record, pod):
         process = record.get("process")
-        if process is None:  # synthetic: nothing runs
+        if process is None:  # synthetic, or not started yet: start() sees this and starts nothing
             record["stopping"] = True
             return
         if record.get("stopping") or process.poll() is not None:
