@@ -149,11 +149,15 @@ class Runtime:
                     except ValueError:
                         continue
                     lines = []
-                    if pod.get("kind") == "Pod":
+                    # kubectl v1.32.4 prints the watch's initial state as one PodList (checked
+                    # with it: `get pods -A --watch -o json`), then each change as a Pod: a
+                    # restarted watch (the API server closes a slow watcher's) lists what changed
+                    # meanwhile, pods bound while it was down among them
+                    for item in pod.get("items", []) if pod.get("kind") == "PodList" else [pod]:
                         try:
-                            self.seen(pod)
+                            self.seen(item)
                         except Exception as error:  # one pod's trouble never stops the runtime
-                            self.say("pod %s: %r" % (pod["metadata"].get("name"), error))
+                            self.say("pod %s: %r" % (item.get("metadata", {}).get("name"), error))
             process.wait()
             time.sleep(0.2)
 
