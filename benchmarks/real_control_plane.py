@@ -102,6 +102,16 @@ def watch_complete(api, output, seen):
         time.sleep(0.02)
 
 
+def timed_cleanup(plane, workdir, output):
+    """`cleanup` of a case's run: its seconds, or its error line (the run's figures are kept)."""
+    started = time.monotonic()
+    try:
+        Measured(plane, workdir, "cleanup", str(output))
+    except CaseFailed as failure:
+        return {"cleanup_error": str(failure), "cleanup_seconds": round(time.monotonic() - started, 2)}
+    return {"cleanup_seconds": round(time.monotonic() - started, 2)}
+
+
 def plane_for(size, workdir, seconds, parts=()):
     nodes = max(2, -(-size // 100) + 1)  # kwok's default node holds 110 pods
     plane = ControlPlane(Path(workdir) / "plane", build.ensure_built(), nodes=nodes, parts=parts,
@@ -127,8 +137,7 @@ def job_case(size, workdir, seconds):
                    "logs_archived": logs, "run_seconds": round(run.seconds, 2),
                    "batch_to_all_rewards_seconds": results["batch_to_all_rewards_seconds"],
                    "client_job_complete_seconds": results["client_job_complete_seconds"]}
-        cleanup = Measured(plane, workdir, "cleanup", str(output))
-        figures["cleanup_seconds"] = round(cleanup.seconds, 2)
+        figures.update(timed_cleanup(plane, workdir, output))
         return figures
     finally:
         plane.stop()
@@ -142,12 +151,11 @@ def warm_case(size, workdir, seconds):
                        str(size), "--output", str(output), *TIMEOUT)
         results = json.loads((output / "results.json").read_text())
         assert results["successful_episodes"] == size, results["successful_episodes"]
-        cleanup = Measured(plane, workdir, "cleanup", str(output))
         return {"case": "warm", "size": size, "batch_to_all_rewards_seconds": results["batch_to_all_rewards_seconds"],
                 "client_job_complete_seconds": results["client_job_complete_seconds"],
                 "launch_types": results["launch_types"], "pool_fill_seconds": results["pool"]["fill_seconds"],
                 "kubectl_processes": run.kubectl_processes, "peak_mb_tool": round(run.peak[1], 1),
-                "run_seconds": round(run.seconds, 2), "cleanup_seconds": round(cleanup.seconds, 2)}
+                "run_seconds": round(run.seconds, 2), **timed_cleanup(plane, workdir, output)}
     finally:
         plane.stop()
 
