@@ -166,6 +166,15 @@ FALLBACK_POLL_SECONDS = 5.0  # a poll now and then, in case a watch died
 EPISODE_REQUESTS = {"cpu": "100m", "memory": "64Mi"}
 EPISODE_LIMITS = {"cpu": "500m", "memory": "128Mi"}
 CLEANUP_WAIT_SECONDS = 120  # for the Job (and its pods), then again for the namespace
+# and this much more per object the deletion takes with it: the real garbage collector and
+# namespace controller (kube-controller-manager v1.36.3 at its default 20 requests a second) took
+# over 120 s for the pods of a 1,000-episode Job (benchmarks/real_control_plane.py)
+CLEANUP_WAIT_SECONDS_PER_OBJECT = 0.25
+
+
+def cleanup_wait_seconds(objects):
+    """How long cleanup waits for a deletion that takes `objects` objects with it."""
+    return CLEANUP_WAIT_SECONDS + CLEANUP_WAIT_SECONDS_PER_OBJECT * objects
 KUBECTL_REQUEST_TIMEOUT = "30s"  # passed to kubectl: one API request
 STDERR_NOTE_SECONDS = 10  # a background kubectl's stderr lines: at most one note this often
 PROXY_START_SECONDS = 15  # for `kubectl proxy` to say it serves
@@ -7997,8 +8006,9 @@ def not_created_by_run(items, run_id, used=frozenset()):
     not one the run went through (`used`, {(kind, name)}: Gate.used_in_namespace). However soon
     after the namespace it appeared, anything else is someone's (a colleague's ConfigMap, a policy
     controller's RoleBinding). Nor an object already going: being deleted (deletionTimestamp), or whose
-    controller owner is gone (the garbage collector deletes it), e.g. a finished step's Sandbox
-    and pod in a kept pool's namespace: deleting the namespace destroys no one's work there."""
+    controller owner, or every owner, is gone (the garbage collector deletes it), e.g. a finished
+    step's Sandbox and pod in a kept pool's namespace, or what a node agent made for that pod (kwok's
+    Exec and Logs on the real-control-plane tier): deleting the namespace destroys no one's work there."""
     owned = {item["metadata"].get("uid") for item in items
              if (item["metadata"].get("labels") or {}).get(RUN_LABEL) == run_id}
     while True:
@@ -8014,8 +8024,10 @@ def not_created_by_run(items, run_id, used=frozenset()):
         if meta.get("uid") in owned or kind in RECORD_KINDS or made_by_the_cluster(kind, meta) or \
                 (kind, meta["name"]) in used:
             continue
-        controller = next((ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")), None)
-        if meta.get("deletionTimestamp") or (controller is not None and controller.get("uid") not in present):
+        owners = meta.get("ownerReferences") or []
+        controller = next((ref for ref in owners if ref.get("controller")), None)
+        if meta.get("deletionTimestamp") or (controller is not None and controller.get("uid") not in present) or \
+                (owners and all(ref.get("uid") not in present for ref in owners)):
             continue
         group = item.get("apiVersion", "v1").rpartition("/")[0]
         foreign.append((kind, meta["name"], kind.lower() + ("." + group if group else "")))
@@ -8141,7 +8153,7 @@ def cleanup_namespace(receipt, source, output, console, delete_foreign=False):
         if not error.conflict or "ensuring all content is removed" not in error.stderr:
             raise
     console.note("Deleting namespace %s..." % namespace)
-    return wait_for_namespace(cluster, namespace)
+    return wait_for_namespace(cluster, namespace, cleanup_wait_seconds(len(listing.items)))
 
 
 def delete_recorded_jobs(cluster, namespace, receipt, output, listing):
@@ -8175,22 +8187,22 @@ def delete_recorded_jobs(cluster, namespace, receipt, output, listing):
         cluster.console.note("Deleting Job %s and its pods..." % name)
     if live_jobs:
         cluster.wait_until_gone("Jobs or their pods in %s" % namespace, ("-n", namespace, "jobs"),
-                                CLEANUP_WAIT_SECONDS)
+                                cleanup_wait_seconds(len(listing.items)))
 
 
-def wait_for_namespace(cluster, namespace):
+def wait_for_namespace(cluster, namespace, wait=CLEANUP_WAIT_SECONDS):
     """Until the namespace is gone: `kubectl wait --for=delete` watches it, so the wait ends when
     the namespace does (a poll's back-off added up to 2 s to a 5 s deletion); where the watch
     cannot serve (an outage, a watch refused), the poll finishes the wait and names the timeout."""
     started = time.monotonic()
     try:
-        cluster.kubectl("wait", "--for=delete", "namespace/" + namespace, "--timeout=%ds" % CLEANUP_WAIT_SECONDS,
-                        timeout=CLEANUP_WAIT_SECONDS + KUBECTL_PROCESS_TIMEOUT_SECONDS, request_timeout="0")
+        cluster.kubectl("wait", "--for=delete", "namespace/" + namespace, "--timeout=%ds" % wait,
+                        timeout=wait + KUBECTL_PROCESS_TIMEOUT_SECONDS, request_timeout="0")
     except KubectlError as error:
         cluster.console.note("watching the namespace's deletion failed (%s); polling it instead"
                              % (meaningful_line(error.stderr) or "no message"))
         cluster.wait_until_gone("Namespace %s (inspect its finalizers)" % namespace, ("namespace", namespace),
-                                max(1.0, CLEANUP_WAIT_SECONDS - (time.monotonic() - started)), since=started)
+                                max(1.0, wait - (time.monotonic() - started)), since=started)
     cluster.console.tell("Deleted the run's namespace: %s" % namespace)
     return EXIT_OK
 

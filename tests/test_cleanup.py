@@ -375,3 +375,23 @@ def test_a_wait_that_follows_another_names_the_whole_time_waited(tool, monkeypat
     with pytest.raises(tool.BatchTimeout) as raised:
         cluster.wait_until_gone("Namespace agc-rl-x", ("namespace", "agc-rl-x"), 1.0, since=1000.0 - 119)
     assert "still terminating after 120 s" in str(raised.value)
+
+
+def test_an_object_all_of_whose_owners_are_gone_is_being_collected_not_foreign(tool):
+    # the garbage collector deletes a dependent once every owner is gone, controller or not
+    # (a finished step's pod's node-agent objects, in a kept pool's namespace)
+    def item(name, uid, owners=()):
+        return {"kind": "Exec", "apiVersion": "kwok.x-k8s.io/v1alpha1",
+                "metadata": {"name": name, "uid": uid, "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Pod", "name": owner, "uid": owner} for owner in owners]}}
+    pod = {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "p", "uid": "pod-uid", "labels": {}}}
+    items = [pod, item("orphaned", "a", ["gone-pod"]), item("owned", "b", ["pod-uid"]), item("loose", "c")]
+    foreign = tool.not_created_by_run(items, "run-x")
+    assert ("Exec", "orphaned", "exec.kwok.x-k8s.io") not in foreign
+    assert ("Exec", "owned", "exec.kwok.x-k8s.io") in foreign  # its owner lives and is not the run's
+    assert ("Exec", "loose", "exec.kwok.x-k8s.io") in foreign
+
+
+def test_cleanup_waits_longer_for_a_deletion_that_takes_more_objects_with_it(tool):
+    assert tool.cleanup_wait_seconds(0) == tool.CLEANUP_WAIT_SECONDS
+    assert tool.cleanup_wait_seconds(1000) >= 2 * tool.CLEANUP_WAIT_SECONDS + 100
