@@ -176,8 +176,14 @@ def kept_case(size, workdir, seconds, steps=3):
             rows.append({"step_seconds": round(step.seconds, 2), "slowest_episode_seconds": round(slowest, 2),
                          "overhead_seconds": round(step.seconds - slowest, 2),
                          "warm": results["kept_pool_step"]["warm"], "cold": results["kept_pool_step"]["cold"]})
-        down = Measured(plane, workdir, "pool", "down", str(pool))
-        return {"case": "kept", "size": size, "steps": rows, "pool_down_seconds": round(down.seconds, 2)}
+        figures = {"case": "kept", "size": size, "steps": rows}
+        started = time.monotonic()
+        try:
+            Measured(plane, workdir, "pool", "down", str(pool))
+        except CaseFailed as failure:
+            figures["pool_down_error"] = str(failure)
+        figures["pool_down_seconds"] = round(time.monotonic() - started, 2)
+        return figures
     finally:
         plane.stop()
 
