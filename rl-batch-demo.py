@@ -9092,14 +9092,14 @@ def run_spec(args):
         for flag, field in other.own_flags:
             if other is not backend and getattr(args, field) is not None:
                 fail("%s is for --backend %s" % (flag, other.name))
+    for gate in GATES:  # a gate names the backends it serves (before the flags only clusters take)
+        gate.check_options(args, fail, backend)
     if not backend.uses_cluster:
         # every cluster-only flag is refused alike for a backend without a cluster, never ignored
         for flag, used in cluster_only_flags(args):
             if used:
                 fail("%s is for a backend on a cluster; --backend %s runs without one (leave %s out, or choose "
                      "another --backend)" % (flag, backend.name, flag.split()[0]))
-    for gate in GATES:
-        gate.check_options(args, fail, backend)
     if backend.uses_cluster:
         fields.update(image=args.image or DEFAULT_IMAGE, runtime=args.runtime or DEFAULT_RUNTIME)
     fields.update(backend.check_options(args, fail))

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -283,8 +284,15 @@ def test_a_held_real_cluster_queue_is_waited_for_and_the_batch_runs_once_it_is_r
                 for c in workload.get("status", {}).get("conditions", [])
                 if c["type"] == "QuotaReserved" and c["status"] == "False" and "ClusterQueue team is" in c["message"]]
     [held] = wait_for("the real Kueue to hold the Job's Workload", held_by_kueue)
+    # and the tool to have seen it so (its Workload watch lags the API a little): then resumed
+    said = []
+    reader = threading.Thread(target=lambda: said.extend(process.stderr), daemon=True)
+    reader.start()
+    wait_for("the tool to say the batch is held", lambda: any("rollout: held: " in line for line in said))
     control_plane.kubectl("patch", "clusterqueue", "team", "--type", "merge", "-p", '{"spec":{"stopPolicy":"None"}}')
-    _, stderr = process.communicate(timeout=300)
+    process.wait(timeout=300)
+    reader.join(timeout=60)
+    stderr = "".join(said)
     assert process.returncode == 0, stderr
     assert "ClusterQueue team is held (stopPolicy Hold): the batch will wait until it is resumed" in stderr
     assert "rollout: held: %s: %s" % (held["reason"], held["message"]) in stderr
