@@ -115,7 +115,10 @@ def ssh_backend(tool):
 @pytest.fixture
 def with_ssh(tool, tmp_path, monkeypatch):
     """The ssh backend registered (its one line), and an `ssh` on PATH that runs the command here
-    and logs each call."""
+    and logs each call. The tests call main() in this process, which installs its SIGTERM
+    handler: the worker's own is put back after."""
+    import signal
+    previous = signal.getsignal(signal.SIGTERM)
     backend = ssh_backend(tool)
     monkeypatch.setitem(tool.BACKENDS, backend.name, backend)  # the registry line
     bin_dir = tmp_path / "bin"
@@ -124,7 +127,8 @@ def with_ssh(tool, tmp_path, monkeypatch):
     (bin_dir / "ssh").chmod(0o755)
     monkeypatch.setenv("PATH", "%s:%s" % (bin_dir, os.environ["PATH"]))
     monkeypatch.chdir(tmp_path)
-    return backend
+    yield backend
+    signal.signal(signal.SIGTERM, previous)
 
 
 def test_an_ssh_shaped_backend_declares_the_whole_contract(tool, with_ssh):
