@@ -69,10 +69,11 @@ Exit codes
 
 Sections of this file, in order (each under a banner of the same name)
     Constants and defaults             what every backend shares (each backend keeps its own)
-    The episode program                the built-in episode, shipped in a ConfigMap
+    The episode program                the built-in episode and the exec journal, shipped in a ConfigMap
     Errors                             one exception type per exit code; kubectl's failure kinds
-    kubectl                            the one subprocess wrapper, a context-bound Cluster, watches,
-                                       and ApiProxy: the API over one `kubectl proxy`, unthrottled
+    kubectl                            the one subprocess wrapper, ApiPatience (the one retry policy),
+                                       a context-bound Cluster, watches, and ApiProxy: the API over
+                                       one `kubectl proxy`, unthrottled
     Exec channels                      a command in a running pod: a WebSocket through `kubectl
                                        proxy`, or one `kubectl exec` each
     Console and output files           where people's lines go; atomic JSON files; time stamps
@@ -184,7 +185,14 @@ API_PROXY_IN_FLIGHT = 32  # requests at once through the run's `kubectl proxy`
 # with kubectl 1.32.4; tests/fakecluster/ASSUMPTIONS.md). Nothing was started.
 PROXY_BACKEND_DOWN = ("connect: connection refused", "error dialing backend")
 KUBECTL_PROCESS_TIMEOUT_SECONDS = 60  # one kubectl process, all its requests
-RETRY_DELAYS_SECONDS = (0.5, 1, 2, 4, 8)  # a transient kubectl failure: then give up, about 15 s of trying
+# A call that fails in passing (the API server away, a 429 storm, etcd's errors) is sent again with
+# this back-off, then every RETRY_DELAYS_SECONDS[-1] s, until it has failed for API_PATIENCE_SECONDS
+# (a control-plane upgrade or a single API server's restart takes tens of seconds); a 429's
+# Retry-After is honoured up to RETRY_AFTER_MAX_SECONDS. One policy for every call: ApiPatience.
+RETRY_DELAYS_SECONDS = (0.5, 1, 2, 4, 8)
+API_PATIENCE_SECONDS = 90
+RETRY_AFTER_MAX_SECONDS = 30
+API_PATIENCE_NOTE_SECONDS = 15  # while many calls wait out an outage: one progress note this often
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_TIMEOUT, EXIT_BATCH_FAILED = 0, 1, 2, 3, 4
 EXIT_INFRA_FAILURES = 5  # custom episodes: results written, but some episodes are infrastructure failures
@@ -195,7 +203,7 @@ TASKS_CONFIGMAP = "tasks"
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"  # an episode's index, on every backend's records
 
 # ============================================================================
-# The episode program (runs inside each sandbox)
+# The episode program and the exec journal (run inside each sandbox)
 # ============================================================================
 # Shipped in the ConfigMap `episode`, run as `python -B /demo/episode.py`. Its start-up
 # is part of what is measured, so it imports only cheap standard modules. It emits JSON
@@ -287,6 +295,102 @@ except OSError:
 if after != 0:
     raise RuntimeError('patched code failed its tests')
 '''
+
+# The exec journal, shipped beside the episode program (`exec-journal.py`) and exec'd into each
+# warm sandbox in front of the episode: `start JOURNAL COMMAND...` makes the folder JOURNAL (an
+# atomic mkdir: the episode starts at most once, whatever is sent twice), runs COMMAND in a
+# process that outlives the exec (so a cut stream stops nothing) with its stdout, stderr and exit
+# code kept in JOURNAL, and follows them; `follow JOURNAL` follows them again, from the start, after
+# a stream was cut (an API outage). Either ends with the episode's own exit code, or with
+# EXEC_JOURNAL_EXIT and one last stderr line MARK WORD: never-started (no such folder: the episode
+# may be sent), started-before (`start` found the folder: follow it), lost (its process ended
+# without an exit code: the sandbox restarted). Python 3.9+, standard library only.
+EXEC_JOURNAL_EXIT = 125
+EXEC_JOURNAL_TURNS = 8  # never-started / started-before answers one episode may take before its last stands
+EXEC_JOURNAL_FILE = "exec-journal.py"  # in the ConfigMap, so at /demo/exec-journal.py
+EXEC_JOURNALS = "/workspace/.rl-batch-demo-exec"  # JOURNAL is this folder / the claim's name
+EXEC_JOURNAL_MARK = "rl-batch-demo exec journal: "
+EXEC_JOURNAL_PROGRAM = r'''import os
+import sys
+import time
+
+MARK, EXIT = %r, %d
+mode, journal, command = sys.argv[1], sys.argv[2], sys.argv[3:]
+
+
+def say(word):
+    sys.stderr.write(MARK + word + "\n")
+    sys.stderr.flush()
+    sys.exit(EXIT)
+
+
+def write_atomically(name, text):
+    with open(os.path.join(journal, name + ".new"), "w") as new:
+        new.write(text)
+    os.rename(os.path.join(journal, name + ".new"), os.path.join(journal, name))
+
+
+if mode == "start":
+    os.makedirs(os.path.dirname(journal), exist_ok=True)
+    try:
+        os.mkdir(journal)
+    except FileExistsError:
+        say("started-before")
+    streams = [os.open(os.path.join(journal, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+               for name in ("stdout", "stderr")]
+    child = os.fork()
+    if child == 0:  # the keeper: a grandchild, so that nothing waits on the exec'd process
+        keeper = os.fork()
+        if keeper:
+            write_atomically("pid", str(keeper))
+            os._exit(0)
+        try:
+            episode = os.fork()
+            if episode == 0:
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                os.dup2(streams[0], 1)
+                os.dup2(streams[1], 2)
+                try:
+                    os.execvp(command[0], command)
+                except OSError as error:
+                    os.write(2, ("%%s: %%s\n" %% (command[0], error.strerror)).encode())
+                    os._exit(127)
+            status = os.waitpid(episode, 0)[1]
+            code = os.waitstatus_to_exitcode(status)
+            write_atomically("code", str(128 - code if code < 0 else code))
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+elif not os.path.isdir(journal):
+    say("never-started")
+for _ in range(100):  # a `start` cut between its mkdir and its keeper's pid: 5 s at most
+    if os.path.exists(os.path.join(journal, "pid")):
+        break
+    time.sleep(0.05)
+else:
+    say("lost")
+with open(os.path.join(journal, "pid")) as pid_file:
+    keeper = int(pid_file.read())
+sources = [open(os.path.join(journal, "stdout"), "rb"), open(os.path.join(journal, "stderr"), "rb")]
+sinks = [sys.stdout.buffer, sys.stderr.buffer]
+while True:
+    done = os.path.exists(os.path.join(journal, "code"))  # read before the last output is copied
+    for source, sink in zip(sources, sinks):
+        for chunk in iter(lambda: source.read(65536), b""):
+            sink.write(chunk)
+        sink.flush()
+    if done:
+        with open(os.path.join(journal, "code")) as code_file:
+            sys.exit(int(code_file.read()))
+    try:
+        os.kill(keeper, 0)
+    except ProcessLookupError:
+        if not os.path.exists(os.path.join(journal, "code")):
+            say("lost")
+    except PermissionError:
+        pass
+    time.sleep(0.02)
+''' % (EXEC_JOURNAL_MARK, EXEC_JOURNAL_EXIT)
 
 # ============================================================================
 # Errors: one type per exit code; main() turns each into one line on stderr
@@ -432,7 +536,7 @@ def meaningful_line(text):
     return (plain or lines or [""])[-1]
 
 # ============================================================================
-# kubectl: the one subprocess wrapper, a Cluster bound to one context, watches, and ApiProxy
+# kubectl: the one subprocess wrapper, ApiPatience, a context-bound Cluster, watches, ApiProxy
 # (the API's HTTP channel through one `kubectl proxy`, for what grows with the batch)
 # ============================================================================
 
@@ -669,12 +773,87 @@ class Kubectl:
         return context
 
 
+class ApiPatience:
+    """The one retry policy of every API call (kubectl's, the proxy's, an exec's), and what is said
+    of it. Each call that fails in passing asks `again` for its next delay: the back-off, a 429's
+    Retry-After, and None once the call has failed for API_PATIENCE_SECONDS or would pass its
+    deadline. One failing call is noted at each retry, as before; once several fail at once (an
+    outage, a 429 storm: every sandbox's read fails together), their notes are folded into one
+    line, a progress line every API_PATIENCE_NOTE_SECONDS, and one when every call is answered again."""
+
+    def __init__(self, console, patience=API_PATIENCE_SECONDS):
+        self.console, self.patience = console, patience
+        self.lock = threading.Lock()
+        self.failing = {}  # id of a failing call -> its last failure's line
+        self.outage_began = None  # when several calls began failing at once (time.monotonic())
+        self.outage_noted = 0.0
+        self.sent_again = 0  # calls sent again during that outage
+
+    def tries(self):
+        return ApiTries(self)
+
+    def again(self, tries, what, line, retry_after=None, deadline=None):
+        """The delay before `tries`' call is sent again, or None: give up (its failure stands)."""
+        now = time.monotonic()
+        if tries.first_failure is None:
+            tries.first_failure = now
+        delay = RETRY_DELAYS_SECONDS[min(tries.count, len(RETRY_DELAYS_SECONDS) - 1)]
+        if retry_after is not None:  # the server's own word on when to come back, as client-go takes it
+            delay = min(retry_after, RETRY_AFTER_MAX_SECONDS)
+        tries.count += 1
+        if now + delay - tries.first_failure > self.patience or (deadline is not None and now + delay >= deadline):
+            self.settled(tries)
+            return None
+        with self.lock:
+            self.failing[id(tries)] = line
+            if self.outage_began is None and len(self.failing) > 1:
+                self.outage_began, self.outage_noted, self.sent_again = now, now, len(self.failing)
+                self.console.note("API calls fail in passing (%s); %d wait to be sent again, each for up to %d s"
+                                  % (line, len(self.failing), self.patience))
+            elif self.outage_began is not None:
+                self.sent_again += 1
+                if now - self.outage_noted >= API_PATIENCE_NOTE_SECONDS:
+                    self.outage_noted = now
+                    self.console.note("API calls still fail after %.0f s (%d waiting; the last: %s)"
+                                      % (now - self.outage_began, len(self.failing), line))
+            else:
+                self.console.note("%s: %s; retrying in %s s" % (what, line, delay))
+        return delay
+
+    def settled(self, tries):
+        """`tries`' call was answered, or gave up."""
+        with self.lock:
+            if self.failing.pop(id(tries), None) is None or self.failing or self.outage_began is None:
+                return
+            self.console.note("API calls are answered again, after %.0f s (%d sent again)"
+                              % (time.monotonic() - self.outage_began, self.sent_again))
+            self.outage_began = None
+
+
+class ApiTries:
+    """One call's tries under an ApiPatience."""
+
+    def __init__(self, patience):
+        self.patience = patience
+        self.first_failure = None
+        self.count = 0
+
+    def again(self, what, line, retry_after=None, deadline=None):
+        return self.patience.again(self, what, line, retry_after, deadline)
+
+    def answered(self):
+        if self.count:
+            self.patience.settled(self)
+
+
 class Cluster:
-    """kubectl bound to one context: every call carries --context and a request timeout."""
+    """kubectl bound to one context: every call carries --context and a request timeout, and every
+    call that fails in passing is sent again under the one ApiPatience."""
 
     def __init__(self, runner, context):
         self.runner, self.context = runner, context
         self.console = runner.console
+        self.patience = ApiPatience(self.console)
 
     def kubectl(self, *parts, data=None, binary=False, timeout=KUBECTL_PROCESS_TIMEOUT_SECONDS,
                 request_timeout=KUBECTL_REQUEST_TIMEOUT, on_start=None):
@@ -682,15 +861,20 @@ class Cluster:
         return self.runner.run(argv, json.dumps(data) if data is not None else None, binary, timeout, on_start)
 
     def retrying(self, what, attempt):
-        """attempt(), tried again with backoff while its failure is transient; a note each time."""
-        for delay in RETRY_DELAYS_SECONDS + (None,):
+        """attempt(), tried again under the ApiPatience while its failure is transient."""
+        tries = self.patience.tries()
+        while True:
             try:
-                return attempt()
+                answer = attempt()
             except KubectlError as error:
-                if delay is None or not error.transient:
+                delay = tries.again("kubectl " + what, meaningful_line(error.stderr)) if error.transient else None
+                if delay is None:
+                    tries.answered()
                     raise
-                self.console.note("kubectl %s: %s; retrying in %s s" % (what, meaningful_line(error.stderr), delay))
                 time.sleep(delay)
+            else:
+                tries.answered()
+                return answer
 
     def read(self, *parts, binary=False):
         """A read-only kubectl call, retried with backoff while the failure is transient."""
@@ -723,9 +907,12 @@ class Cluster:
         meta = obj["metadata"]
         where = ("-n", meta["namespace"]) if meta.get("namespace") else ()
         kind = obj["kind"].lower()
-        for delay in RETRY_DELAYS_SECONDS + (None,):
+        tries = self.patience.tries()
+        while True:
             try:
-                return json.loads(self.kubectl("create", "-f", "-", "-o", "json", data=obj))
+                created = json.loads(self.kubectl("create", "-f", "-", "-o", "json", data=obj))
+                tries.answered()
+                return created
             except KubectlError as error:
                 if error.refused:
                     raise
@@ -736,15 +923,16 @@ class Cluster:
                                     "failed too: %s" % (kind, meta["name"], meaningful_line(error.stderr),
                                                         meaningful_line(look.stderr))) from None
                 if existing is not None:
+                    tries.answered()
                     owner = existing["metadata"].get("labels", {}).get(RUN_LABEL)
                     if owner == run_id:
                         return existing
                     raise DemoError("%s %s already exists and is not this run's (label %s is %r, expected "
                                     "%r); refusing to use it" % (kind, meta["name"], RUN_LABEL, owner, run_id))
+                delay = tries.again("kubectl create %s %s" % (kind, meta["name"]),
+                                    "%s; it does not exist" % meaningful_line(error.stderr))
                 if delay is None:
                     raise
-                self.console.note("kubectl create %s %s: %s; it does not exist, retrying in %s s"
-                                  % (kind, meta["name"], meaningful_line(error.stderr), delay))
                 time.sleep(delay)
 
     def get_json(self, *parts):
@@ -894,8 +1082,8 @@ class ApiProxy:
         """(HTTP status, body bytes). With retry, a refusal that passes (429 after its Retry-After,
         503, 504, etcd's 500s, the proxy's "connection refused" while the API server is away) is
         sent again with the tool's back-off; a transport error too. The last answer is returned."""
-        delays = RETRY_DELAYS_SECONDS + (None,) if retry else (None,)
-        for delay in delays:
+        tries = self.cluster.patience.tries()
+        while True:
             try:
                 with self.in_flight:
                     connection = UnixHTTPConnection(self.socket_path, timeout)
@@ -908,24 +1096,35 @@ class ApiProxy:
                     finally:
                         connection.close()
             except (OSError, http.client.HTTPException) as error:
-                if delay is None or self.closed:
+                delay = tries.again("%s %s through `kubectl proxy`" % (method, path.split("?")[0]), str(error)) \
+                    if retry and not self.closed else None
+                if delay is None:
+                    tries.answered()
                     raise ProxyUnavailable("the request through `kubectl proxy` failed: %s" % error) from None
                 if self.process is not None and self.process.poll() is not None:
                     self.revive()  # the proxy died: start it again, then send the request again
                 time.sleep(delay)
                 continue
-            if delay is None or not refusal_passes(status, answer_message(body)):
+            delay = None
+            if retry and refusal_passes(status, answer_message(body)):
+                delay = tries.again("%s %s through `kubectl proxy`" % (method, path.split("?")[0]),
+                                    "HTTP %d: %s" % (status, last_line(answer_message(body))),
+                                    retry_after=retry_after_seconds(wait) if status == 429 else None)
+            if delay is None:
+                tries.answered()
                 return status, body
-            if status == 429 and wait and wait.isdigit():
-                delay = max(delay, min(float(wait), 10.0))
             time.sleep(delay)
-        return status, body
 
     def close(self):
         self.closed = True
         if self.process is not None:
             self.cluster.runner.stop_process(self.process)
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def retry_after_seconds(header):
+    """A Retry-After header's seconds (the API server sends whole seconds), or None."""
+    return float(header) if header and header.strip().isdigit() else None
 
 
 def answer_message(body):
@@ -1059,6 +1258,8 @@ class ExecResult:
     sent_at: "float | None" = None
     opened_at: "float | None" = None
     refused_in_passing: bool = False
+    retry_after: "float | None" = None  # a 429's Retry-After, in seconds
+    cut: bool = False  # sent, then the stream ended before the command's status: it may have run
 
 
 class KubectlExecChannel:
@@ -1098,8 +1299,10 @@ class KubectlExecChannel:
             # A pod that has gone is "(NotFound)" and an unknown failure "(InternalError)": final.
             passing = (error.transient and not stdout and "(InternalError)" not in message
                        and message.startswith(("Error from server", "The connection to the server")))
+            timed_out = "did not finish within" in message
             return ExecResult(None, stdout, error=message, sent_at=sent_at, refused_in_passing=passing,
-                              reason="ExecTimedOut" if "did not finish within" in message else "ExecFailed")
+                              reason="ExecTimedOut" if timed_out else "ExecFailed",
+                              cut=error.transient and not passing and not timed_out)
 
     def close(self):
         pass
@@ -1190,7 +1393,9 @@ class ProxyExecChannel:
                     "Sec-WebSocket-Key": key, "Sec-WebSocket-Protocol": ", ".join(EXEC_PROTOCOLS)})
                 answer = connection.getresponse()  # 101: its body is the WebSocket, left unread here
             except (OSError, http.client.HTTPException) as error:
-                return ExecResult(None, error="the exec stream could not be opened: %s" % error, sent_at=sent_at)
+                # sent: the API server may have started the command before the answer was lost
+                return ExecResult(None, error="the exec stream could not be opened: %s" % error, sent_at=sent_at,
+                                  cut=True)
             if answer.status != 101:
                 message = answer_message(answer.read())
                 if answer.status == 400 and pod_name in message:
@@ -1201,7 +1406,8 @@ class ProxyExecChannel:
                                       % (answer.status, last_line(message)))
                 passing = refusal_passes(answer.status, message)
                 return ExecResult(None, error="HTTP %d: %s" % (answer.status, last_line(message)), sent_at=sent_at,
-                                  refused_in_passing=passing)
+                                  refused_in_passing=passing, retry_after=retry_after_seconds(
+                                      answer.getheader("Retry-After")) if answer.status == 429 else None)
             if answer.getheader("Sec-WebSocket-Accept") != websocket_accept(key):
                 # 101 came: the API server has started the command. Never run it again.
                 reason = "the exec stream's handshake was answered wrongly (Sec-WebSocket-Accept)"
@@ -1238,9 +1444,9 @@ class ProxyExecChannel:
         return body.get("items") or []
 
     def request(self, method, path, obj=None):
-        """One request through the proxy, sent once (a create is never blindly repeated): (HTTP
-        status, decoded body)."""
-        status, body = self.proxy.request(method, path, obj, retry=False)
+        """One request through the proxy, a write sent once (a create is never blindly repeated), a
+        read sent again under the ApiPatience: (HTTP status, decoded body)."""
+        status, body = self.proxy.request(method, path, obj, retry=method == "GET")
         try:
             return status, json.loads(body)
         except ValueError:
@@ -1335,9 +1541,8 @@ def exec_outcome(status, stdout, stderr, sent_at, opened_at):
     reason NonZeroExitCode carries the code in its ExitCode cause; any other Failure is an error."""
     if status is None:
         return ExecResult(None, stdout, stderr, error="the exec stream was cut before the command's status came (the "
-                          "API server or `kubectl proxy` closed it: an outage, a restart); the command may have run, so "
-                          "it is not sent again", sent_at=sent_at,
-                          opened_at=opened_at)
+                          "API server or `kubectl proxy` closed it: an outage, a restart)", sent_at=sent_at,
+                          opened_at=opened_at, cut=True)
     if status.get("status") == "Success":
         return ExecResult(0, stdout, stderr, sent_at=sent_at, opened_at=opened_at)
     if status.get("reason") == "NonZeroExitCode":
@@ -1377,6 +1582,7 @@ class Console:
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
         self.progress_shown = False
+        self.writing = threading.Lock()  # notes come from many threads: each line whole
 
     @property
     def interactive(self):
@@ -1406,8 +1612,10 @@ class Console:
 
     def line(self, text):
         """A line of its own on stderr: a progress line being rewritten ends first."""
-        self.end_progress()
-        print(text, file=self.stderr, flush=True)
+        with self.writing:
+            self.end_progress()
+            self.stderr.write(text + "\n")
+            self.stderr.flush()
 
     def progress(self, line):
         """Rewrite the progress line in place (a terminal only)."""
@@ -1563,7 +1771,7 @@ def configmap_manifest(namespace, run_id, program=EPISODE_PROGRAM):
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": CONFIGMAP_NAME, "namespace": namespace,
                          "labels": object_labels(run_id, "episode-program")},
-            "data": {"episode.py": program}}
+            "data": {"episode.py": program, EXEC_JOURNAL_FILE: EXEC_JOURNAL_PROGRAM}}
 
 
 def tasks_configmap_manifest(namespace, run_id, tasks):
@@ -6283,13 +6491,32 @@ def episode_command(claim_name, index, spec):
     env = ["EPISODE_ID=" + claim_name]
     if spec.episode:
         env.append("JOB_COMPLETION_INDEX=%d" % index)
+    journaled = ["python", "-B", "/demo/" + EXEC_JOURNAL_FILE, "start", exec_journal(claim_name),
+                 "python", "-B", "/demo/episode.py"]
     if spec.tasks_list is None:
-        return ["env", *env, "python", "-B", "/demo/episode.py"]
+        return ["env", *env, *journaled]
     if not spec.pool:
-        return ["env", *env, "TASK_INDEX=%d" % index, "TASK_FILE=/tasks/task-%d.json" % index,
-                "python", "-B", "/demo/episode.py"]
+        return ["env", *env, "TASK_INDEX=%d" % index, "TASK_FILE=/tasks/task-%d.json" % index, *journaled]
     return ["sh", "-c", 'printf "%%s" "$0" > %s && exec "$@"' % STEP_TASK_FILE, json.dumps(spec.tasks_list[index]),
-            "env", *env, "TASK_INDEX=%d" % index, "TASK_FILE=" + STEP_TASK_FILE, "python", "-B", "/demo/episode.py"]
+            "env", *env, "TASK_INDEX=%d" % index, "TASK_FILE=" + STEP_TASK_FILE, *journaled]
+
+
+def exec_journal(claim_name):
+    return "%s/%s" % (EXEC_JOURNALS, claim_name)
+
+
+def follow_command(claim_name):
+    """The exec that reads an episode's journal again after its stream was cut."""
+    return ["env", "python", "-B", "/demo/" + EXEC_JOURNAL_FILE, "follow", exec_journal(claim_name)]
+
+
+def exec_journal_word(result):
+    """What the exec journal itself said (never-started, started-before, lost), or None: the
+    result is the episode's own."""
+    if result.code not in (EXEC_JOURNAL_EXIT, None):  # None: a runtime that words an exit code as an error
+        return None
+    last = last_line(result.stderr.decode("utf-8", "replace"))
+    return last[len(EXEC_JOURNAL_MARK):] if last.startswith(EXEC_JOURNAL_MARK) else None
 
 
 def warm_episode_record(claim, index, sandbox, pod, result, times):
@@ -6437,7 +6664,7 @@ class WarmPoolRun:
         sandbox = self.wait_for_sandbox(bound) or self.cluster.get_json("-n", self.namespace, "sandboxes", bound)
         pod_name = (sandbox or {}).get("metadata", {}).get("annotations", {}).get(POD_NAME_ANNOTATION) or bound
         pod_uid = self.pod_uids.get(pod_name)  # the pod the exec goes to, when the watch has shown it
-        result = self.exec_episode(pod_name, episode_command(name, index, self.spec))
+        result = self.exec_episode(pod_name, name, episode_command(name, index, self.spec))
         self.observed[name]["exec_finished"] = time.time()
         self.observed[name]["exec_started"] = result.sent_at
         if result.code != 0 and self.stopping.is_set():
@@ -6462,27 +6689,63 @@ class WarmPoolRun:
         if result.reason != "Interrupted":
             self.offer(name, index, result)
 
-    def exec_episode(self, pod_name, command):
+    def exec_episode(self, pod_name, claim_name, command):
         """The episode's exec on the run's channel (the fallback's when the stream is refused for
-        every pod), sent again with Cluster.retrying's backoff while the API server refuses it in
-        passing before the command starts, and the deadline allows."""
-        for delay in RETRY_DELAYS_SECONDS + (None,):
-            channel = self.channel
-            try:
-                result = channel.run(pod_name, command, self.deadline - time.monotonic())
-            except ExecRefused as refused:
-                channel = self.fall_back(channel, refused)
-                result = channel.run(pod_name, command, self.deadline - time.monotonic())
-            except ExecChannelBroken as broken:
-                self.fall_back(channel, broken)
-                return broken.result  # the command may have run: not sent again
-            if result.code is None and result.opened_at is None and self.channel is not channel:
-                # no stream on the channel another episode found refused meanwhile: the fallback's turn
-                result = self.channel.run(pod_name, command, self.deadline - time.monotonic())
-            if not result.refused_in_passing or delay is None or time.monotonic() + delay >= self.deadline:
+        every pod). Under the cluster's ApiPatience and within the deadline, an exec the API server
+        refused in passing is sent again, and one whose stream was cut (an outage, a restart) is
+        followed through the episode's exec journal: its output and exit code are read again,
+        the episode itself sent again only when the journal shows it never started."""
+        tries, first, journal_turns = self.cluster.patience.tries(), None, 0
+        while True:
+            result, broken = self.exec_once(pod_name, command)
+            if broken:  # the channel's handshake was answered wrongly: never sent again
+                tries.answered()
                 return result
-            self.console.note("exec into %s: %s; retrying in %s s" % (pod_name, result.error, delay))
+            first = first or result
+            word = exec_journal_word(result)
+            if word in ("never-started", "started-before") and journal_turns < EXEC_JOURNAL_TURNS:
+                journal_turns += 1
+                self.console.note("exec into %s: %s" % (pod_name, "its exec journal shows the episode never started; "
+                                  "sending it again" if word == "never-started" else "the episode started before; "
+                                  "following its exec journal"))
+                command = episode_command(claim_name, self.position[claim_name], self.spec) \
+                    if word == "never-started" else follow_command(claim_name)
+                continue
+            if word == "lost":
+                tries.answered()
+                return ExecResult(None, result.stdout, result.stderr.rsplit(EXEC_JOURNAL_MARK.encode(), 1)[0],
+                                  error="the episode's process ended without an exit code (its sandbox's container "
+                                        "restarted?); it may have run, so it is not sent again",
+                                  sent_at=first.sent_at, opened_at=first.opened_at)
+            delay = None
+            if result.refused_in_passing or (result.cut and not self.stopping.is_set()):
+                delay = tries.again("exec into %s" % pod_name, result.error, retry_after=result.retry_after,
+                                    deadline=self.deadline)
+            if delay is None:
+                tries.answered()
+                if result is not first:  # the episode's outcome, timed from its first exec
+                    result = dataclasses.replace(result, sent_at=first.sent_at, opened_at=first.opened_at)
+                return result
+            if result.cut:
+                command = follow_command(claim_name)  # it may have started: read its journal
             time.sleep(delay)
+
+    def exec_once(self, pod_name, command):
+        """(result, broken): one exec on the run's channel, the fallback's when the channel refuses;
+        broken when the channel's handshake was answered wrongly (the command may have run)."""
+        channel = self.channel
+        try:
+            result = channel.run(pod_name, command, self.deadline - time.monotonic())
+        except ExecRefused as refused:
+            channel = self.fall_back(channel, refused)
+            result = channel.run(pod_name, command, self.deadline - time.monotonic())
+        except ExecChannelBroken as broken:
+            self.fall_back(channel, broken)
+            return broken.result, True
+        if result.code is None and result.opened_at is None and self.channel is not channel:
+            # no stream on the channel another episode found refused meanwhile: the fallback's turn
+            result = self.channel.run(pod_name, command, self.deadline - time.monotonic())
+        return result, False
 
     def offer(self, name, index, result):
         """The finished episode, to the stream (--stream): its record as episodes.json will hold
@@ -8998,7 +9261,7 @@ def read_episode_inputs(args, fail):
             program = Path(args.episode).read_text()
         except (OSError, UnicodeDecodeError) as error:
             fail("cannot read --episode %s: %s" % (args.episode, getattr(error, "strerror", None) or error))
-        size = configmap_bytes({"episode.py": program})
+        size = configmap_bytes({"episode.py": program, EXEC_JOURNAL_FILE: EXEC_JOURNAL_PROGRAM})
         if size > CONFIGMAP_MAX_BYTES:
             fail("--episode %s is %d bytes; a ConfigMap holds at most %d: ship a smaller program (or put it in "
                  "the image)" % (args.episode, size, CONFIGMAP_MAX_BYTES))

@@ -74,6 +74,18 @@ def test_an_api_server_away_for_20_s_is_waited_out_and_the_batch_collected(make_
     assert read(tmp_path / "out" / "results.json")["reward_sum"] == 2
 
 
+def test_an_api_server_away_for_20_s_mid_collection_still_gets_every_log_and_the_events(
+        make_cluster, run_tool, tmp_path):
+    # The outage begins with the first pod log the tool reads: the rest of the collection meets it.
+    cluster = make_cluster({"apiOutage": {"afterCreateOf": "log", "afterSeconds": 0, "seconds": 20}})
+    result = run_tool("run", "--count", "4", "--output", "out", cluster=cluster)
+    assert result.code == 0, result.stderr
+    out = tmp_path / "out"
+    assert read(out / "results.json")["successful_episodes"] == 4
+    assert "Completed" in (out / "events.txt").read_text()
+    assert len(list(out.glob("rollout-*.log"))) == 4
+
+
 def test_an_api_server_away_past_the_deadline_ends_the_wait_with_what_was_seen(make_cluster, run_tool, tmp_path):
     cluster = slow_start_cluster(make_cluster, tmp_path, apiOutage={"afterJobCreatedSeconds": 1.0, "seconds": 600})
     result = run_tool("run", "--count", "2", "--image", "slow-start:1", "--timeout", "2", "--output", "out",
@@ -94,6 +106,115 @@ def test_a_poll_that_hangs_does_not_hold_up_a_batch_the_watch_saw_complete(make_
     # request timeout after the wait began: the tool's own figure, not the test's clock.
     seen = read(tmp_path / "out" / "results.json")["client_job_complete_seconds"]
     assert seen < 30, "the run waited for the hung call (%.1f s)" % seen
+
+
+# ---------------------------------------------------------------- a warm-pool batch across outages and 429 storms
+
+WARM_POOL = {"agentSandbox": {"version": "v0.5.6", "extensions": True}}
+
+
+def counted_episodes_cluster(make_cluster, tmp_path, **config):
+    """Episodes that take 3 s and note their EPISODE_ID in `episode-runs` each time one starts
+    (the image's `python`, called with the episode program), whatever the tool sent."""
+    body = 'case "$2" in */episode.py) echo "$EPISODE_ID" >> "%s"; sleep 3;; esac\nexec $PY "$@"' % (
+        tmp_path / "episode-runs")
+    return cluster_with_image(make_cluster, tmp_path, "counted:1", body, **dict(WARM_POOL, **config))
+
+
+def episode_runs(tmp_path):
+    return sorted((tmp_path / "episode-runs").read_text().split())
+
+
+def warm_batch(run_tool, cluster, count):
+    return run_tool("run", "--backend", "warm-pool", "--no-runtime-class", "--image", "counted:1", "--count",
+                    str(count), "--pool-size", str(count), "--output", "warm", cluster=cluster)
+
+
+def test_a_warm_pool_batch_rides_out_a_20_s_outage_with_every_episode_run_once(make_cluster, run_tool, tmp_path):
+    # The API server goes away 1 s after the first exec starts, for 20 s (more than the 15 s a call
+    # was once tried): every exec stream in flight is cut while its episode runs on (3 s each).
+    cluster = counted_episodes_cluster(make_cluster, tmp_path, apiOutage={
+        "afterCreateOf": "exec", "afterSeconds": 1.0, "seconds": 20})
+    done = warm_batch(run_tool, cluster, 8)
+    assert done.code == 0, done
+    assert "the exec stream was cut" in done.stderr and "API calls are answered again, after" in done.stderr
+    results = read(tmp_path / "warm" / "results.json")
+    assert (results["successful_episodes"], results["reward_sum"]) == (8, 8)
+    claims = sorted(claim["metadata"]["name"] for claim in read(tmp_path / "warm" / "claims.json"))
+    assert episode_runs(tmp_path) == claims  # each episode ran exactly once
+
+
+def test_a_warm_pool_batch_rides_out_a_429_storm_honouring_retry_after(make_cluster, run_tool, tmp_path):
+    # API Priority and Fairness refuses 60 reads of pods in a row (each exec reads its pod first),
+    # each with Retry-After: 1: longer than the 15 s an exec was once sent again.
+    cluster = counted_episodes_cluster(make_cluster, tmp_path, transientFailures=[
+        {"verb": "get", "resource": "pods", "times": 60, "kind": "too-many-requests"}])
+    done = warm_batch(run_tool, cluster, 4)
+    assert done.code == 0, done.stderr
+    assert "HTTP 429: Too many requests, please try again later." in done.stderr, done.stderr
+    results = read(tmp_path / "warm" / "results.json")
+    assert results["successful_episodes"] == 4
+    assert episode_runs(tmp_path) == sorted(claim["metadata"]["name"] for claim in read(tmp_path / "warm" /
+                                                                                      "claims.json"))
+
+
+# ---------------------------------------------------------------- in-process: the one retry policy (ApiPatience)
+
+class ManualClock:
+    """time.monotonic for ApiPatience, moved on by the test (each delay taken as slept)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def patience(tool, monkeypatch):
+    clock = ManualClock()
+    monkeypatch.setattr(tool.time, "monotonic", clock)
+    console = tool.Console(stderr=__import__("io").StringIO())
+    return tool.ApiPatience(console, patience=60), clock, console
+
+
+def test_a_call_failing_in_passing_is_given_up_once_it_has_failed_for_the_patience(patience):
+    policy, clock, _ = patience
+    tries, delays = policy.tries(), []
+    while True:
+        delay = tries.again("kubectl get pods", "The connection to the server x was refused")
+        if delay is None:
+            break
+        delays.append(delay)
+        clock.now += delay
+    assert delays[:5] == [0.5, 1, 2, 4, 8] and set(delays[5:]) == {8}
+    assert 52 <= sum(delays) <= 60  # tried for the whole patience, never past it
+
+
+def test_a_429s_retry_after_is_the_delay_up_to_its_bound(tool, patience):
+    policy, _, _ = patience
+    assert policy.tries().again("exec into p", "HTTP 429: Too many requests", retry_after=3) == 3
+    assert policy.tries().again("exec into p", "HTTP 429", retry_after=600) == tool.RETRY_AFTER_MAX_SECONDS
+
+
+def test_a_call_is_not_sent_again_past_its_deadline(patience):
+    policy, clock, _ = patience
+    assert policy.tries().again("exec into p", "HTTP 503", deadline=clock.now + 0.2) is None
+
+
+def test_calls_failing_together_are_said_in_one_line_and_their_end_in_one_more(patience):
+    policy, clock, console = patience
+    calls = [policy.tries() for _ in range(20)]
+    for tries in calls:
+        tries.again("kubectl get sandboxes s", "The connection to the server x was refused")
+    clock.now += 5
+    for tries in calls:
+        tries.answered()
+    lines = console.stderr.getvalue().splitlines()
+    assert lines[0] == "kubectl get sandboxes s: The connection to the server x was refused; retrying in 0.5 s"
+    assert lines[1] == ("API calls fail in passing (The connection to the server x was refused); 2 wait to be sent "
+                        "again, each for up to 60 s")
+    assert lines[2:] == ["API calls are answered again, after 5 s (20 sent again)"]
 
 
 # ---------------------------------------------------------------- the output folder fails mid-run
@@ -212,10 +333,10 @@ def test_etcd_errors_on_reads_after_completion_are_retried(make_cluster, run_too
 
 
 def test_reads_failing_after_completion_keep_what_the_watches_saw(make_cluster, run_tool, tmp_path):
-    # Every list of pods fails once the Job is complete (more often than the retries): the
-    # watches already hold the finished Job and its pods, so the results are still written.
+    # Every list of pods fails once the Job is complete (for longer than the 90 s a call is tried):
+    # the watches already hold the finished Job and its pods, so the results are still written.
     cluster = make_cluster({"transientFailures": [
-        {"verb": "list", "resource": "pods", "times": 12, "kind": "etcd-leader-changed", "afterJobComplete": True}]})
+        {"verb": "list", "resource": "pods", "times": 40, "kind": "etcd-leader-changed", "afterJobComplete": True}]})
     result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
     assert result.code == 1, result
     assert "results.json is written, but archiving the episode logs and events failed" in result.stderr

@@ -69,7 +69,7 @@ def test_the_pods_command_runs_the_program_the_configmap_ships(tool):
     [container] = pod["containers"]
     [script] = [v for v in pod["volumes"] if v.get("configMap", {}).get("name") == cm["metadata"]["name"]]
     [mount] = [m for m in container["volumeMounts"] if m["name"] == script["name"]]
-    [key] = cm["data"]
+    key = "episode.py"
     # the path the command runs is the ConfigMap's one key under the volume's mount path
     assert mount["mountPath"] + "/" + key in container["command"]
     assert cm["metadata"]["namespace"] == "ns"

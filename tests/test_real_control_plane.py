@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -318,6 +319,32 @@ def test_a_batch_rides_out_the_api_server_killed_and_restarted(control_plane, tm
     assert (results["successful_episodes"], results["reward_sum"]) == (4, 4.0)
     assert run_tool_on(control_plane, tmp_path, "cleanup", "out").code == 0
     assert namespace_gone(control_plane, namespace)
+
+
+@pytest.mark.parts("agent-sandbox")
+def test_a_warm_pool_batch_rides_out_the_api_server_killed_with_every_episode_run_once(control_plane, tmp_path):
+    # Two episodes are still running when the API server goes for 10 s: their exec streams are cut
+    # (through the real API server to kwok); the tool reads their exec journals once it is back.
+    release, runs = tmp_path / "release", str(tmp_path / "runs")
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok", "runs": runs}] * 2 +
+                        [{"mode": "ok", "runs": runs, "wait_for": str(release)}] * 2)
+    process = start_tool_on(control_plane, tmp_path, "run", "--backend", "warm-pool", "--episode", EPISODE, "--tasks",
+                            tasks, "--output", "out")
+
+    def all_four_started():
+        assert process.poll() is None, "the tool ended early: %s" % process.communicate()[1]
+        return sum(episode_execs_per_pod(control_plane).values()) == 4
+    wait_for("the 4 episodes' execs", all_four_started)
+    control_plane.restart_component("kube-apiserver", down_while=lambda: time.sleep(10))
+    release.touch()
+    stdout, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr
+    assert "was cut" in stderr, stderr
+    results = read(tmp_path / "out" / "results.json")
+    assert (results["successful_episodes"], results["reward_sum"]) == (4, 4.0)
+    # each episode ran once (an exec the outage stopped before its journal began is sent again)
+    assert sorted(Path(runs).read_text().split()) == ["episode-%d" % index for index in range(4)]
+    assert run_tool_on(control_plane, tmp_path, "cleanup", "out").code == 0
 
 
 # ---------------------------------------------------------------- the kind workflow's steps

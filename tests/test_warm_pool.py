@@ -323,7 +323,10 @@ def test_an_exec_refused_by_an_etcd_error_before_it_starts_is_sent_again(make_cl
     assert done.code == 0, done
     assert read(tmp_path / "warm" / "results.json")["successful_episodes"] == 2
     assert read(tmp_path / "warm" / "warm-pool.json")["exec_channel"]["kind"] == channel
-    assert done.stderr.count("etcdserver: leader changed; retrying in") == 2, done.stderr
+    # each refusal said once: as a retry note, or, when both execs were refused together, folded
+    # into the line that counts them
+    assert done.stderr.count("etcdserver: leader changed; retrying in") + done.stderr.count("(2 sent again)") == 2, \
+        done.stderr
 
 
 # ---------------------------------------------------------------- in-process: records and summaries
@@ -557,7 +560,8 @@ def test_an_exec_the_proxy_cannot_deliver_because_the_api_server_is_down_may_be_
     assert "connection refused" in result.error
 
 
-def test_an_exec_stream_the_api_server_cuts_is_named_and_never_sent_again(sandbox_cluster, tool, monkeypatch):
+def test_an_exec_stream_the_api_server_cuts_is_named_as_cut_not_as_refused(sandbox_cluster, tool, monkeypatch):
+    # cut: the command may have run, so the run reads its exec journal rather than sending it again
     import threading
     run_a_long_pod(sandbox_cluster, tool)
     runner, channel = open_channel_on(sandbox_cluster, tool, monkeypatch, "default")
@@ -573,7 +577,7 @@ def test_an_exec_stream_the_api_server_cuts_is_named_and_never_sent_again(sandbo
         runner.stop_background()
     [result] = results
     assert result.code is None and result.opened_at is not None and not result.refused_in_passing
-    assert "was cut" in result.error and "not sent again" in result.error, result.error
+    assert result.cut and "was cut" in result.error, result.error
 
 
 def run_a_long_pod(cluster, tool):

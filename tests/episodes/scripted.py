@@ -11,6 +11,7 @@ crash_once crash if `marker` does not exist yet (creating it), else like ok: a f
 without a newline; "stderr": text is written to stderr after ready; "binary": true prints a line
 that is not UTF-8 after ready.
 "wait_for": path holds the episode after ready until that file exists.
+"runs": path gets a line with the episode's EPISODE_ID each time the episode starts.
 "termination_message": true also writes the events to the termination-message file.
 "on_sigterm": "exit" installs a SIGTERM handler that exits 143 (without it, a `python` that is
 a container's PID 1 does not see SIGTERM at all).
@@ -39,6 +40,9 @@ with open(os.environ["TASK_FILE"]) as task_file:
 if task.get("on_sigterm") == "exit":
     import signal
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+if task.get("runs"):
+    with open(task["runs"], "a") as runs:
+        runs.write(os.environ["EPISODE_ID"] + "\n")
 print("episode %s starting task %s" % (os.environ["EPISODE_ID"], task.get("id")), flush=True)
 mode = task.get("mode", "ok")
 if mode != "no_ready":

@@ -173,6 +173,7 @@ class ApiServer:
         # its generateName prefix (`pods "rollout-" is forbidden`, ASSUMPTIONS.md fact 26).
         requested_name = name or obj.get("metadata", {}).get("generateName", "")
         obj["metadata"] = self.new_metadata(obj.get("metadata", {}), namespace, resource)
+        self.first_created.setdefault(resource, time.time())
         if resource == "jobs":
             if self.first_job_at is None:
                 self.first_job_at = time.time()
@@ -419,6 +420,7 @@ class ApiServer:
                     reason = "image can't be pulled"
                 raise ApiError(400, "BadRequest", 'container "%s" in pod "%s" is waiting to start: %s'
                                % (container, name, reason))
+        self.first_created.setdefault("log", time.time())  # an apiOutage may count from the first log read
         try:
             # bytes that are not UTF-8 travel as lone surrogates and leave kubectl as the bytes they were
             return open(record["log_path"], "rb"), record.get("log_drop_first_lines", 0)
@@ -463,6 +465,7 @@ class ApiServer:
                                            start_new_session=True)
             if process is not None:
                 record.setdefault("execs", []).append(process)
+            self.first_created.setdefault("exec", time.time())  # apiOutage can count from the first exec
         if process is None:
             return self.synthetic_exec(command, seconds)
         stdout, stderr = process.communicate(stdin.encode() if stdin else None)

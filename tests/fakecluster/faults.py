@@ -13,6 +13,9 @@ FAULTS = {
     "etcd-leader-changed": (500, "", "etcdserver: leader changed"),
     "etcd-timeout": (500, "", "etcdserver: request timed out"),
     "etcd-too-many-requests": (429, "", "etcdserver: too many requests"),
+    # API Priority and Fairness rejecting a request: text/plain, not a Status, with Retry-After
+    # (k8s.io/apiserver v0.36.3 pkg/server/filters/priority-and-fairness.go, tooManyRequests)
+    "too-many-requests": (429, "TooManyRequests", "Too many requests, please try again later."),
     # Not a Status: the connection broke before the answer (a load balancer, an API server
     # restart); kubectl prints the transport error (kubectl.py, TRANSPORT_REASON).
     "connection-lost": (502, "TransportError", "unexpected EOF"),

@@ -438,6 +438,9 @@ class HttpApi:
             return self.serve_resource(conn, sock, method, resource, namespace, name, sub, query, multi, headers,
                                        body)
         except ApiError as error:
+            if error.status.get("reason") == "TooManyRequests":  # APF's own answer: plain text (faults.py)
+                return self.answer(conn, sock, 429, (error.status["message"] + "\n").encode(),
+                                   "text/plain; charset=utf-8", headers=self.retry_after(429))
             return self.answer(conn, sock, error.status["code"], error.status,
                                headers=self.retry_after(error.status["code"]))
 

@@ -164,6 +164,7 @@ class JobController:
                     self.mark({"job": job["metadata"]["name"], "namespace": job["metadata"]["namespace"],
                                "complete_at": time.time()})
                     job["status"]["completionTime"] = now_rfc3339()
+                    self.first_created.setdefault("job-complete", time.time())  # an apiOutage may count from it
                     self.record_event(job, "Normal", "Completed", "Job completed")
                     changed = True
             elif time.time() >= book["create_backoff_until"]:

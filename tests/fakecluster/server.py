@@ -64,7 +64,8 @@ class Cluster(ApiServer, JobController, Scheduler, Kubelet, NamespaceLifecycle):
         self.agent_sandbox = agentsandbox.AgentSandbox(self)
         self.kueue = kueue.Kueue(self)
         self.stop = threading.Event()
-        self.first_job_at = None  # when the first Job was created (apiOutage counts from it)
+        self.first_job_at = None  # when the first Job was created
+        self.first_created = {}  # resource -> when its first object was created (apiOutage counts from one)
         self.pod_cgroups = set()  # uids of pods given a cgroup of their own, until it is removed
         self.jobs_created = []  # when each Job was created, in order (Kueue's uninstall fault counts them)
         with self.lock:
@@ -88,9 +89,11 @@ class Cluster(ApiServer, JobController, Scheduler, Kubelet, NamespaceLifecycle):
     def in_outage(self):
         """Whether the API server is unreachable now (apiOutage in cluster.json)."""
         outage = self.config.get("apiOutage")
-        if not outage or self.first_job_at is None:
+        # counted from the first create of `afterCreateOf` (the first Job unless it names another)
+        started = self.first_created.get(outage.get("afterCreateOf", "jobs")) if outage else None
+        if started is None:
             return False
-        begins = self.first_job_at + outage.get("afterJobCreatedSeconds", 0)
+        begins = started + outage.get("afterJobCreatedSeconds", outage.get("afterSeconds", 0))
         return begins <= time.time() < begins + outage["seconds"]
 
     def client_call(self, controller):
