@@ -437,6 +437,8 @@ class Terminated(KeyboardInterrupt):
 TRANSIENT_MARKERS = ("(InternalError)", "(ServiceUnavailable)", "(Timeout)", "(ServerTimeout)",
                      "(TooManyRequests)", "etcdserver: ", "connection to the server", "Unable to connect to the server",
                      "i/o timeout", "TLS handshake timeout", "connection reset", "unexpected EOF", "http2:",
+                     # kubectl's client-side validation could not read the OpenAPI document: nothing was sent
+                     "connect: connection refused",
                      # Go's io.EOF: the connection closed before any answer (`Post "URL": EOF`, checked
                      # with the real kubectl 1.32.4 against a server that drops the connection)
                      '": EOF',
@@ -1405,8 +1407,11 @@ class ProxyExecChannel:
                     raise ExecRefused("the API server (through `kubectl proxy`) refused the exec stream: HTTP %d: %s"
                                       % (answer.status, last_line(message)))
                 passing = refusal_passes(answer.status, message)
+                # a 5xx that is neither a refusal that passes nor the pod's own (a finished container):
+                # the proxy lost the API server mid-upgrade (`unexpected EOF`), the command may have begun
+                unknown = answer.status >= 500 and not passing and "container not found" not in message
                 return ExecResult(None, error="HTTP %d: %s" % (answer.status, last_line(message)), sent_at=sent_at,
-                                  refused_in_passing=passing, retry_after=retry_after_seconds(
+                                  refused_in_passing=passing, cut=unknown, retry_after=retry_after_seconds(
                                       answer.getheader("Retry-After")) if answer.status == 429 else None)
             if answer.getheader("Sec-WebSocket-Accept") != websocket_accept(key):
                 # 101 came: the API server has started the command. Never run it again.
