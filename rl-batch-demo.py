@@ -8876,59 +8876,170 @@ def format_figure(value):
     return "%.3g" % value if value is not None else "n/a"
 
 
+ARM_DASHES = ("", "7 3", "2 2", "9 3 2 3", "4 4", "1 3")  # with the colour: arms apart in grey print too
+COMPARISON_WIDTH, COMPARISON_LEFT, COMPARISON_RIGHT, COMPARISON_PLOT_HEIGHT = 820, 86, 24, 170
+
+
 def comparison_svg(arms, result):
-    """Per episode metric, each arm's empirical CDF (one line per arm), with its interval at P50 and
-    P95 drawn as a band on those lines: readable without hovering."""
-    from xml.sax.saxutils import escape
+    """comparison.svg: per episode metric, each arm's empirical CDF (a line per arm) with the 95%
+    interval of its P50 (and the startup metric's P95) as a band on it, and each arm's figures in
+    words above the plot: a person reads the comparison from the picture alone."""
     # one panel per distribution: the startup metric's P50 and P95 bands share one
     metrics = [m for m in comparison_metrics({arm: rounds for arm, rounds in arms.items() if rounds})
                if m["level"] == "episode" and m["key"] != "startup_p95"]
-    width, panel, left, top = 760, 230, 70, 40
-    parts = []
-    y0 = top
+    panels = []
     for metric in metrics:
-        values = {arm: sorted(v for per_round in rounds for v in per_round) for arm, rounds in metric["values"].items()}
-        high = max(max(v) for v in values.values()) or 1.0
-        scale_x = (width - left - 20) / high
-        plot_h = panel - 70
-        bands = "P50 and P95" if metric["key"] == "startup_p50" else "P50"
-        parts.append('<text x="%d" y="%d" font-size="13" font-weight="bold">%s: empirical CDF of every episode, '
-                     'the 95%% interval of its %s as a band</text>' % (
-                         left, y0 + 14, escape(metric["label"].rsplit(" P", 1)[0]), bands))
-        base = y0 + 30 + plot_h
-        parts.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#555"/>' % (left, base, width - 20, base))
-        parts.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#555"/>' % (left, base, left, base - plot_h))
-        for tick in range(5):
-            x = left + tick * (width - left - 20) / 4
-            parts.append('<text x="%.0f" y="%d" font-size="10" text-anchor="middle">%s s</text>' % (
-                x, base + 14, format_figure(high * tick / 4)))
-        for fraction in (0.5, 0.95):
-            parts.append('<text x="%d" y="%.0f" font-size="10" text-anchor="end">P%d</text>' % (
-                left - 4, base - fraction * plot_h + 3, round(fraction * 100)))
-        for number, (arm, ordered) in enumerate(values.items()):
-            colour = ARM_COLOURS[number % len(ARM_COLOURS)]
-            points = ["%.1f,%.1f" % (left, base)]
-            for index, value in enumerate(ordered, 1):
-                x = left + value * scale_x
-                points += ["%.1f,%.1f" % (x, base - (index - 1) / len(ordered) * plot_h),
-                           "%.1f,%.1f" % (x, base - index / len(ordered) * plot_h)]
-            parts.append('<polyline class="ecdf" data-arm="%s" fill="none" stroke="%s" stroke-width="1.5" '
-                         'points="%s"/>' % (escape(arm), colour, " ".join(points)))
-            for fraction in (0.5, 0.95):
-                figure = result["arms"][arm].get(metric["key"][:-3] + "p%d" % round(fraction * 100)) \
-                    if metric["key"].startswith("startup_") else (result["arms"][arm].get(metric["key"])
-                                                                   if fraction == 0.5 else None)
-                if figure and figure["low"] is not None:
-                    y = base - fraction * plot_h
-                    parts.append('<line class="interval" data-arm="%s" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" '
-                                 'stroke="%s" stroke-width="6" stroke-opacity="0.35"/>' % (
-                                     escape(arm), left + figure["low"] * scale_x, y, left + figure["high"] * scale_x,
-                                     y, colour))
-            parts.append('<text x="%d" y="%d" font-size="11" fill="%s">%s</text>' % (
-                width - 180, y0 + 34 + 14 * number, colour, escape(arm)))
-        y0 += panel
+        figures = {}
+        for arm in metric["values"]:
+            if metric["key"].startswith("startup_"):
+                figures[arm] = {q: result["arms"][arm].get("startup_p%d" % round(q * 100)) for q in (0.5, 0.95)}
+            else:
+                figures[arm] = {0.5: result["arms"][arm].get(metric["key"])}
+        panels.append({"name": metric["label"].rsplit(" P", 1)[0], "figures": figures, "values": {
+            arm: sorted(v for per_round in rounds for v in per_round) for arm, rounds in metric["values"].items()}})
+    return comparison_picture(panels, {arm: figures["rounds"] for arm, figures in result["arms"].items()})
+
+
+def comparison_picture(panels, rounds):
+    """The SVG of comparison_svg's panels ([{name, values {arm: sorted seconds}, figures {arm: {q:
+    figure with value, low, high}}}]) for arms of `rounds` {arm: rounds}: a legend above every
+    panel, never over a band; axes with their quantities and ticks at round numbers."""
+    from xml.sax.saxutils import escape
+    arms = list(rounds)
+    room = COMPARISON_WIDTH - 2 * 12
+    parts = ['<text x="12" y="22" font-size="14" font-weight="bold">%s</text>' % escape(fit_text(
+        "comparison of %s: one panel per episode metric" % ", ".join(arms), 14, room))]
+    parts.append('<text x="12" y="40" font-size="11">%s</text>' % escape(fit_text(
+        "line: the share of an arm's episodes done within x seconds; band: the 95% interval of its P50 (and "
+        "P95)", 11, room)))
+    legend_y = 58
+    for number, arm in enumerate(arms):
+        colour, dash = ARM_COLOURS[number % len(ARM_COLOURS)], ARM_DASHES[number % len(ARM_DASHES)]
+        y = legend_y + 16 * number
+        parts.append('<line x1="12" y1="%d" x2="42" y2="%d" stroke="%s" stroke-width="2" stroke-dasharray="%s"/>'
+                     '<rect x="48" y="%d" width="14" height="6" fill="%s" fill-opacity="0.45"/>' % (
+                         y - 4, y - 4, colour, dash, y - 7, colour))
+        parts.append('<text x="68" y="%d" font-size="11">%s</text>' % (y, escape(fit_text(
+            "%s (%d rounds)" % (arm, rounds[arm]), 11, COMPARISON_WIDTH - 80))))
+    top = legend_y + 16 * len(arms) + 8
+    for panel in panels:
+        drawn, top = comparison_panel(panel, arms, top)
+        parts += drawn
     return ('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif">'
-            '<rect width="100%%" height="100%%" fill="white"/>%s</svg>\n' % (width, y0 + 10, "".join(parts)))
+            '<rect width="100%%" height="100%%" fill="white"/>%s</svg>\n' % (COMPARISON_WIDTH, top + 8, "".join(parts)))
+
+
+def comparison_panel(panel, arms, top):
+    """(SVG parts, the next panel's top) for one metric's panel, drawn from `top` down."""
+    from xml.sax.saxutils import escape
+    left, right = COMPARISON_LEFT, COMPARISON_WIDTH - COMPARISON_RIGHT
+    parts = ['<text x="12" y="%d" font-size="13" font-weight="bold">%s</text>' % (
+        top + 16, escape(fit_text("%s, in seconds" % panel["name"], 13, COMPARISON_WIDTH - 24)))]
+    y = top + 16
+    for number, arm in enumerate(arms):
+        y += 15
+        words = ["P%d %s" % (round(q * 100), figure_words(figure)) for q, figure in
+                 sorted(panel["figures"].get(arm, {}).items()) if figure]
+        parts.append('<text x="24" y="%d" font-size="11" fill="%s">%s</text>' % (
+            y, ARM_COLOURS[number % len(ARM_COLOURS)], escape(fit_text("%s: %s; %d episodes" % (
+                arm, ", ".join(words) or "no figure", len(panel["values"].get(arm, []))), 11, COMPARISON_WIDTH - 36))))
+    plot_top, base = y + 14, y + 14 + COMPARISON_PLOT_HEIGHT
+    bands = [(figure["low"], figure["high"]) for figures in panel["figures"].values() for figure in figures.values()
+             if figure and figure.get("low") is not None]
+    everything = [v for values in panel["values"].values() for v in values] + [v for band in bands for v in band]
+    ticks = nice_ticks(min([0.0] + everything), max([0.0] + everything))
+    low, high = ticks[0], ticks[-1]
+
+    def x_of(value):
+        return left + (value - low) / ((high - low) or 1.0) * (right - left)
+    parts += comparison_axes(ticks, x_of, plot_top, base, left, right)
+    for number, arm in enumerate(arms):
+        parts += comparison_arm(panel, arm, number, len(arms), x_of, plot_top, base)
+    return parts, base + 44
+
+
+def comparison_axes(ticks, x_of, plot_top, base, left, right):
+    """Grid lines at 0, 50, 95 and 100% of the episodes, the seconds axis with round ticks (and
+    zero marked where the axis holds negative values), and both axes' names."""
+    parts = []
+    for share in (0.0, 0.5, 0.95, 1.0):
+        y = base - share * (base - plot_top)
+        parts.append('<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="%s"/>' % (
+            left, y, right, y, "#555" if share == 0 else "#e3e3e3"))
+        label = {0.0: "0%", 0.5: "50% (P50)", 0.95: "95% (P95)"}.get(share)  # 100% too near 95% to be named
+        if label:
+            parts.append('<text x="%d" y="%.1f" font-size="10" text-anchor="end">%s</text>' % (left - 4, y + 3, label))
+    parts.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#555"/>' % (left, base, left, plot_top))
+    for tick in ticks:
+        parts.append('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#555"/>'
+                     '<text x="%.1f" y="%d" font-size="10" text-anchor="middle">%s</text>' % (
+                         x_of(tick), base, x_of(tick), base + 4, x_of(tick), base + 15, format_tick(tick)))
+    if ticks[0] < 0:
+        parts.append('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#999" stroke-dasharray="3 3"/>' % (
+            x_of(0), base, x_of(0), plot_top))
+    parts.append('<text x="%.1f" y="%d" font-size="11" text-anchor="middle">seconds</text>' % (
+        (left + right) / 2, base + 30))
+    parts.append('<text transform="translate(14 %.1f) rotate(-90)" font-size="11" text-anchor="middle">share of '
+                 'episodes</text>' % ((base + plot_top) / 2))
+    return parts
+
+
+def comparison_arm(panel, arm, number, arms, x_of, plot_top, base):
+    """One arm's CDF line and bands: each arm's band a little above or below the quantile's line, so
+    that two arms' bands never lie on each other, and at least 4 px wide (a whole-second figure's
+    interval may have no width), with the figure itself marked."""
+    from xml.sax.saxutils import escape
+    colour, dash = ARM_COLOURS[number % len(ARM_COLOURS)], ARM_DASHES[number % len(ARM_DASHES)]
+    ordered, height = panel["values"].get(arm, []), base - plot_top
+    points = ["%.1f,%.1f" % (x_of(ordered[0]) if ordered else x_of(0), base)]
+    for index, value in enumerate(ordered, 1):
+        points += ["%.1f,%.1f" % (x_of(value), base - (index - 1) / len(ordered) * height),
+                   "%.1f,%.1f" % (x_of(value), base - index / len(ordered) * height)]
+    parts = ['<polyline class="ecdf" data-arm="%s" fill="none" stroke="%s" stroke-width="2" stroke-dasharray="%s" '
+             'points="%s"/>' % (escape(arm), colour, dash, " ".join(points))]
+    offset = (number - (arms - 1) / 2) * 7
+    for q, figure in sorted(panel["figures"].get(arm, {}).items()):
+        if not figure or figure.get("low") is None:
+            continue
+        y = base - q * height + offset
+        x1, x2 = x_of(figure["low"]), x_of(figure["high"])
+        if x2 - x1 < 4:
+            x1, x2 = (x1 + x2) / 2 - 2, (x1 + x2) / 2 + 2
+        parts.append('<rect class="interval" data-arm="%s" x="%.1f" y="%.1f" width="%.1f" height="6" fill="%s" '
+                     'fill-opacity="0.45"/>' % (escape(arm), x1, y - 3, x2 - x1, colour))
+        parts.append('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="2"/>' % (
+            x_of(figure["value"]), y - 5, x_of(figure["value"]), y + 5, colour))
+    return parts
+
+
+def figure_words(figure):
+    return "%s s (%s to %s)" % (format_figure(figure["value"]), format_figure(figure["low"]),
+                                format_figure(figure["high"]))
+
+
+def nice_ticks(low, high, most=6):
+    """Axis ticks at round numbers (1, 2 or 5 times a power of ten apart) from at or below `low` to
+    at or above `high`, at most `most` of them."""
+    span = (high - low) or abs(high) or 1.0
+    power = 10 ** math.floor(math.log10(span / (most - 1)))
+    for step in (power, 2 * power, 2.5 * power, 5 * power, 10 * power):
+        first, last = math.floor(low / step + 1e-9), math.ceil(high / step - 1e-9)
+        if last - first + 1 <= most:
+            return [round(n * step, 12) for n in range(first, max(last, first + 1) + 1)]
+    return [low, high]
+
+
+def format_tick(value):
+    return "%g" % value
+
+
+def fit_text(text, size, room):
+    """`text`, cut short with an ellipsis where its estimated width (text_width) passes `room` px."""
+    if text_width(text, size) <= room:
+        return text
+    while text and text_width(text + "...", size) > room:
+        text = text[:-1]
+    return text.rstrip() + "..."
 
 
 def compare_rounds(folder, record):

@@ -199,3 +199,81 @@ def test_a_batch_that_fails_before_making_its_folder_is_not_named_by_a_folder(cl
     last = done.stderr.strip().splitlines()[-1]
     assert "of arm b failed (exit code 1; its line is above, before it made its folder)" in last, last
     assert "cmp/b/round-" not in last
+
+
+# ---------------------------------------------------------------- comparison.svg, read without the README
+
+def picture(tool, panels, rounds=None):
+    import xml.etree.ElementTree as ElementTree
+    svg = tool.comparison_picture(panels, rounds or {"a": 3, "b": 3})
+    return ElementTree.fromstring(svg), svg
+
+
+def tag(element):
+    return element.tag.rsplit("}", 1)[-1]
+
+
+def figure(value, low, high):
+    return {"value": value, "low": low, "high": high}
+
+
+def panel(values, figures, name="pod created -> ready"):
+    return {"name": name, "values": values, "figures": figures}
+
+
+def test_negative_values_and_a_band_past_the_largest_value_stay_on_the_axis(tool):
+    root, _ = picture(tool, [panel({"a": [-0.4, 0.2, 1.0], "b": [0.5, 0.7, 0.9]},
+                                   {"a": {0.5: figure(0.2, -0.3, 1.6)}, "b": {0.5: figure(0.7, 0.6, 0.8)}})])
+    left, right = tool.COMPARISON_LEFT, tool.COMPARISON_WIDTH - tool.COMPARISON_RIGHT
+    xs = [float(point.split(",")[0]) for line in root.iter() if tag(line) == "polyline"
+          for point in line.get("points").split()]
+    for rect in (element for element in root.iter() if element.get("class") == "interval"):
+        xs += [float(rect.get("x")), float(rect.get("x")) + float(rect.get("width"))]
+    assert xs and all(left - 0.05 <= x <= right + 0.05 for x in xs), xs
+
+
+def test_a_whole_second_figures_band_is_drawn_visible(tool):
+    root, _ = picture(tool, [panel({"a": [2.0, 2.0, 3.0], "b": [3.0, 3.0, 4.0]},
+                                   {"a": {0.5: figure(2.0, 2.0, 2.0)}, "b": {0.5: figure(3.0, 3.0, 3.0)}})])
+    widths = [float(rect.get("width")) for rect in root.iter() if rect.get("class") == "interval"]
+    assert len(widths) == 2 and min(widths) >= 4
+
+
+def test_two_arms_bands_at_one_quantile_never_lie_on_each_other(tool):
+    root, _ = picture(tool, [panel({"a": [1.0, 2.0, 3.0], "b": [1.0, 2.0, 3.0]},
+                                   {"a": {0.5: figure(2.0, 1.5, 2.5)}, "b": {0.5: figure(2.0, 1.5, 2.5)}})])
+    a, b = [(float(rect.get("y")), float(rect.get("y")) + float(rect.get("height")))
+            for rect in root.iter() if rect.get("class") == "interval"]
+    assert a[1] <= b[0] or b[1] <= a[0]
+    dashes = {line.get("stroke-dasharray") for line in root.iter() if tag(line) == "polyline"}
+    assert len(dashes) == 2  # told apart by the dash too, where colours blend
+
+
+def test_every_text_fits_the_canvas_however_long_the_names(tool):
+    long_arm = "an-arm-named-after-a-very-long-runtime-class-and-image-" * 3
+    root, _ = picture(tool, [panel({long_arm: [1.0, 2.0], "b": [2.0, 3.0]},
+                                   {long_arm: {0.5: figure(1.5, 1.0, 2.0)}, "b": {0.5: figure(2.5, 2.0, 3.0)}},
+                                   name="a metric with a name much longer than any panel could hold " * 3)],
+                      rounds={long_arm: 3, "b": 3})
+    for text in (element for element in root.iter() if tag(element) == "text" and element.get("x")):
+        if text.get("text-anchor") in (None, "start"):
+            assert float(text.get("x")) + tool.text_width(text.text, float(text.get("font-size"))) <= \
+                tool.COMPARISON_WIDTH, text.text
+
+
+def test_the_legend_sits_above_every_panel_and_the_axes_name_their_quantities(tool):
+    root, svg = picture(tool, [panel({"a": [0.01, 0.12, 0.183], "b": [0.05, 0.06]},
+                                     {"a": {0.5: figure(0.12, 0.1, 0.15)}, "b": {0.5: figure(0.055, 0.05, 0.06)}})])
+    texts = [element for element in root.iter() if tag(element) == "text"]
+    legend = [float(t.get("y")) for t in texts if t.text in ("a (3 rounds)", "b (3 rounds)")]
+    [title] = [float(t.get("y")) for t in texts if t.text == "pod created -> ready, in seconds"]
+    assert len(legend) == 2 and max(legend) < title
+    assert "seconds" in [t.text for t in texts] and "share of episodes" in svg
+    ticks = [t.text for t in texts if t.get("text-anchor") == "middle" and t.text not in ("seconds", "share of episodes")]
+    assert ticks == ["0", "0.05", "0.1", "0.15", "0.2"]  # round numbers, the largest value inside
+
+
+def test_nice_ticks_cover_the_range_at_round_steps(tool):
+    assert tool.nice_ticks(0, 0.183) == [0, 0.05, 0.1, 0.15, 0.2]
+    assert tool.nice_ticks(-0.4, 1.6) == [-0.5, 0, 0.5, 1.0, 1.5, 2.0]
+    assert tool.nice_ticks(0, 0) == [0, 0.1]  # an axis even for a metric that is all zero
