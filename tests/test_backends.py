@@ -152,3 +152,136 @@ def test_an_ssh_shaped_backend_refuses_the_cluster_only_flags(tool, with_ssh, tm
     assert refused.value.code == 2
     assert "--image is for a backend on a cluster; --backend ssh runs without one" in capfd.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- a bare-Pod backend: its section and one line
+
+def bare_pod_backend(tool):
+    """What a backend that creates one Pod per episode (no Job) is: its section, nothing outside
+    it. It reuses the shared parts a cluster backend has (the receipt, the namespace and episode
+    program, the pod template, the Job-shaped batch record, validation and the summary)."""
+    import time
+
+    class BarePodBackend(tool.ClusterBackend):
+        """`--backend bare-pods`: a Pod per episode, created at once, polled until every one ends."""
+        name = "bare-pods"
+        help = "a Pod per episode, no Job"
+        scheme = tool.POD_SCHEME
+        episodes_file = "pods.json"
+        uses_cluster = True
+        leaves_remote_state = True
+        api_timestamps = True
+        coarse_batch_keys = ("batch_to_all_ready_seconds", "batch_to_all_rewards_seconds")
+        takes_queue = False
+        takes_parallelism = False
+        own_flags = ()
+        batch_origin = "first pod was created"
+        startup_label = "Pod created -> ready"
+        timeline_origin = "batch"
+        REPORT_ROWS = {}
+
+        def pods_at_once(self):
+            return self.spec.count
+
+        def manifests(self, namespace, run_id):
+            template = tool.episode_pod_template(run_id, self.spec.image, self.spec.runtime_class)
+            pods = [{"apiVersion": "v1", "kind": "Pod", "metadata": dict(
+                template.get("metadata", {}), name="episode-%d" % index, namespace=namespace,
+                labels=dict(template.get("metadata", {}).get("labels", {}), **tool.object_labels(run_id, "episode")),
+                annotations={tool.INDEX_KEY: str(index)}), "spec": template["spec"]}
+                for index in range(self.spec.count)]
+            return tool.common_manifests(self.spec, namespace, run_id) + pods
+
+        def run(self, run):
+            run_info = run.new_run_info(self)
+            run.write_facts(run_info)
+            namespace_obj, *rest = self.manifests(run.namespace, run.run_id)
+            run.create_namespace(namespace_obj, [obj for obj in rest if obj["kind"] != "Pod"])
+            created = time.time()
+            for pod in (obj for obj in rest if obj["kind"] == "Pod"):
+                while True:  # a new namespace's `default` ServiceAccount comes a moment later (fact 25)
+                    try:
+                        run.cluster.create_owned(pod, run.run_id)
+                        break
+                    except tool.KubectlError as error:
+                        if 'serviceaccount "default" not found' not in error.stderr:
+                            raise
+                        time.sleep(0.2)
+            selector = "%s=%s" % (tool.RUN_LABEL, run.run_id)
+            while True:
+                pods = run.cluster.read_items("-n", run.namespace, "get", "pods", "-l", selector)
+                if pods and all(pod["status"].get("phase") in ("Succeeded", "Failed") for pod in pods):
+                    break
+                if time.time() > created + self.spec.timeout:
+                    raise tool.BatchTimeout("bare pods still running at --timeout")
+                time.sleep(0.2)
+            for pod in pods:
+                name = pod["metadata"]["name"]
+                (run.output / (name + ".log")).write_bytes(run.cluster.read("-n", run.namespace, "logs", name,
+                                                                            binary=True))
+            first = min(pod["metadata"]["creationTimestamp"] for pod in pods)  # the batch's origin, API clock
+            job = tool.batch_record(type(self), "BarePodBatch", "bare-pods", first, {
+                "conditions": [{"type": "Complete", "status": "True"}]}, spec={"completions": self.spec.count})
+            run_info["client_job_complete_seconds"] = time.time() - created
+            tool.write_json(run.output / "run.json", run_info)
+            tool.write_state(run.output, job, sorted(pods, key=tool.by_creation))
+            return tool.conclude(tool.write_results(run.output, "diagnostics saved in %s" % run.output), run)
+
+        @classmethod
+        def describe_results(cls, output, report, observed):
+            pass
+
+        @classmethod
+        def cost(cls, output, report, prices, records):
+            return tool.JobBackend.cost(output, report, prices, records)
+
+        @classmethod
+        def delete_objects(cls, cluster, namespace, run_id, receipt, output, listing):
+            pass  # its pods carry the run's label and go with the namespace
+
+        @classmethod
+        def list_objects(cls, cluster, namespace):
+            return {"pods": cluster.read_items("-n", namespace, "get", "pods")}
+
+        @classmethod
+        def list_state(cls, objects):
+            phases = {pod["status"].get("phase") for pod in objects["pods"]}
+            return "running" if phases - {"Succeeded", "Failed"} else "finished"
+
+        @classmethod
+        def list_fields(cls, objects, folder):
+            phases = [pod["status"].get("phase") for pod in objects["pods"]]
+            return {"completions": len(phases), "succeeded": phases.count("Succeeded"),
+                    "failed": phases.count("Failed"), "active": len(phases) - phases.count("Succeeded") -
+                    phases.count("Failed")}
+    return BarePodBackend
+
+
+@pytest.fixture
+def with_bare_pods(tool, cluster, tmp_path, monkeypatch):
+    """The bare-Pod backend registered (its one line), main() pointed at the simulated cluster."""
+    import signal
+    previous = signal.getsignal(signal.SIGTERM)
+    backend = bare_pod_backend(tool)
+    monkeypatch.setitem(tool.BACKENDS, backend.name, backend)  # the registry line
+    for key, value in cluster.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    yield backend
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_bare_pod_backend_declares_the_whole_contract(tool, with_bare_pods):
+    assert [attribute for attribute in tool.Backend.CONTRACT if attribute not in vars(with_bare_pods)] == []
+    assert not [method for method in tool.Backend.METHODS + tool.Backend.CLUSTER_METHODS
+                if is_stub(getattr(with_bare_pods, method))]
+
+
+def test_a_bare_pod_backend_runs_a_batch_lists_it_and_cleans_it_up(tool, with_bare_pods, cluster, tmp_path):
+    assert tool.main(["run", "--backend", "bare-pods", "--count", "3", "--output", "out"]) == 0
+    results = read(tmp_path / "out" / "results.json")
+    assert (results["backend"], results["successful_episodes"], results["reward_sum"]) == ("bare-pods", 3, 3)
+    namespace = read(tmp_path / "out" / "receipt.json")["namespace"]
+    assert tool.main(["list", "--json"]) == 0
+    assert tool.main(["cleanup", "--output", "out"]) == 0
+    assert namespace not in cluster.kubectl("get", "namespaces").stdout
