@@ -25,6 +25,7 @@ Usage: python3 benchmarks/real_control_plane.py [--job 200 1000] [--warm 200 100
 Prints one line per case and, at the end, a JSON document of every figure."""
 
 import argparse
+import collections
 import json
 import os
 from pathlib import Path
@@ -48,6 +49,18 @@ from controlplane.runtime import Api  # noqa: E402
 TIMEOUT = ("--timeout", "1800")
 
 
+def kubectl_words(call):
+    """`get pods`, `proxy`, ...: what a kubectl process of the counter's line (pid, argv) was for."""
+    words = call.split()[1:]
+    verbs = ("get", "create", "delete", "proxy", "logs", "exec", "patch", "version", "config", "auth", "api-resources",
+             "wait", "apply", "label")
+    for index, word in enumerate(words):
+        if word in verbs and (index == 0 or words[index - 1] not in ("--context", "-n", "-l", "-o", "-c")):
+            kind = next((w for w in words[index + 1:index + 3] if not w.startswith("-")), "")
+            return "%s %s" % (word, kind) if word in ("get", "create", "delete", "config") else word
+    return " ".join(words[:2])
+
+
 class CaseFailed(Exception):
     """A command of a case failed: the case is reported with its error line, the others still run."""
 
@@ -59,7 +72,8 @@ class Measured:
         self.plane, self.workdir = plane, Path(workdir)
         counter = self.workdir / ("kubectl-calls-%d" % time.monotonic_ns())
         wrapper = self.workdir / ("kubectl-%d" % time.monotonic_ns())
-        wrapper.write_text('#!/bin/sh\necho "$$" >> %s\nexec %s "$@"\n' % (counter, machine_kubectl()))
+        # each process's pid and its first words (verb and kind), for what the processes were
+        wrapper.write_text('#!/bin/sh\necho "$$ $*" | cut -c1-200 >> %s\nexec %s "$@"\n' % (counter, machine_kubectl()))
         wrapper.chmod(0o755)
         env = plane.env(KUBECTL=str(wrapper))
         self.peak = [0.0, 0.0]
@@ -72,7 +86,9 @@ class Measured:
         self.exited = time.time()
         self.seconds = time.monotonic() - started
         sampler.join()
-        self.kubectl_processes = len(counter.read_text().splitlines()) if counter.exists() else 0
+        calls = counter.read_text().splitlines() if counter.exists() else []
+        self.kubectl_processes = len(calls)
+        self.kubectl_verbs = dict(collections.Counter(kubectl_words(call) for call in calls).most_common(8))
         if self.process.returncode != 0:
             lines = [line for line in self.stderr.splitlines() if line.startswith("Error: ")]
             raise CaseFailed("`rl-batch-demo %s` exited %d: %s" % (" ".join(args[:2]), self.process.returncode,
@@ -132,7 +148,7 @@ def job_case(size, workdir, seconds):
         assert results["successful_episodes"] == size, results["successful_episodes"]
         logs = len(list(output.glob("rollout-*.log")))
         figures = {"case": "job", "size": size, "complete_to_exit_seconds": run.exited - seen["complete_at"]
-                   if "complete_at" in seen else None, "kubectl_processes": run.kubectl_processes,
+                   if "complete_at" in seen else None, "kubectl_processes": run.kubectl_processes, "kubectl_verbs": run.kubectl_verbs,
                    "peak_mb_with_kubectl": round(run.peak[0], 1), "peak_mb_tool": round(run.peak[1], 1),
                    "logs_archived": logs, "run_seconds": round(run.seconds, 2),
                    "batch_to_all_rewards_seconds": results["batch_to_all_rewards_seconds"],
@@ -154,7 +170,7 @@ def warm_case(size, workdir, seconds):
         return {"case": "warm", "size": size, "batch_to_all_rewards_seconds": results["batch_to_all_rewards_seconds"],
                 "client_job_complete_seconds": results["client_job_complete_seconds"],
                 "launch_types": results["launch_types"], "pool_fill_seconds": results["pool"]["fill_seconds"],
-                "kubectl_processes": run.kubectl_processes, "peak_mb_tool": round(run.peak[1], 1),
+                "kubectl_processes": run.kubectl_processes, "kubectl_verbs": run.kubectl_verbs, "peak_mb_tool": round(run.peak[1], 1),
                 "run_seconds": round(run.seconds, 2), **timed_cleanup(plane, workdir, output)}
     finally:
         plane.stop()
