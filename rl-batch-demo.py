@@ -6707,6 +6707,11 @@ class WarmPoolRun:
                 tries.answered()
                 return result
             first = first or result
+            if result.code == 2 and b"can't open file" in result.stderr and EXEC_JOURNAL_FILE.encode() in result.stderr:
+                tries.answered()  # a kept pool made by an rl-batch-demo before the exec journal: nothing ran
+                return ExecResult(None, result.stdout, result.stderr, sent_at=result.sent_at, error=(
+                    "the sandbox has no /demo/%s: its pool was made by an older rl-batch-demo; make it again "
+                    "(`pool down`, then `pool up`)" % EXEC_JOURNAL_FILE))
             word = exec_journal_word(result)
             if word in ("never-started", "started-before") and journal_turns < EXEC_JOURNAL_TURNS:
                 journal_turns += 1

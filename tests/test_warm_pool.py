@@ -854,3 +854,14 @@ def test_a_controller_deployment_the_user_may_not_read_is_recorded_not_noted_on_
     assert facts["controller"] is None
     assert facts["controller_unread"].startswith("cannot read deployment/agent-sandbox-controller in "
                                                  "agent-sandbox-system (Error from server (Forbidden)")
+
+
+def test_a_sandbox_without_the_exec_journal_says_its_pool_is_older_than_the_tool(make_cluster, run_tool, tmp_path):
+    # a kept pool made by an rl-batch-demo before the exec journal: its ConfigMap has no exec-journal.py
+    from conftest import cluster_with_image
+    cluster = cluster_with_image(make_cluster, tmp_path, "old-pool:1", 'case "$2" in */exec-journal.py) echo '
+                                 '"python: can\'t open file \'$2\': [Errno 2] No such file or directory" >&2; exit 2;; '
+                                 'esac\nexec $PY "$@"', **AGENT_SANDBOX)
+    done = warm_run(run_tool, cluster, "warm", "--count", "2", "--image", "old-pool:1")
+    assert done.code == 4, done
+    assert "the sandbox has no /demo/exec-journal.py: its pool was made by an older rl-batch-demo" in done.stderr
