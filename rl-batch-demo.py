@@ -1438,6 +1438,17 @@ class ProxyExecChannel:
         made up from the kind) into the namespace through the proxy: (HTTP status, decoded body)."""
         return self.request("POST", "/apis/%s/namespaces/%s/%s" % (obj["apiVersion"], self.namespace, plural), obj)
 
+    def get_object(self, api_version, plural, name):
+        """One object of a custom resource in the namespace through the proxy; None when it does not exist."""
+        status, body = self.request("GET", "/apis/%s/namespaces/%s/%s/%s" % (api_version, self.namespace, plural,
+                                                                          urllib.parse.quote(name)))
+        if status == 404:
+            return None
+        if status != 200:
+            raise DemoError("reading %s %s through `kubectl proxy` failed: HTTP %s: %s"
+                            % (plural, name, status, body.get("message")))
+        return body
+
     def list_objects(self, api_version, plural, selector):
         """The namespace's objects of a custom resource through the proxy (as `get PLURAL -l
         SELECTOR` would list them)."""
@@ -4193,9 +4204,11 @@ def fetch_logs_through_proxy(cluster, namespace, folder, names, sources):
 
 
 def log_proxy(cluster, namespace):
-    """A `kubectl proxy` that serves only the namespace's pod logs and its Jobs (the wait's poll)."""
+    """A `kubectl proxy` that serves only the namespace's pod logs, its Jobs (the wait's poll) and
+    its events (the stall check's)."""
     return ApiProxy(cluster, ["^/api/v1/namespaces/%s/pods/[^/]+/log$" % re.escape(namespace),
-                              "^/apis/batch/v1/namespaces/%s/jobs/[^/]+$" % re.escape(namespace)])
+                              "^/apis/batch/v1/namespaces/%s/jobs/[^/]+$" % re.escape(namespace),
+                              "^/api/v1/namespaces/%s/events$" % re.escape(namespace)])
 
 
 def read_log_through_proxy(proxy, namespace, folder, name, follow_seconds=None):
@@ -4495,7 +4508,19 @@ class JobProgress:
     def read_failed_creates(self):
         """The Job's own FailedCreate events (a field selector: not every event of the namespace)."""
         selector = "involvedObject.kind=Job,involvedObject.name=%s,reason=FailedCreate" % self.job_name
-        # Not retried: the stall check asks again in a few seconds.
+        # Through the run's proxy when it serves (a stall check every few seconds of a long wait
+        # was a kubectl process each: 30 of a 1,000-episode Job's 42); not retried: the stall
+        # check asks again in a few seconds.
+        proxy = self.log_archive.open_proxy() if self.log_archive is not None else None
+        if proxy is not None:
+            try:
+                status, body = proxy.request("GET", "/api/v1/namespaces/%s/events?%s" % (
+                    self.namespace, urllib.parse.urlencode({"fieldSelector": selector})), retry=False)
+            except ProxyUnavailable:
+                status, body = None, b""
+            if status == 200:
+                self.failed_creates = json.loads(body)["items"]
+                return self.failed_creates
         self.failed_creates = json.loads(self.cluster.kubectl(
             "-n", self.namespace, "get", "events", "--field-selector", selector, "-o", "json"))["items"]
         return self.failed_creates
@@ -6043,6 +6068,7 @@ AGENT_SANDBOX_VERSION = "v0.5.6"  # the release the install hint and the kind wo
 AGENT_SANDBOX_INSTALL = ("kubectl --context %s apply -f https://github.com/kubernetes-sigs/agent-sandbox/releases/"
                          "download/" + AGENT_SANDBOX_VERSION + "/sandbox-with-extensions.yaml")
 EXTENSIONS_API = "extensions.agents.x-k8s.io/v1beta1"
+SANDBOX_API = "agents.x-k8s.io/v1beta1"  # the Sandbox CRD's storage version (agent-sandbox v0.5.6)
 CLAIM_PLURAL = "sandboxclaims"  # the CRD's spec.names.plural: the claims' collection in API paths
 CONTROLLER_NAMESPACE, CONTROLLER_DEPLOYMENT = "agent-sandbox-system", "agent-sandbox-controller"
 TEMPLATE_NAME, POOL_NAME, CLAIM_PREFIX = "episode", "episodes", "episode-"
@@ -6666,7 +6692,7 @@ class WarmPoolRun:
         """One episode, exec'd into its claim's sandbox (`bound`, as the Ready state named it); its
         output kept as its log."""
         index = self.position[name]
-        sandbox = self.wait_for_sandbox(bound) or self.cluster.get_json("-n", self.namespace, "sandboxes", bound)
+        sandbox = self.wait_for_sandbox(bound) or self.read_sandbox(bound)
         pod_name = (sandbox or {}).get("metadata", {}).get("annotations", {}).get(POD_NAME_ANNOTATION) or bound
         pod_uid = self.pod_uids.get(pod_name)  # the pod the exec goes to, when the watch has shown it
         result = self.exec_episode(pod_name, name, episode_command(name, index, self.spec))
@@ -6818,6 +6844,18 @@ class WarmPoolRun:
         while name not in self.sandboxes and time.monotonic() < give_up:
             time.sleep(0.05)
         return self.sandboxes.get(name)
+
+    def read_sandbox(self, name):
+        """A Sandbox as the API has it now (None when it does not exist): through the channel's
+        proxy when it has one (a late Sandbox watch at 200 claims meant a kubectl process per
+        episode, 19 of a run's 36), else with kubectl."""
+        get_object = getattr(self.channel, "get_object", None)
+        if get_object is not None:
+            try:
+                return get_object(SANDBOX_API, "sandboxes", name)
+            except (OSError, http.client.HTTPException, DemoError):
+                pass  # kubectl, with its retries, says what is wrong
+        return self.cluster.get_json("-n", self.namespace, "sandboxes", name)
 
     def fall_back(self, refused_channel, refused):
         """The exec stream was refused for every pod alike: one line, then `kubectl exec` per episode."""
@@ -7093,7 +7131,8 @@ class WarmPoolBackend(ClusterBackend):
                                      CLAIM_PREFIX if kept is None else "%s%s-" % (CLAIM_PREFIX, run.run_id[:8]))
             write_json(output / "claims-submitted.json", claims)
             batch.channel = open_exec_channel(cluster, namespace, self.console, [
-                "^/apis/%s/namespaces/%s/%s$" % (re.escape(EXTENSIONS_API), re.escape(namespace), CLAIM_PLURAL)])
+                "^/apis/%s/namespaces/%s/%s$" % (re.escape(EXTENSIONS_API), re.escape(namespace), CLAIM_PLURAL),
+                "^/apis/%s/namespaces/%s/sandboxes/[^/]+$" % (re.escape(SANDBOX_API), re.escape(namespace))])
             batch.fire(claims, claim_watch, sandbox_watch, pod_watch)
         except DemoError as error:
             for watch in watches:

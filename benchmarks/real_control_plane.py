@@ -51,14 +51,12 @@ TIMEOUT = ("--timeout", "1800")
 
 def kubectl_words(call):
     """`get pods`, `proxy`, ...: what a kubectl process of the counter's line (pid, argv) was for."""
-    words = call.split()[1:]
-    verbs = ("get", "create", "delete", "proxy", "logs", "exec", "patch", "version", "config", "auth", "api-resources",
-             "wait", "apply", "label")
-    for index, word in enumerate(words):
-        if word in verbs and (index == 0 or words[index - 1] not in ("--context", "-n", "-l", "-o", "-c")):
-            kind = next((w for w in words[index + 1:index + 3] if not w.startswith("-")), "")
-            return "%s %s" % (word, kind) if word in ("get", "create", "delete", "config") else word
-    return " ".join(words[:2])
+    words, valued = call.split()[1:], ("--context", "-n", "-l", "-o", "-c", "--field-selector", "--sort-by")
+    plain = [word for index, word in enumerate(words)
+             if not word.startswith("-") and (index == 0 or words[index - 1] not in valued)]
+    if plain[:1] in (["get"], ["create"], ["delete"], ["config"]):
+        return " ".join(plain[:2])
+    return plain[0] if plain else ""
 
 
 class CaseFailed(Exception):

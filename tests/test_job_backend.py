@@ -401,3 +401,31 @@ def test_a_skewed_node_clock_fails_validation_naming_the_node_and_size(make_clus
     assert abs(offset) - 3.0 <= float(found.group(1)) <= abs(offset)
     assert "synchronise that node's clock with the API server's (NTP)" in result.stderr
     assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_the_stall_check_of_a_long_wait_reads_events_through_the_runs_proxy(cluster, tmp_path):
+    # three episodes done (their logs read through the run's proxy: 4 pods or more), one held: the
+    # wait sees no progress and looks for FailedCreate events every few seconds, which once cost a
+    # kubectl process each
+    release = tmp_path / "release"
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok"}] * 3 + [{"mode": "ok", "wait_for": str(release)}])
+    process = start_tool(cluster, tmp_path, "run", "--episode", EPISODE, "--tasks", tasks, "--output", "out")
+
+    def stall_checks():
+        return [request for request in cluster.requests() if request["method"] == "GET" and
+                request["target"].split("?")[0].endswith("/events") and "fieldSelector" in request["target"]]
+    try:
+        wait_for("two stall checks after the first log", lambda: len([
+            request for request in stall_checks() if request["at"] > first_log_read(cluster)]) >= 2
+            if first_log_read(cluster) else False, timeout=120)
+    finally:
+        release.touch()
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr
+    later = [request for request in stall_checks() if request["at"] > first_log_read(cluster)]
+    assert later and not [request for request in later if request["command"] == "kubectl get"], later
+
+
+def first_log_read(cluster):
+    return next((request["at"] for request in cluster.requests() if request["target"].split("?")[0].endswith("/log")),
+                None)

@@ -865,3 +865,14 @@ def test_a_sandbox_without_the_exec_journal_says_its_pool_is_older_than_the_tool
     done = warm_run(run_tool, cluster, "warm", "--count", "2", "--image", "old-pool:1")
     assert done.code == 4, done
     assert "the sandbox has no /demo/exec-journal.py: its pool was made by an older rl-batch-demo" in done.stderr
+
+
+def test_a_sandbox_the_watch_is_late_with_is_read_through_the_proxy_not_a_kubectl_each(make_cluster, run_tool,
+                                                                                       tmp_path):
+    # the Sandbox watch stays open and silent: each episode reads its Sandbox after a few seconds
+    cluster = make_cluster(dict(AGENT_SANDBOX, watchStalls=["sandboxes"]))
+    done = warm_run(run_tool, cluster, "warm", "--count", "3")
+    assert done.code == 0, done
+    reads = [request for request in cluster.requests() if request["method"] == "GET" and
+             "/sandboxes/episodes-" in request["target"].split("?")[0]]
+    assert len(reads) >= 3 and not [request for request in reads if request["command"] == "kubectl get"], reads
