@@ -300,8 +300,9 @@ if after != 0:
 # warm sandbox in front of the episode: `start JOURNAL COMMAND...` makes the folder JOURNAL (an
 # atomic mkdir: the episode starts at most once, whatever is sent twice), runs COMMAND in a
 # process that outlives the exec (so a cut stream stops nothing) with its stdout, stderr and exit
-# code kept in JOURNAL, and follows them; `follow JOURNAL` follows them again, from the start, after
-# a stream was cut (an API outage). Either ends with the episode's own exit code, or with
+# code kept in JOURNAL and, while the stream takes it, streamed as it comes; `follow JOURNAL` reads
+# them again, from the start, after a stream was cut (an API outage). Run with `python -S` (no site
+# import: the journal costs one interpreter start of about 20 ms before the episode's own). Either ends with the episode's own exit code, or with
 # EXEC_JOURNAL_EXIT and one last stderr line MARK WORD: never-started (no such folder: the episode
 # may be sent), started-before (`start` found the folder: follow it), lost (its process ended
 # without an exit code: the sandbox restarted). Python 3.9+, standard library only.
@@ -311,6 +312,7 @@ EXEC_JOURNAL_FILE = "exec-journal.py"  # in the ConfigMap, so at /demo/exec-jour
 EXEC_JOURNALS = "/workspace/.rl-batch-demo-exec"  # JOURNAL is this folder / the claim's name
 EXEC_JOURNAL_MARK = "rl-batch-demo exec journal: "
 EXEC_JOURNAL_PROGRAM = r'''import os
+import select
 import sys
 import time
 
@@ -330,38 +332,79 @@ def write_atomically(name, text):
     os.rename(os.path.join(journal, name + ".new"), os.path.join(journal, name))
 
 
+def keep(status_out):
+    """The keeper (a grandchild: nothing waits on the exec'd process): runs the episode, copies its
+    output to the journal and, while the exec's stream takes it, to the stream; then its exit code."""
+    files = [os.open(os.path.join(journal, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+             for name in ("stdout", "stderr")]
+    pipes = [os.pipe(), os.pipe()]
+    episode = os.fork()
+    if episode == 0:
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(pipes[0][1], 1)
+        os.dup2(pipes[1][1], 2)
+        try:
+            os.execvp(command[0], command)
+        except OSError as error:
+            os.write(2, ("%%s: %%s\n" %% (command[0], error.strerror)).encode())
+            os._exit(127)
+    sinks = {pipes[0][0]: (files[0], 1), pipes[1][0]: (files[1], 2)}
+    os.close(pipes[0][1])
+    os.close(pipes[1][1])
+    stream = True
+    while sinks:
+        for source in select.select(list(sinks), [], [])[0]:
+            chunk = os.read(source, 65536)
+            if not chunk:
+                del sinks[source]
+                continue
+            kept, live = sinks[source]
+            os.write(kept, chunk)
+            if stream:
+                try:
+                    os.write(live, chunk)
+                except OSError:  # the exec's stream was cut: the journal keeps it all, the stream goes
+                    stream = False
+                    os.close(1)
+                    os.close(2)
+    code = os.waitstatus_to_exitcode(os.waitpid(episode, 0)[1])
+    code = 128 - code if code < 0 else code
+    write_atomically("code", str(code))
+    try:
+        os.write(status_out, b"%%d\n" %% code)
+    except OSError:
+        pass
+
+
 if mode == "start":
     os.makedirs(os.path.dirname(journal), exist_ok=True)
     try:
         os.mkdir(journal)
     except FileExistsError:
         say("started-before")
-    streams = [os.open(os.path.join(journal, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-               for name in ("stdout", "stderr")]
+    status_in, status_out = os.pipe()
     child = os.fork()
-    if child == 0:  # the keeper: a grandchild, so that nothing waits on the exec'd process
+    if child == 0:
         keeper = os.fork()
         if keeper:
             write_atomically("pid", str(keeper))
             os._exit(0)
+        os.close(status_in)
         try:
-            episode = os.fork()
-            if episode == 0:
-                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-                os.dup2(streams[0], 1)
-                os.dup2(streams[1], 2)
-                try:
-                    os.execvp(command[0], command)
-                except OSError as error:
-                    os.write(2, ("%%s: %%s\n" %% (command[0], error.strerror)).encode())
-                    os._exit(127)
-            status = os.waitpid(episode, 0)[1]
-            code = os.waitstatus_to_exitcode(status)
-            write_atomically("code", str(128 - code if code < 0 else code))
+            keep(status_out)
         finally:
             os._exit(0)
+    os.close(status_out)
     os.waitpid(child, 0)
-elif not os.path.isdir(journal):
+    with os.fdopen(status_in) as status:
+        told = status.read().strip()  # the episode's exit code, or nothing: the keeper died
+    if told:
+        sys.exit(int(told))
+    if not os.path.exists(os.path.join(journal, "code")):
+        say("lost")
+    with open(os.path.join(journal, "code")) as code_file:
+        sys.exit(int(code_file.read()))
+if not os.path.isdir(journal):
     say("never-started")
 for _ in range(100):  # a `start` cut between its mkdir and its keeper's pid: 5 s at most
     if os.path.exists(os.path.join(journal, "pid")):
@@ -6522,7 +6565,7 @@ def episode_command(claim_name, index, spec):
     env = ["EPISODE_ID=" + claim_name]
     if spec.episode:
         env.append("JOB_COMPLETION_INDEX=%d" % index)
-    journaled = ["python", "-B", "/demo/" + EXEC_JOURNAL_FILE, "start", exec_journal(claim_name),
+    journaled = ["python", "-S", "-B", "/demo/" + EXEC_JOURNAL_FILE, "start", exec_journal(claim_name),
                  "python", "-B", "/demo/episode.py"]
     if spec.tasks_list is None:
         return ["env", *env, *journaled]
@@ -6538,7 +6581,7 @@ def exec_journal(claim_name):
 
 def follow_command(claim_name):
     """The exec that reads an episode's journal again after its stream was cut."""
-    return ["env", "python", "-B", "/demo/" + EXEC_JOURNAL_FILE, "follow", exec_journal(claim_name)]
+    return ["env", "python", "-S", "-B", "/demo/" + EXEC_JOURNAL_FILE, "follow", exec_journal(claim_name)]
 
 
 def exec_journal_word(result):

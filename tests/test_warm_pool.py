@@ -859,9 +859,45 @@ def test_a_controller_deployment_the_user_may_not_read_is_recorded_not_noted_on_
 def test_a_sandbox_without_the_exec_journal_says_its_pool_is_older_than_the_tool(make_cluster, run_tool, tmp_path):
     # a kept pool made by an rl-batch-demo before the exec journal: its ConfigMap has no exec-journal.py
     from conftest import cluster_with_image
-    cluster = cluster_with_image(make_cluster, tmp_path, "old-pool:1", 'case "$2" in */exec-journal.py) echo '
-                                 '"python: can\'t open file \'$2\': [Errno 2] No such file or directory" >&2; exit 2;; '
-                                 'esac\nexec $PY "$@"', **AGENT_SANDBOX)
+    cluster = cluster_with_image(make_cluster, tmp_path, "old-pool:1", 'case "$*" in *exec-journal.py*) echo '
+                                 '"python: can\'t open file \'/demo/exec-journal.py\': [Errno 2] No such file or '
+                                 'directory" >&2; exit 2;; esac\nexec $PY "$@"', **AGENT_SANDBOX)
+    done = warm_run(run_tool, cluster, "warm", "--count", "2", "--image", "old-pool:1")
+    assert done.code == 4, done
+    assert "the sandbox has no /demo/exec-journal.py: its pool was made by an older rl-batch-demo" in done.stderr
+
+
+def test_a_sandbox_the_watch_is_late_with_is_read_through_the_proxy_not_a_kubectl_each(sandbox_cluster, run_tool,
+                                                                                       tool, monkeypatch, tmp_path):
+    # a late Sandbox watch once meant a kubectl process per episode (19 of a 200-claim run's 36)
+    assert warm_run(run_tool, sandbox_cluster, "warm", "--count", "1").code == 0
+    namespace = read(tmp_path / "warm" / "receipt.json")["namespace"]
+    [sandbox] = sandbox_cluster.get_json("-n", namespace, "sandboxes")["items"]
+    runner = tool.Kubectl(tool.Console(quiet=True))
+    for key, value in sandbox_cluster.env().items():
+        monkeypatch.setenv(key, value)
+    channel = tool.ProxyExecChannel(tool.Cluster(runner, "kind-rl"), namespace, [
+        "^/apis/%s/namespaces/%s/sandboxes/[^/]+$" % (tool.SANDBOX_API, namespace)]).open()
+
+    class NoKubectl:
+        def get_json(self, *parts):
+            raise AssertionError("read with kubectl: %s" % (parts,))
+    run = type("Run", (), {"channel": channel, "cluster": NoKubectl(), "namespace": namespace})()
+    try:
+        name = sandbox["metadata"]["name"]
+        assert tool.WarmPoolRun.read_sandbox(run, name)["metadata"]["uid"] == sandbox["metadata"]["uid"]
+        assert channel.get_object(tool.SANDBOX_API, "sandboxes", "no-such-sandbox") is None
+    finally:
+        channel.close()
+        runner.stop_background()
+
+
+def test_a_sandbox_without_the_exec_journal_says_its_pool_is_older_than_the_tool(make_cluster, run_tool, tmp_path):
+    # a kept pool made by an rl-batch-demo before the exec journal: its ConfigMap has no exec-journal.py
+    from conftest import cluster_with_image
+    cluster = cluster_with_image(make_cluster, tmp_path, "old-pool:1", 'case "$*" in *exec-journal.py*) echo '
+                                 '"python: can\'t open file \'/demo/exec-journal.py\': [Errno 2] No such file or '
+                                 'directory" >&2; exit 2;; esac\nexec $PY "$@"', **AGENT_SANDBOX)
     done = warm_run(run_tool, cluster, "warm", "--count", "2", "--image", "old-pool:1")
     assert done.code == 4, done
     assert "the sandbox has no /demo/exec-journal.py: its pool was made by an older rl-batch-demo" in done.stderr

@@ -73,6 +73,7 @@ class ControlPlane:
         self.synthetic_seconds = synthetic_seconds  # benchmarks: episodes without a process (runtime.py)
         self.addons = {}  # name -> Popen
         self.recipes, self.restarts, self.launched, self.held_down = {}, {}, [], set()
+        self.ports = {}  # component -> the (address, port) pairs its first process listened on
         self.stopping = False
         import threading
         self.supervisor_lock = threading.Lock()
@@ -95,13 +96,14 @@ class ControlPlane:
                                           [pod_ready_when_running((share / POD_READY_STAGE).read_text()),
                                            (HERE / "stages" / "pod-complete.yaml").read_text()]))
         b = self.bin
-        done = self.kwokctl(
-            "--config", str(config), "create", "cluster", "--runtime", "binary",
-            "--kube-apiserver-binary", str(b / "kube-apiserver"),
-            "--kube-controller-manager-binary", str(b / "kube-controller-manager"),
-            "--kube-scheduler-binary", str(b / "kube-scheduler"), "--etcd-binary", str(b / "etcd"),
-            "--kwok-controller-binary", str(b / "kwok"), "--enable-crds", "Logs", "--enable-crds", "Exec",
-            "--kubeconfig", str(self.kubeconfig), "--wait", "3m")
+        with ports_lock():  # no other plane's part is down meanwhile, its port free for this one to take
+            done = self.kwokctl(
+                "--config", str(config), "create", "cluster", "--runtime", "binary",
+                "--kube-apiserver-binary", str(b / "kube-apiserver"),
+                "--kube-controller-manager-binary", str(b / "kube-controller-manager"),
+                "--kube-scheduler-binary", str(b / "kube-scheduler"), "--etcd-binary", str(b / "etcd"),
+                "--kwok-controller-binary", str(b / "kwok"), "--enable-crds", "Logs", "--enable-crds", "Exec",
+                "--kubeconfig", str(self.kubeconfig), "--wait", "3m")
         if done.returncode != 0:
             raise PartDidNotStart("kwokctl create cluster failed (logs: %s): %s" % (
                 self.workdir / "clusters" / self.name / "logs", last_error(done.stderr)))
@@ -312,6 +314,7 @@ class ControlPlane:
                 os.readlink("/proc/%d/cwd" % pid),
                 dict(line.split(b"=", 1) for line in Path("/proc/%d/environ" % pid).read_bytes().split(b"\0")
                      if b"=" in line))
+            self.ports[component] = listening_addresses(pid)
         threading.Thread(target=self.restart_what_exits, daemon=True).start()
 
     def restart_what_exits(self):
@@ -320,9 +323,24 @@ class ControlPlane:
                 with self.supervisor_lock:
                     if self.stopping or component in self.held_down or alive(self.component_pid(component)):
                         continue
-                    self.restarts[component] = self.restarts.get(component, 0) + 1
-                    self.launch(component)
+                with ports_lock():  # its ports back before another plane's kwokctl looks for free ones
+                    with self.supervisor_lock:
+                        if self.stopping or component in self.held_down or alive(self.component_pid(component)):
+                            continue
+                        self.restarts[component] = self.restarts.get(component, 0) + 1
+                        self.launch(component)
+                    self.wait_until_listening(component)
             time.sleep(0.5)
+
+    def wait_until_listening(self, component, patience=60):
+        """Until the component's new process listens on the ports its first one did (at most
+        `patience` seconds: a part that cannot come up is the test's to report)."""
+        give_up = time.monotonic() + patience
+        while time.monotonic() < give_up and not self.stopping:
+            pid = self.component_pid(component)
+            if not alive(pid) or set(self.ports.get(component, ())) <= set(listening_addresses(pid)):
+                return
+            time.sleep(0.1)
 
     def launch(self, component):
         argv, cwd, env = self.recipes[component]
@@ -340,14 +358,19 @@ class ControlPlane:
         with self.supervisor_lock:
             self.held_down.add(component)
         try:
-            pid = self.component_pid(component)
-            os.kill(pid, 9)
-            while alive(pid):
-                time.sleep(0.05)
-            if down_while is not None:
-                down_while()
-            with self.supervisor_lock:
-                self.launch(component)
+            # No other plane starts while this part is down: kwokctl looks for free ports from 32767
+            # down, and took this API server's port for another plane's etcd (seen: "server gave
+            # HTTP response to HTTPS client", and this API server never came back).
+            with ports_lock():
+                pid = self.component_pid(component)
+                os.kill(pid, 9)
+                while alive(pid):
+                    time.sleep(0.05)
+                if down_while is not None:
+                    down_while()
+                with self.supervisor_lock:
+                    self.launch(component)
+                self.wait_until_listening(component)
         finally:
             with self.supervisor_lock:
                 self.held_down.discard(component)
@@ -417,4 +440,41 @@ def available_binaries():
     return build.ensure_built()
 
 
+def listening_addresses(pid):
+    """The (IPv4 address, port) pairs the process listens on, from /proc (its sockets' inodes)."""
+    import socket
+    import struct
+    inodes = set()
+    for fd in Path("/proc/%d/fd" % pid).iterdir():
+        try:
+            target = os.readlink(str(fd))
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    addresses = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+            address, port = fields[1].split(":")
+            addresses.append((socket.inet_ntoa(struct.pack("<I", int(address, 16))), int(port, 16)))
+    return addresses
 
+
+
+def ports_lock():
+    """A lock every control plane of this machine takes while it starts or while one of its parts
+    is down (fcntl, one file in the temporary folder): test workers start planes in parallel."""
+    import contextlib
+    import fcntl
+    import tempfile
+
+    @contextlib.contextmanager
+    def held():
+        with open(os.path.join(tempfile.gettempdir(), "rl-batch-demo-controlplane-ports.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+    return held()
