@@ -28,6 +28,7 @@ import argparse
 import collections
 import json
 import os
+import signal
 from pathlib import Path
 import subprocess
 import sys
@@ -209,6 +210,9 @@ def main():
     parser.add_argument("--kept", type=int, nargs="*", default=[64, 512])
     parser.add_argument("--episode-seconds", type=float, default=1.0)
     args = parser.parse_args()
+    # `timeout` or a CI runner ends a long benchmark with SIGTERM: each case's plane is stopped by
+    # its `finally` (its parts run in sessions of their own, so nothing else stops them)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     every = []
     for case, sizes in ((job_case, args.job), (warm_case, args.warm), (kept_case, args.kept)):
         for size in sizes:
