@@ -191,3 +191,17 @@ def test_run_and_pool_up_share_one_declaration_of_the_sandbox_options():
              for parser in parsers]
     for option in ("--context", "--image", "--runtime", "--no-runtime-class", "--network"):
         assert helps[0][option] == helps[1][option], option
+
+
+def test_no_test_module_defines_a_test_twice():
+    # a second definition silently replaces the first, which then never runs
+    import ast
+    import collections
+    twice = {}
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        names = [node.name for node in ast.parse(path.read_text()).body
+                 if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+        repeated = [name for name, count in collections.Counter(names).items() if count > 1]
+        if repeated:
+            twice[path.name] = repeated
+    assert twice == {}

@@ -872,7 +872,7 @@ def test_a_sandbox_the_watch_is_late_with_is_read_through_the_proxy_not_a_kubect
     # a late Sandbox watch once meant a kubectl process per episode (19 of a 200-claim run's 36)
     assert warm_run(run_tool, sandbox_cluster, "warm", "--count", "1").code == 0
     namespace = read(tmp_path / "warm" / "receipt.json")["namespace"]
-    [sandbox] = sandbox_cluster.get_json("-n", namespace, "sandboxes")["items"]
+    sandbox = sandbox_cluster.get_json("-n", namespace, "sandboxes")["items"][0]  # the pool refills: one or two
     runner = tool.Kubectl(tool.Console(quiet=True))
     for key, value in sandbox_cluster.env().items():
         monkeypatch.setenv(key, value)
@@ -890,25 +890,3 @@ def test_a_sandbox_the_watch_is_late_with_is_read_through_the_proxy_not_a_kubect
     finally:
         channel.close()
         runner.stop_background()
-
-
-def test_a_sandbox_without_the_exec_journal_says_its_pool_is_older_than_the_tool(make_cluster, run_tool, tmp_path):
-    # a kept pool made by an rl-batch-demo before the exec journal: its ConfigMap has no exec-journal.py
-    from conftest import cluster_with_image
-    cluster = cluster_with_image(make_cluster, tmp_path, "old-pool:1", 'case "$*" in *exec-journal.py*) echo '
-                                 '"python: can\'t open file \'/demo/exec-journal.py\': [Errno 2] No such file or '
-                                 'directory" >&2; exit 2;; esac\nexec $PY "$@"', **AGENT_SANDBOX)
-    done = warm_run(run_tool, cluster, "warm", "--count", "2", "--image", "old-pool:1")
-    assert done.code == 4, done
-    assert "the sandbox has no /demo/exec-journal.py: its pool was made by an older rl-batch-demo" in done.stderr
-
-
-def test_a_sandbox_the_watch_is_late_with_is_read_through_the_proxy_not_a_kubectl_each(make_cluster, run_tool,
-                                                                                       tmp_path):
-    # the Sandbox watch stays open and silent: each episode reads its Sandbox after a few seconds
-    cluster = make_cluster(dict(AGENT_SANDBOX, watchStalls=["sandboxes"]))
-    done = warm_run(run_tool, cluster, "warm", "--count", "3")
-    assert done.code == 0, done
-    reads = [request for request in cluster.requests() if request["method"] == "GET" and
-             "/sandboxes/episodes-" in request["target"].split("?")[0]]
-    assert len(reads) >= 3 and not [request for request in reads if request["command"] == "kubectl get"], reads
