@@ -302,8 +302,8 @@ if after != 0:
 # process that outlives the exec (so a cut stream stops nothing) with its stdout, stderr and exit
 # code kept in JOURNAL and, while the stream takes it, streamed as it comes; `follow JOURNAL` reads
 # them again, from the start, after a stream was cut (an API outage). Run with `python -S` (no site
-# import: the journal costs one interpreter start of about 20 ms before the episode's own). Either ends with the episode's own exit code, or with
-# EXEC_JOURNAL_EXIT and one last stderr line MARK WORD: never-started (no such folder: the episode
+# import: the journal costs one interpreter start, about 16 ms, before the episode's own). Either
+# ends with the episode's own exit code, or with EXEC_JOURNAL_EXIT and one last stderr line MARK WORD: never-started (no such folder: the episode
 # may be sent), started-before (`start` found the folder: follow it), lost (its process ended
 # without an exit code: the sandbox restarted). Python 3.9+, standard library only.
 EXEC_JOURNAL_EXIT = 125
@@ -332,11 +332,10 @@ def write_atomically(name, text):
     os.rename(os.path.join(journal, name + ".new"), os.path.join(journal, name))
 
 
-def keep(status_out):
+def keep(files, status_out):
     """The keeper (a grandchild: nothing waits on the exec'd process): runs the episode, copies its
-    output to the journal and, while the exec's stream takes it, to the stream; then its exit code."""
-    files = [os.open(os.path.join(journal, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-             for name in ("stdout", "stderr")]
+    output to the journal's `files` and, while the exec's stream takes it, to the stream; then its
+    exit code."""
     pipes = [os.pipe(), os.pipe()]
     episode = os.fork()
     if episode == 0:
@@ -382,6 +381,9 @@ if mode == "start":
         os.mkdir(journal)
     except FileExistsError:
         say("started-before")
+    # made before the keeper's pid is written, so a `follow` that finds the pid finds them too
+    files = [os.open(os.path.join(journal, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+             for name in ("stdout", "stderr")]
     status_in, status_out = os.pipe()
     child = os.fork()
     if child == 0:
@@ -391,7 +393,7 @@ if mode == "start":
             os._exit(0)
         os.close(status_in)
         try:
-            keep(status_out)
+            keep(files, status_out)
         finally:
             os._exit(0)
     os.close(status_out)
@@ -829,7 +831,7 @@ class ApiPatience:
     def __init__(self, console, patience=API_PATIENCE_SECONDS):
         self.console, self.patience = console, patience
         self.lock = threading.Lock()
-        self.failing = {}  # id of a failing call -> its last failure's line
+        self.failing = set()  # ids of the calls failing now
         self.outage_began = None  # when several calls began failing at once (time.monotonic())
         self.outage_noted = 0.0
         self.sent_again = 0  # calls sent again during that outage
@@ -850,7 +852,7 @@ class ApiPatience:
             self.settled(tries)
             return None
         with self.lock:
-            self.failing[id(tries)] = line
+            self.failing.add(id(tries))
             if self.outage_began is None and len(self.failing) > 1:
                 self.outage_began, self.outage_noted, self.sent_again = now, now, len(self.failing)
                 self.console.note("API calls fail in passing (%s); %d wait to be sent again, each for up to %d s"
@@ -868,7 +870,10 @@ class ApiPatience:
     def settled(self, tries):
         """`tries`' call was answered, or gave up."""
         with self.lock:
-            if self.failing.pop(id(tries), None) is None or self.failing or self.outage_began is None:
+            if id(tries) not in self.failing:
+                return
+            self.failing.discard(id(tries))
+            if self.failing or self.outage_began is None:
                 return
             self.console.note("API calls are answered again, after %.0f s (%d sent again)"
                               % (time.monotonic() - self.outage_began, self.sent_again))
@@ -4554,19 +4559,16 @@ class JobProgress:
         # Through the run's proxy when it serves (a stall check every few seconds of a long wait
         # was a kubectl process each: 30 of a 1,000-episode Job's 42); not retried: the stall
         # check asks again in a few seconds.
-        proxy = self.log_archive.open_proxy() if self.log_archive is not None else None
-        if proxy is not None:
-            try:
-                status, body = proxy.request("GET", "/api/v1/namespaces/%s/events?%s" % (
-                    self.namespace, urllib.parse.urlencode({"fieldSelector": selector})), retry=False)
-            except ProxyUnavailable:
-                status, body = None, b""
-            if status == 200:
-                self.failed_creates = json.loads(body)["items"]
-                return self.failed_creates
-        self.failed_creates = json.loads(self.cluster.kubectl(
-            "-n", self.namespace, "get", "events", "--field-selector", selector, "-o", "json"))["items"]
+        self.failed_creates = json.loads(self.background_get(
+            "/api/v1/namespaces/%s/events?%s" % (self.namespace, urllib.parse.urlencode({"fieldSelector": selector})),
+            "-n", self.namespace, "get", "events", "--field-selector", selector, "-o", "json").result())["items"]
         return self.failed_creates
+
+    def background_get(self, path, *parts):
+        """`kubectl PARTS` (a get -o json) as a BackgroundCall, answered at `path` through the run's
+        proxy when it serves (no kubectl process)."""
+        proxy = self.log_archive.open_proxy() if self.log_archive is not None else None
+        return ProxiedGet(self.cluster, proxy, path, *parts) if proxy is not None else BackgroundCall(self.cluster, *parts)
 
     def unreachable(self, error):
         if self.unreachable_since is None:
@@ -4587,10 +4589,8 @@ class JobProgress:
         waited out, as the pods run on without it; it is noted when it starts and when it ends.
         Raises ObjectDeleted when the Job or its namespace was deleted by someone else."""
         if self.poll is None:
-            parts = ("-n", self.namespace, "get", "job", self.job_name, "-o", "json")
-            proxy = self.log_archive.open_proxy() if self.log_archive is not None else None
-            self.poll = ProxiedGet(self.cluster, proxy, "/apis/batch/v1/namespaces/%s/jobs/%s" % (
-                self.namespace, self.job_name), *parts) if proxy is not None else BackgroundCall(self.cluster, *parts)
+            self.poll = self.background_get("/apis/batch/v1/namespaces/%s/jobs/%s" % (self.namespace, self.job_name),
+                                            "-n", self.namespace, "get", "job", self.job_name, "-o", "json")
         if not self.poll.done():
             return previous
         poll, self.poll = self.poll, None
