@@ -1486,10 +1486,15 @@ class ProxyExecChannel:
         made up from the kind) into the namespace through the proxy: (HTTP status, decoded body)."""
         return self.request("POST", "/apis/%s/namespaces/%s/%s" % (obj["apiVersion"], self.namespace, plural), obj)
 
+    def collection_path(self, api_version, plural):
+        """The API path of the namespace's `plural` of `api_version` ("v1" is the core group's)."""
+        return "%s/namespaces/%s/%s" % ("/api/v1" if api_version == "v1" else "/apis/" + api_version,
+                                        self.namespace, plural)
+
     def get_object(self, api_version, plural, name):
-        """One object of a custom resource in the namespace through the proxy; None when it does not exist."""
-        status, body = self.request("GET", "/apis/%s/namespaces/%s/%s/%s" % (api_version, self.namespace, plural,
-                                                                          urllib.parse.quote(name)))
+        """One object of the namespace through the proxy; None when it does not exist."""
+        status, body = self.request("GET", "%s/%s" % (self.collection_path(api_version, plural),
+                                                      urllib.parse.quote(name)))
         if status == 404:
             return None
         if status != 200:
@@ -1497,15 +1502,20 @@ class ProxyExecChannel:
                             % (plural, name, status, body.get("message")))
         return body
 
-    def list_objects(self, api_version, plural, selector):
-        """The namespace's objects of a custom resource through the proxy (as `get PLURAL -l
-        SELECTOR` would list them)."""
-        status, body = self.request("GET", "/apis/%s/namespaces/%s/%s?%s" % (
-            api_version, self.namespace, plural, urllib.parse.urlencode({"labelSelector": selector})))
+    def list_objects(self, api_version, plural, selector=None):
+        """The namespace's objects of `plural` through the proxy (as `get PLURAL [-l SELECTOR]`
+        would list them)."""
+        path = self.collection_path(api_version, plural)
+        status, body = self.request("GET", path + ("?" + urllib.parse.urlencode({"labelSelector": selector})
+                                                   if selector else ""))
         if status != 200:
             raise DemoError("listing the %s through `kubectl proxy` failed: HTTP %s: %s"
                             % (plural, status, body.get("message")))
-        return body.get("items") or []
+        # The API's list leaves out each item's kind and apiVersion; `kubectl get -o json` puts
+        # them in, and what is saved from either reads the same.
+        kind = (body.get("kind") or "")[:-len("List")] if (body.get("kind") or "").endswith("List") else None
+        return [dict({"kind": kind, "apiVersion": body.get("apiVersion")}, **item) if kind else item
+                for item in body.get("items") or []]
 
     def request(self, method, path, obj=None):
         """One request through the proxy, a write sent once (a create is never blindly repeated), a
@@ -6404,16 +6414,26 @@ def pool_filled(pool, size):
             and status.get("readyReplicas", 0) >= size and status.get("replicas", 0) >= size)
 
 
-def wait_for_pool(cluster, namespace, size, wait_seconds, controller_unread=None):
+def wait_for_pool(cluster, namespace, size, wait_seconds, controller_unread=None, channel=None):
     """Until the pool is reconciled (observedGeneration) and every replica is Ready. Stops early
     when a pool Sandbox reports a refusal that cannot pass. Returns the pool as last seen.
     `controller_unread`: why the preflight could not see the controller's flags, added to a
-    timeout's line (a controller without --extensions never fills a pool)."""
+    timeout's line (a controller without --extensions never fills a pool). The pool is read
+    through the `channel`'s proxy when it has one (a poll every 3 s was a kubectl process each)."""
     console = cluster.console
     watch = cluster.watch("SandboxWarmPool", "-n", namespace, "sandboxwarmpools", POOL_NAME)
     started = time.monotonic()
+
+    def read_pool():
+        if getattr(channel, "get_object", None) is not None:
+            try:
+                return channel.get_object(EXTENSIONS_API, "sandboxwarmpools", POOL_NAME)
+            except (OSError, http.client.HTTPException, DemoError):
+                pass  # kubectl, with its retries, says what is wrong
+        return cluster.get_json("-n", namespace, "sandboxwarmpools", POOL_NAME)
+
     try:
-        pool, checked = cluster.get_json("-n", namespace, "sandboxwarmpools", POOL_NAME), time.monotonic()
+        pool, checked = read_pool(), time.monotonic()
         last_ready = None
         while True:
             for state in watch.drain(timeout=WATCH_WAIT_SECONDS):
@@ -6433,7 +6453,7 @@ def wait_for_pool(cluster, namespace, size, wait_seconds, controller_unread=None
                 checked = time.monotonic()
                 # a watch may stall or miss a change (a dead watch costs latency, never
                 # correctness): the pool as the API has it now
-                pool = cluster.get_json("-n", namespace, "sandboxwarmpools", POOL_NAME) or pool
+                pool = read_pool() or pool
                 if pool_filled(pool, size):
                     return pool
                 status = pool.get("status") or {}
@@ -6712,14 +6732,19 @@ class WarmPoolRun:
             executor.shutdown(wait=True, cancel_futures=True)
 
     def list_claims(self):
-        """The run's claims now: through the proxy when the channel has one, else `kubectl get`."""
+        """The run's claims now."""
+        return self.list_namespaced(EXTENSIONS_API, CLAIM_PLURAL, self.selector)
+
+    def list_namespaced(self, api_version, plural, selector=None):
+        """The namespace's `plural` (those of `selector`) now: through the channel's proxy when it
+        has one (no kubectl process: a step of a kept pool started 4 for its reads), else `kubectl get`."""
         channel = self.channel
-        if getattr(channel, "list_objects", None) is not None:
+        if getattr(channel, "list_objects", None) is not None and not channel.proxy.closed:
             try:
-                return channel.list_objects(EXTENSIONS_API, CLAIM_PLURAL, self.selector)
+                return channel.list_objects(api_version, plural, selector)
             except (OSError, http.client.HTTPException, DemoError) as error:
-                self.console.note("listing the claims through the proxy failed (%s); asking kubectl" % error)
-        return self.cluster.read_items("-n", self.namespace, "get", CLAIM_PLURAL, "-l", self.selector)
+                self.console.note("listing the %s through the proxy failed (%s); asking kubectl" % (plural, error))
+        return self.cluster.read_items("-n", self.namespace, "get", plural, *(("-l", selector) if selector else ()))
 
     def absorb_pods(self):
         """Take in the pod states the watch delivered (kept by uid: a replacement pod has its own)."""
@@ -6921,12 +6946,13 @@ class WarmPoolRun:
         output, names = self.output, self.names
         write_json(output / "observed.json", self.observed)
         write_json(output / "run.json", self.run_info)
-        # the four reads at once, one kubectl process each (each its own 5-a-second client): the
-        # trainer waits for them after the batch's last reward
+        # the four reads at once (the lists through the run's proxy, the events' table from
+        # kubectl): the trainer waits for them after the batch's last reward
         reads = concurrent.futures.ThreadPoolExecutor(max_workers=4)
         events = reads.submit(save_events, self.cluster, self.namespace, output)
-        lists = [reads.submit(self.cluster.read_items, "-n", self.namespace, "get", *what) for what in (
-            (CLAIM_PLURAL, "-l", self.selector), ("sandboxes",), ("pods", "-l", self.pod_selector))]
+        lists = [reads.submit(self.list_namespaced, *what) for what in (
+            (EXTENSIONS_API, CLAIM_PLURAL, self.selector), (SANDBOX_API, "sandboxes"),
+            ("v1", "pods", self.pod_selector))]
         reads.shutdown(wait=True)
         try:
             claims, sandbox_list, pods = [listed.result() for listed in lists]
@@ -7155,10 +7181,13 @@ class WarmPoolBackend(ClusterBackend):
         if kept is not None:
             kept.watch(cluster)
         try:
-            pool_record = self.fill_pool(run, pool) if kept is None else kept.pool_record(spec.count)
+            # The channel first: the pool's fill is polled, the pods read, the claims created and
+            # (a step's) deleted through its proxy, as the episodes are exec'd (no kubectl each)
+            batch.channel = open_exec_channel(cluster, namespace, self.console, warm_pool_proxy_paths(namespace))
+            pool_record = self.fill_pool(run, pool, batch.channel) if kept is None else kept.pool_record(spec.count)
             # the pool's pods now: its members, and (a kept pool's) pods of earlier or concurrent
             # steps, which are neither refill nor this step's
-            pods = cluster.read_items("-n", namespace, "get", "pods", "-l", batch.pod_selector)
+            pods = batch.list_namespaced("v1", "pods", batch.pod_selector)
             members = [pod for pod in pods if POOL_MEMBER_LABEL in (pod["metadata"].get("labels") or {})]
             pool_record["pool_pods_at_fire"] = sorted(pod["metadata"]["name"] for pod in members)
             if kept is not None:
@@ -7173,9 +7202,6 @@ class WarmPoolBackend(ClusterBackend):
             claims = claim_manifests(namespace, run.run_id, spec.count, shutdown,
                                      CLAIM_PREFIX if kept is None else "%s%s-" % (CLAIM_PREFIX, run.run_id[:8]))
             write_json(output / "claims-submitted.json", claims)
-            batch.channel = open_exec_channel(cluster, namespace, self.console, [
-                "^/apis/%s/namespaces/%s/%s$" % (re.escape(EXTENSIONS_API), re.escape(namespace), CLAIM_PLURAL),
-                "^/apis/%s/namespaces/%s/sandboxes/[^/]+$" % (re.escape(SANDBOX_API), re.escape(namespace))])
             batch.fire(claims, claim_watch, sandbox_watch, pod_watch)
         except DemoError as error:
             for watch in watches:
@@ -7190,9 +7216,11 @@ class WarmPoolBackend(ClusterBackend):
         finally:
             for watch in watches:
                 watch.stop()
-            batch.close_channels()  # the proxy and its socket go on every way out
-            if kept is not None:
-                kept.finish(batch)  # the step's claims go, every way out; the pool stays
+            try:
+                if kept is not None:
+                    kept.finish(batch)  # the step's claims go, every way out; the pool stays
+            finally:
+                batch.close_channels()  # the proxy and its socket go on every way out
         where = WARM_DIAGNOSTICS % output
         unfinished = batch.unfinished_error(where)
         if unfinished:
@@ -7201,15 +7229,16 @@ class WarmPoolBackend(ClusterBackend):
         run.stream.finish(report)
         return conclude(report, run)
 
-    def fill_pool(self, run, pool):
-        """The run's own pool, created and waited for until full: warm-pool.json's first fields."""
+    def fill_pool(self, run, pool, channel=None):
+        """The run's own pool, created and waited for until full (read through the `channel`'s
+        proxy when it has one): warm-pool.json's first fields."""
         spec, cluster, output, namespace = self.spec, run.cluster, run.output, run.namespace
         run.receipt["pool_uid"] = run.create_recorded(pool)["metadata"]["uid"]
         run.save_receipt()
         fill_started = time.monotonic()
         try:
             live_pool = wait_for_pool(cluster, namespace, spec.pool_size, spec.timeout,
-                                      (run.facts.get("agent_sandbox") or {}).get("controller_unread"))
+                                      (run.facts.get("agent_sandbox") or {}).get("controller_unread"), channel)
         except DemoError as error:
             raise with_context(error, save_pool_state(cluster, namespace, output)) from None
         return {"name": POOL_NAME, "template": TEMPLATE_NAME, "size": spec.pool_size,
@@ -7415,6 +7444,16 @@ def delete_warm_pool_objects(cluster, namespace, run_id, receipt, output, listin
     delete_at_once(cluster, namespace, deletes)
 
 
+def warm_pool_proxy_paths(namespace):
+    """What a warm-pool run sends through its exec channel's proxy besides the execs: its pods'
+    list, and agent-sandbox's objects in its namespace (the pool read, claims created, listed
+    and deleted, Sandboxes read and listed)."""
+    quoted = re.escape(namespace)
+    return ["^/api/v1/namespaces/%s/pods$" % quoted,
+            "^/apis/%s/namespaces/%s/[a-z]+(/[^/]+)?$" % (re.escape(EXTENSIONS_API), quoted),
+            "^/apis/%s/namespaces/%s/sandboxes(/[^/]+)?$" % (re.escape(SANDBOX_API), quoted)]
+
+
 def extensions_base(namespace):
     """The API path of agent-sandbox's namespaced resources in `namespace` (a plural follows)."""
     return "/apis/%s/namespaces/%s/" % (EXTENSIONS_API, namespace)
@@ -7428,22 +7467,26 @@ def claims_of_run(namespace, run_id):
             None)
 
 
-def delete_at_once(cluster, namespace, deletes):
+def delete_at_once(cluster, namespace, deletes, proxy=None):
     """The agent-sandbox DELETEs [(resource, kubectl arguments, path, uid precondition or None)]
-    in `namespace`, at once through one `kubectl proxy`; those the proxy could not send, with kubectl."""
-    for resource, kubectl_args, failure in delete_through_proxy(cluster, extensions_base(namespace), deletes):
+    in `namespace`, at once through one `kubectl proxy` (the run's open `proxy` when given, else
+    one of their own); those the proxy could not send, with kubectl."""
+    for resource, kubectl_args, failure in delete_through_proxy(cluster, extensions_base(namespace), deletes,
+                                                                proxy):
         cluster.console.note("deleting %s through `kubectl proxy` failed (%s); with kubectl instead"
                              % (resource, failure))
         cluster.delete("-n", namespace, "delete", resource, *kubectl_args, "--wait=false")
 
 
-def delete_through_proxy(cluster, base, deletes):
+def delete_through_proxy(cluster, base, deletes, open_proxy=None):
     """Send the DELETEs (as delete_at_once) at once through one `kubectl proxy` (`delete NAME...`
     shares one 5-a-second bucket: 1,000 claims took 198 s, issue 31; kubectl has no
-    deletecollection). [(resource, kubectl arguments, why)] of those that failed, for kubectl to
-    send; 404 is done (someone else's deletion went first); a failed uid precondition (409) raises
-    the ownership refusal."""
-    proxy = ApiProxy(cluster, ["^%s[a-z]+(/[^/]+)?$" % re.escape(base)])
+    deletecollection): `open_proxy` when it serves (a kept pool's step: starting a proxy of its
+    own cost its end 0.1-0.3 s), else one started for them. [(resource, kubectl arguments, why)]
+    of those that failed, for kubectl to send; 404 is done (someone else's deletion went first);
+    a failed uid precondition (409) raises the ownership refusal."""
+    borrowed = open_proxy is not None and not open_proxy.closed
+    proxy = open_proxy if borrowed else ApiProxy(cluster, ["^%s[a-z]+(/[^/]+)?$" % re.escape(base)])
 
     def send(delete):
         resource, kubectl_args, path, uid = delete
@@ -7464,13 +7507,15 @@ def delete_through_proxy(cluster, base, deletes):
         return resource, kubectl_args, "HTTP %d: %s" % (status, last_line(answer_message(body)))
 
     try:
-        proxy.open()
+        if not borrowed:
+            proxy.open()
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(deletes)) as pool:
             return [failed for failed in pool.map(send, deletes) if failed is not None]
     except ProxyUnavailable as unavailable:
         return [(resource, kubectl_args, last_line(str(unavailable))) for resource, kubectl_args, _, _ in deletes]
     finally:
-        proxy.close()
+        if not borrowed:
+            proxy.close()
 
 
 # ============================================================================
@@ -7693,7 +7738,9 @@ class KeptPoolStep:
         refill read from the pool's watch into warm-pool.json, and one line in the pool's steps.jsonl."""
         cluster, namespace, output = self.run.cluster, self.record["namespace"], self.run.output
         try:
-            delete_step_claims(cluster, namespace, self.run.run_id)
+            delete_step_claims(cluster, namespace, self.run.run_id, getattr(batch.channel, "proxy", None), [
+                (name, claim["metadata"]["uid"]) for name, claim in batch.latest.items()
+                if claim["metadata"].get("uid")])
         except DemoError as error:
             self.console.warn("could not delete this step's claims (%s); `%s` deletes them" % (
                 error, cleanup_command(output)))
@@ -7736,10 +7783,28 @@ def pool_refill(states, fired, size):
             "ready_at_end": ready, "definition": REFILL_DEFINITION}
 
 
-def delete_step_claims(cluster, namespace, run_id):
-    """A step's claims (its run-id label), deleted at once through `kubectl proxy` (kubectl where
-    it cannot); their Sandboxes and pods go with them (owner references). Nothing else is touched."""
-    delete_at_once(cluster, namespace, [claims_of_run(namespace, run_id)])
+def delete_step_claims(cluster, namespace, run_id, proxy=None, seen=()):
+    """A step's claims (its run-id label), deleted at once through `kubectl proxy` (the step's
+    own when it serves; kubectl where none can); their Sandboxes and pods go with them (owner
+    references). Nothing else is touched. `seen`: (name, uid) of the claims the step's watch
+    showed, first deleted each by name on its uid, all at once through the step's proxy: the API
+    server deletes a collection one object at a time (kube-apiserver's --delete-collection-workers
+    is 1), and 64 claims took it 0.7-1.9 s; the collection's DELETE then takes any other."""
+    if proxy is not None and not proxy.closed and seen:
+        base = extensions_base(namespace) + CLAIM_PLURAL + "/"
+
+        def send(claim):
+            name, uid = claim
+            try:
+                proxy.request("DELETE", base + urllib.parse.quote(name), {
+                    "kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background",
+                    "preconditions": {"uid": uid}})
+            except ProxyUnavailable:
+                pass  # the collection's DELETE below says what is wrong
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(seen), API_PROXY_IN_FLIGHT)) as deletes:
+            list(deletes.map(send, seen))
+    delete_at_once(cluster, namespace, [claims_of_run(namespace, run_id)], proxy)
 
 
 def cleanup_step(receipt, source, console):

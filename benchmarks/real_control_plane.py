@@ -18,7 +18,10 @@ Figures, per case:
                peak MB; then `cleanup` of its N claims, its pool and namespace: seconds
   kept M       `pool up --size M`, then 3 steps `run --backend warm-pool --pool POOL --count M`:
                each step's wall time, its slowest episode (exec started -> finished, client
-               clock) and the overhead, step minus slowest episode; `pool down` at the end
+               clock) and the overhead, step minus slowest episode, split into the tool's own
+               share (its start -> the first claim's create call; the last episode's end -> its
+               exit) and the controller's (first create call -> the last claim Ready, as the
+               tool's watch delivered it); `pool down` at the end
 
 Usage: python3 benchmarks/real_control_plane.py [--job 200 1000] [--warm 200 1000] [--kept 64 512]
                                                 [--episode-seconds 1.0]
@@ -187,9 +190,19 @@ def kept_case(size, workdir, seconds, steps=3):
             step = Measured(plane, workdir, "run", "--backend", "warm-pool", "--pool", str(pool), "--allow-large",
                             "--quiet", "--count", str(size), "--output", str(output), *TIMEOUT)
             results = json.loads((output / "results.json").read_text())
+            observed = json.loads((output / "observed.json").read_text()).values()
             slowest = max(row["times"]["exec_finished"] - row["times"]["exec_started"] for row in results["pods"])
+            began = step.exited - step.seconds
             rows.append({"step_seconds": round(step.seconds, 2), "slowest_episode_seconds": round(slowest, 2),
                          "overhead_seconds": round(step.seconds - slowest, 2),
+                         # the tool's own share: its start to the first claim's create call, and the
+                         # last episode's end to its exit; between them, the claims bound by the
+                         # controller (first create call -> last claim Ready as the watch saw it)
+                         "start_to_first_create_seconds": round(min(o["create_called"] for o in observed) - began, 2),
+                         "claims_ready_spread_seconds": round(max(o["ready"] for o in observed)
+                                                              - min(o["create_called"] for o in observed), 2),
+                         "last_episode_to_exit_seconds": round(step.exited - max(o["exec_finished"] for o in observed), 2),
+                         "kubectl_processes": step.kubectl_processes,
                          "warm": results["kept_pool_step"]["warm"], "cold": results["kept_pool_step"]["cold"]})
         figures = {"case": "kept", "size": size, "steps": rows}
         started = time.monotonic()

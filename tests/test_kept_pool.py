@@ -189,6 +189,29 @@ def test_pool_up_on_a_cluster_without_agent_sandbox_names_pool_up(cluster, run_t
     assert not (tmp_path / "pool").exists()
 
 
+def namespace_reads(calls, *plurals):
+    """The kubectl calls among `calls` that read (not watch) one of `plurals`."""
+    return [call for call in calls if "get" in call and "--watch" not in call and any(
+        plural in call for plural in plurals)]
+
+
+def test_a_step_reads_and_deletes_its_claims_through_its_one_proxy(sandbox_cluster, run_tool, tmp_path):
+    # a step's end once waited for four kubectl reads and a second proxy (1.5-4 s of a 64-claim step)
+    pool_up(run_tool, sandbox_cluster, 2)
+    before = len(sandbox_cluster.calls())
+    assert step(run_tool, sandbox_cluster, "step-1", "--count", "2").code == 0
+    calls = sandbox_cluster.calls()[before:]
+    assert len([call for call in calls if "proxy" in call]) == 1
+    assert namespace_reads(calls, "pods", "sandboxes", "sandboxclaims") == []
+    assert not [call for call in calls if "delete" in call]
+    namespace, run_id = read(tmp_path / "pool" / "pool.json")["namespace"], read(tmp_path / "step-1" / "receipt.json")["run_id"]
+    assert claims_of(sandbox_cluster, namespace, run_id) == []
+    # what was listed through the proxy is saved as kubectl would have listed it
+    pods, claims = read(tmp_path / "step-1" / "pods.json"), read(tmp_path / "step-1" / "claims.json")
+    assert pods and {pod["kind"] for pod in pods} == {"Pod"} and {pod["apiVersion"] for pod in pods} == {"v1"}
+    assert len(claims) == 2 and {claim["kind"] for claim in claims} == {"SandboxClaim"}
+
+
 # ---------------------------------------------------------------- the world changed between steps
 
 

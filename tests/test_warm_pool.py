@@ -411,6 +411,17 @@ def proxy_processes(cluster):
     return sockets, alive
 
 
+def test_the_pools_fill_is_read_through_the_runs_proxy_not_a_kubectl_each(sandbox_cluster, run_tool, tmp_path):
+    # the fill's polls of the SandboxWarmPool were 7 of a 200-claim run's 32 kubectl processes
+    assert warm_run(run_tool, sandbox_cluster, "warm", "--count", "2").code == 0
+    calls = sandbox_cluster.calls()
+    assert [call for call in calls if "get" in call and "sandboxwarmpools" in call and "--watch" not in call] == []
+    assert len([call for call in calls if "proxy" in call]) == 1
+    namespace = read(tmp_path / "warm" / "receipt.json")["namespace"]
+    assert any(request["target"] == "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/%s/sandboxwarmpools/episodes"
+               % namespace and not request["command"] for request in sandbox_cluster.requests())
+
+
 def test_the_exec_channel_carries_a_batch_over_one_proxy(sandbox_cluster, run_tool, tmp_path):
     write_tasks(tmp_path / "tasks.jsonl", [
         {"mode": "ok", "reward": 1, "chatter": 4000, "trailing": "the last words, without a newline"},
