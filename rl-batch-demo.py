@@ -171,6 +171,9 @@ CLEANUP_WAIT_SECONDS = 120  # for the Job (and its pods), then again for the nam
 # namespace controller (kube-controller-manager v1.36.3 at its default 20 requests a second) took
 # over 120 s for the pods of a 1,000-episode Job (benchmarks/real_control_plane.py)
 CLEANUP_WAIT_SECONDS_PER_OBJECT = 0.25
+# From this many objects in a run's namespace, cleanup deletes them itself once the namespace is
+# Terminating (sweep_namespace); below it, the namespace controller's first pass is done in seconds.
+SWEEP_OBJECTS = 100
 
 
 def cleanup_wait_seconds(objects):
@@ -1624,8 +1627,14 @@ def exec_outcome(status, stdout, stderr, sent_at, opened_at):
             # metav1.StatusCause's Type is serialised as "reason" (apimachinery types.go, json:"reason")
             if cause.get("reason") == "ExitCode" and str(cause.get("message", "")).isdigit():
                 return ExecResult(int(cause["message"]), stdout, stderr, sent_at=sent_at, opened_at=opened_at)
+    # The API server upgrades the client's WebSocket before it dials the kubelet (k8s.io/apiserver
+    # v0.36.3 streamtranslator.go); a dial that failed on its way (a reset, a broken pipe: kwok's
+    # endpoint at 1,000 execs at once) comes as an InternalError "error sending request: ..."
+    # (client-go transport/spdy Negotiate), and the kubelet may have begun the command: unknown,
+    # so followed through the exec journal, never counted as the episode's failure.
+    dial_failed = status.get("reason") == "InternalError" and "error sending request" in str(status.get("message"))
     return ExecResult(None, stdout, stderr, error=status.get("message") or "exec failed (%s)" % status.get("reason"),
-                      sent_at=sent_at, opened_at=opened_at)
+                      sent_at=sent_at, opened_at=opened_at, cut=dial_failed)
 
 
 def open_exec_channel(cluster, namespace, console, also_serves=()):
@@ -7435,7 +7444,9 @@ def delete_warm_pool_objects(cluster, namespace, run_id, receipt, output, listin
     # The claims by the run's label, which every claim of the namespace was just shown to carry;
     # the pool and template by name, on condition that their UIDs are still the ones proven.
     base = extensions_base(namespace)
-    deletes = [claims_of_run(namespace, run_id)] if claims else []
+    deletes = claims_by_name(namespace, [(claim["metadata"]["name"], claim["metadata"]["uid"]) for claim in claims
+                                         if claim["metadata"].get("uid")]) + [claims_of_run(namespace, run_id)] \
+        if claims else []
     deletes += [(resource, [obj["metadata"]["name"]], base + resource + "/" + obj["metadata"]["name"],
                  obj["metadata"]["uid"]) for resource, obj in live.items() if obj is not None]
     if not deletes:
@@ -7467,12 +7478,24 @@ def claims_of_run(namespace, run_id):
             None)
 
 
+def claims_by_name(namespace, seen):
+    """The DELETEs, for delete_at_once, of the claims `seen` [(name, uid)], each by name on its
+    uid, sent beside the DELETE of their collection by the run's label: the API server deletes a
+    collection one object at a time (kube-apiserver's --delete-collection-workers is 1: 64 claims
+    took 0.7-1.9 s, 1,000 took 15 s), and the collection's own deletes of those already gone are
+    404s, quickly done. No kubectl fallback each (None): the collection's covers them."""
+    return [(CLAIM_PLURAL, None, extensions_base(namespace) + CLAIM_PLURAL + "/" + urllib.parse.quote(name), uid)
+            for name, uid in seen]
+
+
 def delete_at_once(cluster, namespace, deletes, proxy=None):
     """The agent-sandbox DELETEs [(resource, kubectl arguments, path, uid precondition or None)]
     in `namespace`, at once through one `kubectl proxy` (the run's open `proxy` when given, else
     one of their own); those the proxy could not send, with kubectl."""
     for resource, kubectl_args, failure in delete_through_proxy(cluster, extensions_base(namespace), deletes,
                                                                 proxy):
+        if kubectl_args is None:
+            continue  # a claim by name: its collection's DELETE (also in `deletes`) covers it
         cluster.console.note("deleting %s through `kubectl proxy` failed (%s); with kubectl instead"
                              % (resource, failure))
         cluster.delete("-n", namespace, "delete", resource, *kubectl_args, "--wait=false")
@@ -7503,13 +7526,13 @@ def delete_through_proxy(cluster, base, deletes, open_proxy=None):
             # The object's UID is no longer the one proven: someone replaced it since the check.
             # A refusal, never a delete by name without the condition.
             raise DemoError("ownership check failed, refusing cleanup: %s %s was replaced since it was checked (%s)"
-                            % (resource, kubectl_args[0], last_line(answer_message(body))))
+                            % (resource, path.split("?")[0].rsplit("/", 1)[-1], last_line(answer_message(body))))
         return resource, kubectl_args, "HTTP %d: %s" % (status, last_line(answer_message(body)))
 
     try:
         if not borrowed:
             proxy.open()
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(deletes)) as pool:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(deletes), API_PROXY_IN_FLIGHT)) as pool:
             return [failed for failed in pool.map(send, deletes) if failed is not None]
     except ProxyUnavailable as unavailable:
         return [(resource, kubectl_args, last_line(str(unavailable))) for resource, kubectl_args, _, _ in deletes]
@@ -7787,24 +7810,8 @@ def delete_step_claims(cluster, namespace, run_id, proxy=None, seen=()):
     """A step's claims (its run-id label), deleted at once through `kubectl proxy` (the step's
     own when it serves; kubectl where none can); their Sandboxes and pods go with them (owner
     references). Nothing else is touched. `seen`: (name, uid) of the claims the step's watch
-    showed, first deleted each by name on its uid, all at once through the step's proxy: the API
-    server deletes a collection one object at a time (kube-apiserver's --delete-collection-workers
-    is 1), and 64 claims took it 0.7-1.9 s; the collection's DELETE then takes any other."""
-    if proxy is not None and not proxy.closed and seen:
-        base = extensions_base(namespace) + CLAIM_PLURAL + "/"
-
-        def send(claim):
-            name, uid = claim
-            try:
-                proxy.request("DELETE", base + urllib.parse.quote(name), {
-                    "kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background",
-                    "preconditions": {"uid": uid}})
-            except ProxyUnavailable:
-                pass  # the collection's DELETE below says what is wrong
-
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(seen), API_PROXY_IN_FLIGHT)) as deletes:
-            list(deletes.map(send, seen))
-    delete_at_once(cluster, namespace, [claims_of_run(namespace, run_id)], proxy)
+    showed, each deleted by name on its uid beside the collection's DELETE (claims_by_name)."""
+    delete_at_once(cluster, namespace, claims_by_name(namespace, seen) + [claims_of_run(namespace, run_id)], proxy)
 
 
 def cleanup_step(receipt, source, console):
@@ -8306,8 +8313,11 @@ class NamespaceListing:
     whether every kind could be listed. The foreign-object check and the backends' ownership
     checks read it, so that cleanup lists each kind once."""
 
-    def __init__(self, items, complete):
+    def __init__(self, items, complete, paths=None):
         self.items, self.complete = items, complete
+        # (apiVersion, kind) -> the kind's collection path in the namespace, where the listing
+        # came through the proxy (sweep_namespace deletes by it); empty from kubectl's listing
+        self.paths = paths or {}
 
     def of_kind(self, kind):
         """The objects of `kind` (e.g. "SandboxClaim"), or None when some kind could not be listed
@@ -8318,7 +8328,7 @@ class NamespaceListing:
         """The listing less the objects [(kind, name, ...)] deleted since (--delete-foreign)."""
         names = {(kind, name) for kind, name, *_ in gone}
         return NamespaceListing([item for item in self.items if (item.get("kind"), item["metadata"]["name"])
-                                 not in names], self.complete)
+                                 not in names], self.complete, self.paths)
 
 
 def list_namespace(cluster, namespace):
@@ -8327,11 +8337,11 @@ def list_namespace(cluster, namespace):
     and not checked."""
     listed = list_namespace_through_proxy(cluster, namespace)
     if listed is not None:
-        items, unlisted = listed
+        items, unlisted, paths = listed
         if unlisted:
             cluster.console.note("could not check %d kind(s) for objects this run did not create: %s"
                                  % (len(unlisted), unlisted[0]))
-        return NamespaceListing(items, complete=not unlisted)
+        return NamespaceListing(items, complete=not unlisted, paths=paths)
     kinds = cluster.read("api-resources", "--verbs=list", "--namespaced=true", "-o", "name").split()
     try:
         raw, unlisted = cluster.read("-n", namespace, "get", ",".join(kinds), "-o", "json"), []
@@ -8356,7 +8366,7 @@ def list_namespace_through_proxy(cluster, namespace):
     `kubectl proxy`: discovery and the lists in parallel, 500 a page (`kubectl get k1,k2,...` sends them
     one after another, whole objects: 12 s at 1,000 claims with 100 ms a request). (items with
     kind and apiVersion, lines for the kinds that could not be listed), or None when the proxy
-    cannot serve (the caller then asks kubectl)."""
+    cannot serve (the caller then asks kubectl), and each listed kind's collection path."""
     ns = re.escape(namespace)
     proxy = ApiProxy(cluster, ["^/api/v1$", "^/apis$", "^/apis/[^/]+/[^/]+$", "^/api/v1/namespaces/%s/[^/]+$" % ns,
                                "^/apis/[^/]+/[^/]+/namespaces/%s/[^/]+$" % ns])
@@ -8389,13 +8399,14 @@ def list_namespace_through_proxy(cluster, namespace):
                     token = (page.get("metadata") or {}).get("continue")
                     if not token:
                         return items, None
-            items, unlisted = [], []
+            items, unlisted, paths = [], [], {}
             for kind, outcome in zip(kinds, pool.map(lambda kind: catching(list_kind, kind), kinds)):
                 if isinstance(outcome, ProxyAnswer):
                     unlisted.append("%s: HTTP %d: %s" % (kind[1], outcome.status, outcome.message))
                 else:
                     items += outcome[0]
-        return items, unlisted
+                    paths[(kind[3], kind[2])] = "%s/namespaces/%s/%s" % (kind[0], namespace, kind[1])
+        return items, unlisted, paths
     except (ProxyUnavailable, ProxyAnswer, ValueError, KeyError, TypeError) as error:
         cluster.console.note("listing the namespace through `kubectl proxy` failed (%s); asking kubectl" % error)
         return None
@@ -8573,7 +8584,49 @@ def cleanup_namespace(receipt, source, output, console, delete_foreign=False):
         if not error.conflict or "ensuring all content is removed" not in error.stderr:
             raise
     console.note("Deleting namespace %s..." % namespace)
+    sweep_namespace(cluster, namespace, listing.without(foreign))
     return wait_for_namespace(cluster, namespace, cleanup_wait_seconds(len(listing.items)))
+
+
+def sweep_namespace(cluster, namespace, listing):
+    """Once the run's namespace is Terminating (nothing new can be made in it: NamespaceLifecycle
+    admission), the objects cleanup listed there and proved, when there are SWEEP_OBJECTS or
+    more, deleted at once through one `kubectl proxy`, each by name on its uid: what the
+    namespace's deletion deletes anyway, sooner. The namespace controller deletes a namespace's
+    content kind by kind, each collection one object at a time (kube-apiserver's
+    --delete-collection-workers is 1), and the garbage collector deletes the Sandboxes of deleted
+    claims at the controller manager's client rate (20 a second): 1,000 claims' namespace (2,000
+    Sandboxes and pods with the pool's refill) took 106 s. Whatever this does not delete, the
+    namespace controller still does."""
+    targets = [("%s/%s" % (listing.paths[(item.get("apiVersion"), item.get("kind"))],
+                           urllib.parse.quote(item["metadata"]["name"])), item["metadata"]["uid"])
+               for item in listing.items if (item.get("apiVersion"), item.get("kind")) in listing.paths
+               and item["metadata"].get("uid") and not item["metadata"].get("deletionTimestamp")]
+    if len(targets) < SWEEP_OBJECTS:
+        return
+    ns = re.escape(namespace)
+    proxy = ApiProxy(cluster, ["^/api/v1/namespaces/%s/[^/]+/[^/]+$" % ns,
+                               "^/apis/[^/]+/[^/]+/namespaces/%s/[^/]+/[^/]+$" % ns])
+
+    def send(target):
+        path, uid = target
+        try:
+            proxy.request("DELETE", path, {"kind": "DeleteOptions", "apiVersion": "v1",
+                                           "propagationPolicy": "Background", "preconditions": {"uid": uid}},
+                          retry=False)
+        except ProxyUnavailable:
+            pass  # the namespace controller deletes it
+
+    try:
+        proxy.open()
+        cluster.console.note("Deleting its %d objects at once..." % len(targets))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=API_PROXY_IN_FLIGHT) as pool:
+            list(pool.map(send, targets))
+    except ProxyUnavailable as unavailable:
+        cluster.console.note("could not delete the namespace's objects at once (%s); the namespace's deletion "
+                             "removes them" % last_line(str(unavailable)))
+    finally:
+        proxy.close()
 
 
 def delete_recorded_jobs(cluster, namespace, receipt, output, listing):

@@ -90,7 +90,7 @@ class Measured:
         sampler.join()
         calls = counter.read_text().splitlines() if counter.exists() else []
         self.kubectl_processes = len(calls)
-        self.kubectl_verbs = dict(collections.Counter(kubectl_words(call) for call in calls).most_common(8))
+        self.kubectl_verbs = dict(collections.Counter(kubectl_words(call) for call in calls).most_common(16))
         if self.process.returncode != 0:
             lines = [line for line in self.stderr.splitlines() if line.startswith("Error: ")]
             raise CaseFailed("`rl-batch-demo %s` exited %d: %s" % (" ".join(args[:2]), self.process.returncode,
@@ -179,7 +179,9 @@ def warm_case(size, workdir, seconds):
 
 
 def kept_case(size, workdir, seconds, steps=3):
-    plane = plane_for(size, workdir, seconds, parts=("agent-sandbox",))
+    # room for the pool, a step's claimed sandboxes and the pool's refill at once (2 x size: the
+    # second step of 512 once waited 8 minutes for room on nodes sized for the pool alone)
+    plane = plane_for(2 * size, workdir, seconds, parts=("agent-sandbox",))
     try:
         pool = Path(workdir) / "pool"
         Measured(plane, workdir, "pool", "up", "--size", str(size), "--allow-large", "--quiet", "--output", str(pool),

@@ -158,6 +158,24 @@ def test_a_warm_pool_batch_rides_out_a_429_storm_honouring_retry_after(make_clus
                                                                                       "claims.json"))
 
 
+@pytest.mark.parametrize("started", [False, True], ids=["before-the-command", "after-it-began"])
+def test_a_kubelet_dial_that_fails_after_the_upgrade_is_followed_and_every_episode_runs_once(
+        make_cluster, run_tool, tmp_path, started):
+    # At 1,000 execs at once the real API server's dial of kwok's endpoint failed for 3 of them
+    # ("error sending request: ... connection reset by peer"), after the client's WebSocket was
+    # upgraded: the three were failed episodes, though the kubelet may have begun them.
+    cluster = counted_episodes_cluster(make_cluster, tmp_path, kubeletDialFailures={"execs": 3, "started": started})
+    done = warm_batch(run_tool, cluster, 4)
+    assert done.code == 0, done.stderr
+    results = read(tmp_path / "warm" / "results.json")
+    assert results["successful_episodes"] == 4
+    assert episode_runs(tmp_path) == sorted(claim["metadata"]["name"] for claim in read(tmp_path / "warm" /
+                                                                                      "claims.json"))
+    assert "error sending request" in done.stderr
+    # one that never began is sent again; one that began is read from its journal, not run again
+    assert ("its exec journal shows the episode never started" in done.stderr) is not started
+
+
 # ---------------------------------------------------------------- in-process: the one retry policy (ApiPatience)
 
 class ManualClock:

@@ -134,6 +134,42 @@ def test_cleanup_of_a_warm_pool_run_leaves_nothing(sandbox_cluster, run_tool, tm
     assert namespace not in sandbox_cluster.kubectl("get", "namespaces").stdout
 
 
+def test_cleanup_of_a_big_namespace_deletes_its_objects_itself_once_the_namespace_is_terminating(
+        sandbox_cluster, run_tool, tmp_path):
+    # 1,000 claims' namespace took the real namespace controller and garbage collector 106 s,
+    # one object at a time or 20 a second; the tool now deletes what it proved, each on its uid
+    assert warm_run(run_tool, sandbox_cluster, "warm", "--count", "40", "--allow-large").code == 0
+    namespace = read(tmp_path / "warm" / "receipt.json")["namespace"]
+    sandboxes = {item["metadata"]["name"] for item in sandbox_cluster.get_json("-n", namespace, "sandboxes")["items"]}
+    done = run_tool("cleanup", "--output", "warm", cluster=sandbox_cluster)
+    assert done.code == 0, done
+    assert "Deleting its " in done.stderr
+    requests = sandbox_cluster.requests()
+    [namespace_deleted] = [r["at"] for r in requests if r["method"] == "DELETE" and
+                           r["target"].split("?")[0] == "/api/v1/namespaces/" + namespace]
+    swept = {r["target"].rsplit("/", 1)[1] for r in requests if r["method"] == "DELETE" and not r["command"]
+             and "/namespaces/%s/sandboxes/" % namespace in r["target"]}
+    assert swept == sandboxes
+    assert all(r["at"] > namespace_deleted for r in requests if r["method"] == "DELETE" and not r["command"]
+               and "/namespaces/%s/sandboxes/" % namespace in r["target"])
+    # each claim by name, beside the one collection DELETE by the run's label
+    by_name = [r for r in requests if r["method"] == "DELETE" and "/sandboxclaims/" in r["target"]]
+    assert len(by_name) >= 40
+    assert namespace not in sandbox_cluster.kubectl("get", "namespaces").stdout
+
+
+def test_cleanup_of_a_small_namespace_leaves_its_objects_to_the_namespace_deletion(sandbox_cluster, run_tool,
+                                                                                   tmp_path):
+    assert warm_run(run_tool, sandbox_cluster, "warm", "--count", "3").code == 0
+    namespace = read(tmp_path / "warm" / "receipt.json")["namespace"]
+    done = run_tool("cleanup", "--output", "warm", cluster=sandbox_cluster)
+    assert done.code == 0, done
+    assert "Deleting its " not in done.stderr
+    assert not [r for r in sandbox_cluster.requests() if r["method"] == "DELETE" and not r["command"]
+                and ("/namespaces/%s/sandboxes/" % namespace in r["target"] or
+                     "/namespaces/%s/pods/" % namespace in r["target"])]
+
+
 def test_cleanup_deletes_the_claims_one_by_one_where_deletecollection_is_forbidden(make_cluster, run_tool,
                                                                                     tmp_path):
     cluster = make_cluster(dict(AGENT_SANDBOX, forbid=[{"verb": "deletecollection", "resource": "sandboxclaims"}]))

@@ -58,6 +58,10 @@ DEFAULT_CONFIG = {
     # HOST was refused"), open watches break, and the controllers, which reach etcd only through
     # the API server, stand still until it is back.
     "apiOutage": None,
+    # The API server's dial of the kubelet fails for the first N execs, after the client's
+    # WebSocket was upgraded (an overloaded kubelet endpoint): {"execs": N, "started": false},
+    # "started": the kubelet had begun the command. See kubelet_dial_failure in httpapi.py.
+    "kubeletDialFailures": None,
     # Watches of these resources stay open and deliver nothing (a watch stuck behind a broken
     # proxy or load balancer): ["sandboxwarmpools"].
     "watchStalls": [],

@@ -875,6 +875,13 @@ class HttpApi:
         if query.get("stdin") == "true":
             stdin = self.read_stdin(websocket, sock, protocol)
         try:
+            dial = kubelet_dial_failure(cluster, namespace, name, chosen)
+            if dial is not None:
+                if dial["started"]:
+                    cluster.api_exec(namespace, name, chosen, command, stdin)  # it ran; its answer was lost
+                failure = ApiError(500, "InternalError", "Internal error occurred: " + dial["error"])
+                failure.status["details"] = {"causes": [{"message": dial["error"]}]}
+                raise failure
             answer = cluster.api_exec(namespace, name, chosen, command, stdin)
             status = remote_command_status(answer["code"], command)
             streams = [(1, answer["stdout"].encode("utf-8", "surrogateescape")),
@@ -958,3 +965,19 @@ def first_after(history, rv):
 
 def http_date():
     return time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime())
+
+
+def kubelet_dial_failure(cluster, namespace, name, container):
+    """`kubeletDialFailures` ({"execs": N, "started": bool}): the API server's dial of the kubelet
+    for each of the first N execs fails after the client's WebSocket was upgraded, as the stream
+    translator reports it (an InternalError on the error channel, client-go's "error sending
+    request: " and the transport's error); with "started", the kubelet had begun the command."""
+    fault = cluster.config.get("kubeletDialFailures") or {}
+    with cluster.lock:
+        used = getattr(cluster, "kubelet_dial_failures", 0)
+        if used >= fault.get("execs", 0):
+            return None
+        cluster.kubelet_dial_failures = used + 1
+    return {"started": bool(fault.get("started")), "error": (
+        'error sending request: Post "https://127.0.0.1:10250/exec/%s/%s/%s?command=...&error=1&output=1": '
+        "read tcp 127.0.0.1:40112->127.0.0.1:10250: read: connection reset by peer" % (namespace, name, container))}
