@@ -988,6 +988,20 @@ class Cluster:
                     raise
                 time.sleep(delay)
 
+    def served_resources(self, *groups):
+        """The resources (plural.group) the API serves in `groups`, from one `kubectl api-resources`.
+        A group whose discovery fails (an aggregated API whose backend is down, a metrics-server
+        say) makes kubectl exit 1 after printing all the others, whatever --api-group asks (kubectl
+        pkg/cmd/apiresources, RunAPIResources, filters after discovery): those are what is asked."""
+        try:
+            names = self.read("api-resources", "-o", "name").split()
+        except KubectlError as error:
+            if "unable to retrieve the complete list of server APIs" not in error.stderr or \
+                    not (error.stdout or "").strip():
+                raise
+            names = error.stdout.split()
+        return {name for name in names if name.split(".", 1)[-1] in groups}
+
     def get_json(self, *parts):
         """The object as a dict, or None when it does not exist."""
         raw = self.read("get", *parts, "--ignore-not-found", "-o", "json")
@@ -1285,6 +1299,97 @@ class Watch:
             except subprocess.TimeoutExpired:
                 self.process.kill()
 
+
+WATCH_SERVER_SECONDS = 300  # a watch through the proxy asks the API server to end it after this long
+
+
+class ProxyWatch:
+    """A Watch (the same queue of object states, the same drain and stop) through the run's open
+    ApiProxy instead of a kubectl process: the collection at `path` is listed (its objects come
+    first, as `kubectl get --watch` prints them), then watched from the list's resourceVersion,
+    one JSON event a line; when the server ends the watch (its timeout, a 410 Expired, a slow
+    consumer it let go), listed and watched again. At 200 warm claims the four kubectl watches
+    and their restarts were 7 to 12 of a run's 21 to 26 kubectl processes, more on a busier
+    machine (the API server ends a watch that falls behind)."""
+
+    def __init__(self, proxy, kind, path, selectors=None, timed=False):
+        self.proxy, self.kind, self.path, self.timed = proxy, kind, path, timed
+        self.selectors = dict(selectors or {})  # labelSelector, fieldSelector
+        self.restarts = 0
+        self.states = queue.Queue()
+        self.stopped = threading.Event()
+        self.connection = None
+        self.thread = threading.Thread(target=self.follow, daemon=True)
+        self.thread.start()
+
+    def put(self, obj):
+        if isinstance(obj, dict) and obj.get("kind") == self.kind and (obj.get("metadata") or {}).get("name"):
+            self.states.put((time.time(), obj) if self.timed else obj)
+
+    def follow(self):
+        while not self.stopped.is_set() and not self.proxy.closed:
+            try:
+                self.list_and_watch()
+            except (OSError, ValueError, http.client.HTTPException, ProxyUnavailable):
+                pass  # ended: listed and watched again below, as a kubectl watch is started again
+            self.restarts += 1
+            self.stopped.wait(0.2 if self.restarts < 5 else 1.0)
+
+    def list_and_watch(self):
+        status, body = self.proxy.request("GET", self.path + "?" + urllib.parse.urlencode(self.selectors), retry=False)
+        if status != 200:
+            return
+        listed = json.loads(body)
+        api_version = listed.get("apiVersion")
+        for item in listed.get("items") or []:
+            self.put(dict({"kind": self.kind, "apiVersion": api_version}, **item))
+        query = dict(self.selectors, watch="1", resourceVersion=(listed.get("metadata") or {}).get("resourceVersion", ""),
+                     timeoutSeconds=str(WATCH_SERVER_SECONDS))
+        connection = UnixHTTPConnection(self.proxy.socket_path, WATCH_SERVER_SECONDS + 30)
+        self.connection = connection
+        try:
+            if self.stopped.is_set():
+                return
+            connection.request("GET", self.path + "?" + urllib.parse.urlencode(query),
+                               headers={"Accept": "application/json"})
+            answer = connection.getresponse()
+            if answer.status != 200:
+                return
+            while not self.stopped.is_set():
+                line = answer.readline()
+                if not line:
+                    return  # the server ended the watch
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    return  # 410 Expired and the like: list again
+                self.put(event.get("object"))
+        finally:
+            connection.close()
+
+    drain = Watch.drain
+
+    def stop(self):
+        self.stopped.set()
+        connection = self.connection
+        if connection is not None and connection.sock is not None:
+            try:
+                connection.sock.shutdown(socket.SHUT_RDWR)  # ends the thread's read at once
+            except OSError:
+                pass
+
+
+
+def namespace_watch(cluster, namespace, proxy, kind, path, plural, selector=None, name=None, timed=False):
+    """A watch of the namespace's `plural` at API `path` (those of label `selector`, or the one
+    `name`): through `proxy` when it serves (ProxyWatch, no kubectl process), else kubectl's."""
+    if proxy is not None and not proxy.closed:
+        selectors = dict({"labelSelector": selector} if selector else {},
+                         **({"fieldSelector": "metadata.name=" + name} if name else {}))
+        return ProxyWatch(proxy, kind, path, selectors, timed=timed)
+    return cluster.watch(kind, "-n", namespace, plural, *([name] if name else []),
+                         *(["-l", selector] if selector else []), timed=timed)
 
 # ============================================================================
 # Exec channels: a command in a running pod's container, as a WebSocket through one
@@ -5519,7 +5624,7 @@ class KueueGate(Gate):
         that ClusterQueue exists, is active, is not stopped and could ever fit the batch. A
         ClusterQueue the user may not read is "unknown", not a failure."""
         spec = self.spec
-        served = set(cluster.read("api-resources", "--api-group=kueue.x-k8s.io", "-o", "name").split())
+        served = cluster.served_resources("kueue.x-k8s.io")
         if not {"localqueues.kueue.x-k8s.io", "workloads.kueue.x-k8s.io"} <= served:
             raise DemoError("--queue needs Kueue on context %s, and the API serves no LocalQueues or Workloads; install "
                             "it with `%s`, or leave --queue out" % (cluster.context, KUEUE_INSTALL % cluster.context))
@@ -6387,9 +6492,7 @@ def check_agent_sandbox(cluster, who="--backend warm-pool"):
     (when its Deployment can be read). Raises one line with the install command otherwise,
     naming `who` needs it (the option, or `pool up`)."""
     install = AGENT_SANDBOX_INSTALL % cluster.context
-    served = set()
-    for group in ("agents.x-k8s.io", "extensions.agents.x-k8s.io"):
-        served.update(cluster.read("api-resources", "--api-group=" + group, "-o", "name").split())
+    served = cluster.served_resources("agents.x-k8s.io", "extensions.agents.x-k8s.io")
     wanted = ["sandboxes.agents.x-k8s.io"] + ["%s.extensions.agents.x-k8s.io" % plural for plural in (
         "sandboxtemplates", "sandboxwarmpools", "sandboxclaims")]
     missing = [name for name in wanted if name not in served]
@@ -6430,7 +6533,9 @@ def wait_for_pool(cluster, namespace, size, wait_seconds, controller_unread=None
     timeout's line (a controller without --extensions never fills a pool). The pool is read
     through the `channel`'s proxy when it has one (a poll every 3 s was a kubectl process each)."""
     console = cluster.console
-    watch = cluster.watch("SandboxWarmPool", "-n", namespace, "sandboxwarmpools", POOL_NAME)
+    proxy = getattr(channel, "proxy", None)
+    watch = namespace_watch(cluster, namespace, proxy, "SandboxWarmPool", proxy and channel.collection_path(
+        EXTENSIONS_API, "sandboxwarmpools"), "sandboxwarmpools", name=POOL_NAME)
     started = time.monotonic()
 
     def read_pool():
@@ -6739,6 +6844,12 @@ class WarmPoolRun:
         finally:
             self.console.end_progress()
             executor.shutdown(wait=True, cancel_futures=True)
+
+    def watch(self, kind, api_version, plural, selector=None, name=None, timed=False):
+        """A watch of the namespace's `plural` through the channel's proxy when it has one."""
+        proxy = getattr(self.channel, "proxy", None)
+        path = self.channel.collection_path(api_version, plural) if proxy is not None else None
+        return namespace_watch(self.cluster, self.namespace, proxy, kind, path, plural, selector, name, timed)
 
     def list_claims(self):
         """The run's claims now."""
@@ -7179,20 +7290,22 @@ class WarmPoolBackend(ClusterBackend):
             self.console.note("step %s of the kept pool in %s (namespace %s)" % (run.run_id, kept.folder, namespace))
             kept.check(cluster)
         batch = WarmPoolRun(run, run_info, kept and kept.record["run_id"])
-        # Timed: a claim's bound and Ready times are when the watch delivered them, not when this
-        # loop got round to them.
-        claim_watch = cluster.watch("SandboxClaim", "-n", namespace, "sandboxclaims", "-l", batch.selector, timed=True)
-        sandbox_watch = cluster.watch("Sandbox", "-n", namespace, "sandboxes")
-        # Every state of the run's pods, also of those deleted (an evicted sandbox pod is replaced
-        # by one of the same name: only the watch keeps what happened to the first).
-        pod_watch = cluster.watch("Pod", "-n", namespace, "pods", "-l", batch.pod_selector)
-        watches = (claim_watch, sandbox_watch, pod_watch)
-        if kept is not None:
-            kept.watch(cluster)
+        watches = []
         try:
-            # The channel first: the pool's fill is polled, the pods read, the claims created and
-            # (a step's) deleted through its proxy, as the episodes are exec'd (no kubectl each)
+            # The channel first: the watches run, the pool's fill is polled, the pods read, the
+            # claims created and (a step's) deleted through its proxy, as the episodes are exec'd
+            # (no kubectl each)
             batch.channel = open_exec_channel(cluster, namespace, self.console, warm_pool_proxy_paths(namespace))
+            # Timed: a claim's bound and Ready times are when the watch delivered them, not when
+            # this loop got round to them.
+            claim_watch = batch.watch("SandboxClaim", EXTENSIONS_API, CLAIM_PLURAL, batch.selector, timed=True)
+            sandbox_watch = batch.watch("Sandbox", SANDBOX_API, "sandboxes")
+            # Every state of the run's pods, also of those deleted (an evicted sandbox pod is
+            # replaced by one of the same name: only the watch keeps what happened to the first).
+            pod_watch = batch.watch("Pod", "v1", "pods", batch.pod_selector)
+            watches += [claim_watch, sandbox_watch, pod_watch]
+            if kept is not None:
+                kept.watch(batch)
             pool_record = self.fill_pool(run, pool, batch.channel) if kept is None else kept.pool_record(spec.count)
             # the pool's pods now: its members, and (a kept pool's) pods of earlier or concurrent
             # steps, which are neither refill nor this step's
@@ -7730,10 +7843,10 @@ class KeptPoolStep:
         for change in self.changes:
             self.console.warn("the kept pool in %s: %s" % (folder, change))
 
-    def watch(self, cluster):
+    def watch(self, batch):
         """The pool's states from now on, each with its arrival time (the refill is timed from them)."""
-        self.pool_watch = cluster.watch("SandboxWarmPool", "-n", self.record["namespace"], "sandboxwarmpools",
-                                        POOL_NAME, timed=True)
+        self.pool_watch = batch.watch("SandboxWarmPool", EXTENSIONS_API, "sandboxwarmpools", name=POOL_NAME,
+                                      timed=True)
         return self.pool_watch
 
     def pool_record(self, count):
