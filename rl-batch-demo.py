@@ -1305,17 +1305,19 @@ WATCH_SERVER_SECONDS = 300  # a watch through the proxy asks the API server to e
 
 class ProxyWatch:
     """A Watch (the same queue of object states, the same drain and stop) through the run's open
-    ApiProxy instead of a kubectl process: the collection at `path` is listed (its objects come
-    first, as `kubectl get --watch` prints them), then watched from the list's resourceVersion,
-    one JSON event a line; when the server ends the watch (its timeout, a 410 Expired, a slow
-    consumer it let go), listed and watched again. At 200 warm claims the four kubectl watches
-    and their restarts were 7 to 12 of a run's 21 to 26 kubectl processes, more on a busier
-    machine (the API server ends a watch that falls behind)."""
+    ApiProxy instead of a kubectl process: the collection at `path` is listed, 500 a page (its
+    objects come first, as `kubectl get --watch` prints them), then watched from the list's
+    resourceVersion, one JSON event a line. When the server ends the watch (its timeout, a
+    consumer it let go as too slow), it is watched again from the last resourceVersion seen (a
+    bookmark's too), as client-go's reflector does; listed again only after an ERROR event (410
+    Expired) or a refusal. At 200 warm claims the four kubectl watches and their restarts were 7
+    to 12 of a run's 21 to 26 kubectl processes, and each kubectl restart listed everything again."""
 
     def __init__(self, proxy, kind, path, selectors=None, timed=False):
         self.proxy, self.kind, self.path, self.timed = proxy, kind, path, timed
         self.selectors = dict(selectors or {})  # labelSelector, fieldSelector
         self.restarts = 0
+        self.resource_version = None  # where the next watch starts; None: list first
         self.states = queue.Queue()
         self.stopped = threading.Event()
         self.connection = None
@@ -1329,21 +1331,34 @@ class ProxyWatch:
     def follow(self):
         while not self.stopped.is_set() and not self.proxy.closed:
             try:
-                self.list_and_watch()
+                if self.resource_version is None:
+                    self.list()
+                if self.resource_version is not None:
+                    self.watch()
             except (OSError, ValueError, http.client.HTTPException, ProxyUnavailable):
-                pass  # ended: listed and watched again below, as a kubectl watch is started again
+                pass  # ended: watched again below from where it was, as a kubectl watch is started again
             self.restarts += 1
             self.stopped.wait(0.2 if self.restarts < 5 else 1.0)
 
-    def list_and_watch(self):
-        status, body = self.proxy.request("GET", self.path + "?" + urllib.parse.urlencode(self.selectors), retry=False)
-        if status != 200:
-            return
-        listed = json.loads(body)
-        api_version = listed.get("apiVersion")
-        for item in listed.get("items") or []:
-            self.put(dict({"kind": self.kind, "apiVersion": api_version}, **item))
-        query = dict(self.selectors, watch="1", resourceVersion=(listed.get("metadata") or {}).get("resourceVersion", ""),
+    def list(self):
+        token, version = "", None
+        while True:
+            query = dict(self.selectors, limit="500", **({"continue": token} if token else {}))
+            status, body = self.proxy.request("GET", self.path + "?" + urllib.parse.urlencode(query), retry=False)
+            if status != 200:
+                return  # a continue token expired (410) or a refusal: listed again from the start
+            page = json.loads(body)
+            del body
+            version = version or (page.get("metadata") or {}).get("resourceVersion")
+            for item in page.get("items") or []:
+                self.put(dict({"kind": self.kind, "apiVersion": page.get("apiVersion")}, **item))
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                self.resource_version = version
+                return
+
+    def watch(self):
+        query = dict(self.selectors, watch="1", resourceVersion=self.resource_version, allowWatchBookmarks="true",
                      timeoutSeconds=str(WATCH_SERVER_SECONDS))
         connection = UnixHTTPConnection(self.proxy.socket_path, WATCH_SERVER_SECONDS + 30)
         self.connection = connection
@@ -1354,17 +1369,22 @@ class ProxyWatch:
                                headers={"Accept": "application/json"})
             answer = connection.getresponse()
             if answer.status != 200:
+                self.resource_version = None
                 return
             while not self.stopped.is_set():
                 line = answer.readline()
                 if not line:
-                    return  # the server ended the watch
+                    return  # the server ended the watch: again from the last resourceVersion
                 if not line.strip():
                     continue
                 event = json.loads(line)
+                obj = event.get("object") or {}
                 if event.get("type") == "ERROR":
-                    return  # 410 Expired and the like: list again
-                self.put(event.get("object"))
+                    self.resource_version = None  # 410 Expired and the like: list again
+                    return
+                self.resource_version = (obj.get("metadata") or {}).get("resourceVersion") or self.resource_version
+                if event.get("type") != "BOOKMARK":
+                    self.put(obj)
         finally:
             connection.close()
 
@@ -1378,7 +1398,6 @@ class ProxyWatch:
                 connection.sock.shutdown(socket.SHUT_RDWR)  # ends the thread's read at once
             except OSError:
                 pass
-
 
 
 def namespace_watch(cluster, namespace, proxy, kind, path, plural, selector=None, name=None, timed=False):
@@ -1610,12 +1629,12 @@ class ProxyExecChannel:
                             % (plural, name, status, body.get("message")))
         return body
 
-    def list_objects(self, api_version, plural, selector=None):
-        """The namespace's objects of `plural` through the proxy (as `get PLURAL [-l SELECTOR]`
-        would list them)."""
+    def list_objects(self, api_version, plural, selector=None, fields=None):
+        """The namespace's objects of `plural` through the proxy (as `get PLURAL [-l SELECTOR]
+        [--field-selector FIELDS]` would list them)."""
         path = self.collection_path(api_version, plural)
-        status, body = self.request("GET", path + ("?" + urllib.parse.urlencode({"labelSelector": selector})
-                                                   if selector else ""))
+        query = dict({"labelSelector": selector} if selector else {}, **({"fieldSelector": fields} if fields else {}))
+        status, body = self.request("GET", path + ("?" + urllib.parse.urlencode(query) if query else ""))
         if status != 200:
             raise DemoError("listing the %s through `kubectl proxy` failed: HTTP %s: %s"
                             % (plural, status, body.get("message")))
@@ -6546,6 +6565,14 @@ def wait_for_pool(cluster, namespace, size, wait_seconds, controller_unread=None
                 pass  # kubectl, with its retries, says what is wrong
         return cluster.get_json("-n", namespace, "sandboxwarmpools", POOL_NAME)
 
+    def read_list(api_version, plural, fields=None):
+        if getattr(channel, "list_objects", None) is not None:
+            try:
+                return channel.list_objects(api_version, plural, fields=fields)
+            except (OSError, http.client.HTTPException, DemoError):
+                pass
+        return cluster.read_items("-n", namespace, "get", plural, *(("--field-selector", fields) if fields else ()))
+
     try:
         pool, checked = read_pool(), time.monotonic()
         last_ready = None
@@ -6574,7 +6601,7 @@ def wait_for_pool(cluster, namespace, size, wait_seconds, controller_unread=None
                 progressed, last_ready = status.get("readyReplicas", 0) != last_ready, status.get("readyReplicas", 0)
                 if progressed and elapsed <= wait_seconds:
                     continue  # filling: the Sandboxes are read only when it stalls
-                sandboxes = cluster.read_items("-n", namespace, "get", "sandboxes")
+                sandboxes = read_list(SANDBOX_API, "sandboxes")
                 messages = [c.get("message", "") for s in sandboxes for c in (s.get("status") or {}).get(
                     "conditions") or [] if c.get("type") == "Ready" and c.get("status") == "False"]
                 refused = [m for m in messages if any(marker in m for marker in PERMANENT_REFUSALS)]
@@ -6582,9 +6609,8 @@ def wait_for_pool(cluster, namespace, size, wait_seconds, controller_unread=None
                     raise DemoError("the warm pool cannot fill: %s" % refused[0])
                 # The controller's own signal (SandboxWarmPool controller, setNotProgressing): its
                 # sandboxes are unschedulable past the readiness grace period.
-                stuck = cluster.read_items("-n", namespace, "get", "events", "--field-selector",
-                                           "involvedObject.kind=SandboxWarmPool,involvedObject.name=%s,reason=%s"
-                                           % (POOL_NAME, "WarmPoolNotProgressing"))
+                stuck = read_list("v1", "events", "involvedObject.kind=SandboxWarmPool,involvedObject.name=%s,reason=%s"
+                                  % (POOL_NAME, "WarmPoolNotProgressing"))
                 if stuck:
                     raise DemoError("the warm pool cannot fill: the agent-sandbox controller says: %s"
                                     % stuck[-1].get("message"))
@@ -7570,10 +7596,10 @@ def delete_warm_pool_objects(cluster, namespace, run_id, receipt, output, listin
 
 def warm_pool_proxy_paths(namespace):
     """What a warm-pool run sends through its exec channel's proxy besides the execs: its pods'
-    list, and agent-sandbox's objects in its namespace (the pool read, claims created, listed
+    and events' lists, and agent-sandbox's objects in its namespace (the pool read, claims created, listed
     and deleted, Sandboxes read and listed)."""
     quoted = re.escape(namespace)
-    return ["^/api/v1/namespaces/%s/pods$" % quoted,
+    return ["^/api/v1/namespaces/%s/(pods|events)$" % quoted,
             "^/apis/%s/namespaces/%s/[a-z]+(/[^/]+)?$" % (re.escape(EXTENSIONS_API), quoted),
             "^/apis/%s/namespaces/%s/sandboxes(/[^/]+)?$" % (re.escape(SANDBOX_API), quoted)]
 
@@ -8431,6 +8457,7 @@ class NamespaceListing:
         # (apiVersion, kind) -> the kind's collection path in the namespace, where the listing
         # came through the proxy (sweep_namespace deletes by it); empty from kubectl's listing
         self.paths = paths or {}
+        self.swept = set()  # uids of the objects cleanup has deleted by name (delete_listed_at_once)
 
     def of_kind(self, kind):
         """The objects of `kind` (e.g. "SandboxClaim"), or None when some kind could not be listed
@@ -8687,7 +8714,8 @@ def cleanup_namespace(receipt, source, output, console, delete_foreign=False):
     for kind, name, resource in foreign:
         console.note("Deleting %s %s, which this run did not create (--delete-foreign)..." % (kind, name))
         cluster.delete("-n", namespace, "delete", resource, name)
-    backend.delete_objects(cluster, namespace, run_id, receipt, output, listing.without(foreign))
+    owned = listing.without(foreign)
+    backend.delete_objects(cluster, namespace, run_id, receipt, output, owned)
     try:
         cluster.delete("delete", "namespace", namespace, "--wait=false")
     except KubectlError as error:
@@ -8697,26 +8725,36 @@ def cleanup_namespace(receipt, source, output, console, delete_foreign=False):
         if not error.conflict or "ensuring all content is removed" not in error.stderr:
             raise
     console.note("Deleting namespace %s..." % namespace)
-    sweep_namespace(cluster, namespace, listing.without(foreign))
+    sweep_namespace(cluster, namespace, owned)
     return wait_for_namespace(cluster, namespace, cleanup_wait_seconds(len(listing.items)))
 
 
 def sweep_namespace(cluster, namespace, listing):
     """Once the run's namespace is Terminating (nothing new can be made in it: NamespaceLifecycle
     admission), the objects cleanup listed there and proved, when there are SWEEP_OBJECTS or
-    more, deleted at once through one `kubectl proxy`, each by name on its uid: what the
-    namespace's deletion deletes anyway, sooner. The namespace controller deletes a namespace's
-    content kind by kind, each collection one object at a time (kube-apiserver's
-    --delete-collection-workers is 1), and the garbage collector deletes the Sandboxes of deleted
-    claims at the controller manager's client rate (20 a second): 1,000 claims' namespace (2,000
-    Sandboxes and pods with the pool's refill) took 106 s. Whatever this does not delete, the
-    namespace controller still does."""
+    more, deleted at once (delete_listed_at_once): what the namespace's deletion deletes anyway,
+    sooner. The namespace controller deletes a namespace's content kind by kind, each collection
+    one object at a time (kube-apiserver's --delete-collection-workers is 1), and the garbage
+    collector deletes the Sandboxes of deleted claims at the controller manager's client rate (20
+    a second): 1,000 claims' namespace (2,000 Sandboxes and pods with the pool's refill) took
+    106 s. Whatever this does not delete, the namespace controller still does."""
+    items = [item for item in listing.items if not item["metadata"].get("deletionTimestamp")
+             and item["metadata"].get("uid") not in listing.swept]
+    if len(items) >= SWEEP_OBJECTS:
+        delete_listed_at_once(cluster, namespace, listing, items, "Deleting its %d objects at once...")
+
+
+def delete_listed_at_once(cluster, namespace, listing, items, saying):
+    """The listed `items` (of kinds whose path the listing knows), each deleted by name on its
+    uid, API_PROXY_IN_FLIGHT at once through one `kubectl proxy`; `saying` (with their count) is
+    noted first. Best effort: what is not deleted here is left to the namespace's deletion."""
     targets = [("%s/%s" % (listing.paths[(item.get("apiVersion"), item.get("kind"))],
                            urllib.parse.quote(item["metadata"]["name"])), item["metadata"]["uid"])
-               for item in listing.items if (item.get("apiVersion"), item.get("kind")) in listing.paths
-               and item["metadata"].get("uid") and not item["metadata"].get("deletionTimestamp")]
-    if len(targets) < SWEEP_OBJECTS:
+               for item in items if (item.get("apiVersion"), item.get("kind")) in listing.paths
+               and item["metadata"].get("uid")]
+    if not targets:
         return
+    listing.swept.update(uid for _, uid in targets)
     ns = re.escape(namespace)
     proxy = ApiProxy(cluster, ["^/api/v1/namespaces/%s/[^/]+/[^/]+$" % ns,
                                "^/apis/[^/]+/[^/]+/namespaces/%s/[^/]+/[^/]+$" % ns])
@@ -8732,12 +8770,12 @@ def sweep_namespace(cluster, namespace, listing):
 
     try:
         proxy.open()
-        cluster.console.note("Deleting its %d objects at once..." % len(targets))
+        cluster.console.note(saying % len(targets))
         with concurrent.futures.ThreadPoolExecutor(max_workers=API_PROXY_IN_FLIGHT) as pool:
             list(pool.map(send, targets))
     except ProxyUnavailable as unavailable:
-        cluster.console.note("could not delete the namespace's objects at once (%s); the namespace's deletion "
-                             "removes them" % last_line(str(unavailable)))
+        cluster.console.note("could not delete them at once (%s); the namespace's deletion removes them"
+                             % last_line(str(unavailable)))
     finally:
         proxy.close()
 
@@ -8771,6 +8809,13 @@ def delete_recorded_jobs(cluster, namespace, receipt, output, listing):
         name = live_job["metadata"]["name"]
         cluster.delete("-n", namespace, "delete", "job", name, "--cascade=foreground", "--wait=false")
         cluster.console.note("Deleting Job %s and its pods..." % name)
+    # The foreground deletion waits for the garbage collector to delete each pod, at the controller
+    # manager's 20 requests a second: from SWEEP_OBJECTS pods on, cleanup deletes them itself.
+    deleted = {job["metadata"].get("uid") for job in live_jobs}
+    pods = [item for item in listing.items if item.get("kind") == "Pod" and any(
+        owner.get("uid") in deleted for owner in item["metadata"].get("ownerReferences") or [])]
+    if len(pods) >= SWEEP_OBJECTS:
+        delete_listed_at_once(cluster, namespace, listing, pods, "Deleting the Jobs' %d pods at once...")
     if live_jobs:
         cluster.wait_until_gone("Jobs or their pods in %s" % namespace, ("-n", namespace, "jobs"),
                                 cleanup_wait_seconds(len(listing.items)))

@@ -23,6 +23,25 @@ def test_cleanup_deletes_the_namespace_and_keeps_the_output(cluster, run_tool, t
     assert deletes[1][-3:] == ["namespace", namespace, "--wait=false"]
 
 
+def test_cleanup_of_a_big_job_deletes_its_pods_itself_after_the_jobs_delete(cluster, run_tool, tmp_path):
+    # the Job's foreground deletion waits for the garbage collector, 20 pods a second on a real
+    # controller manager: cleanup deletes 100 pods or more itself, each on its uid
+    assert run_tool("run", "--count", "100", "--allow-large", "--output", "out", cluster=cluster).code == 0
+    namespace = read(tmp_path / "out" / "receipt.json")["namespace"]
+    pods = {pod["metadata"]["name"] for pod in read(tmp_path / "out" / "pods.json")}
+    result = run_tool("cleanup", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    assert "Deleting the Jobs' 100 pods at once..." in result.stderr
+    requests = cluster.requests()
+    [job_deleted] = [r["at"] for r in requests if r["method"] == "DELETE" and "/jobs/rollout" in r["target"]]
+    swept = [r for r in requests if r["method"] == "DELETE" and not r["command"]
+             and "/namespaces/%s/pods/" % namespace in r["target"]]
+    assert {r["target"].rsplit("/", 1)[1] for r in swept} == pods
+    assert min(r["at"] for r in swept) > job_deleted
+    assert len(swept) == 100  # each once: the namespace's sweep leaves the swept pods alone
+    assert cluster.kubectl("get", "namespace", namespace, "--ignore-not-found", "-o", "name").stdout == ""
+
+
 def test_cleanup_of_an_absent_namespace_says_so(cluster, run_tool):
     assert run_tool("run", "--count", "1", "--output", "out", cluster=cluster).code == 0
     assert run_tool("cleanup", "--output", "out", cluster=cluster).code == 0

@@ -497,6 +497,26 @@ def test_a_warm_pool_run_watches_through_its_proxy_and_watches_again_when_a_watc
     assert watched.count("sandboxclaims") >= 2  # ended by the server, then listed and watched again
 
 
+@pytest.mark.parametrize("ending", ["close", "expired"])
+def test_a_watch_the_server_ends_resumes_where_it_was_and_lists_again_only_when_expired(make_cluster, run_tool,
+                                                                                         tmp_path, ending):
+    # each kubectl watch restart listed everything again (2,000 pods at 1,000 claims); a reflector
+    # watches again from the last resourceVersion it saw, and lists only after 410 Expired
+    cluster = make_cluster(dict(AGENT_SANDBOX, watchEnds={"afterSeconds": 0.5, "with": ending}))
+    done = warm_run(run_tool, cluster, "warm", "--count", "3", "--episode", EPISODE, "--tasks",
+                    write_tasks(tmp_path / "tasks.jsonl", [{"sleep": 2}] * 3))
+    assert done.code == 0, done
+    namespace = read(tmp_path / "warm" / "receipt.json")["namespace"]
+    path = "/apis/agents.x-k8s.io/v1beta1/namespaces/%s/sandboxes" % namespace
+    proxied = [r["target"] for r in cluster.requests() if not r["command"] and r["target"].split("?")[0] == path]
+    watches = [target for target in proxied if "watch=1" in target]
+    lists = [target for target in proxied if "watch=1" not in target]
+    assert len(watches) >= 3 and all("resourceVersion=" in target and "resourceVersion=&" not in target
+                                     for target in watches)
+    # one list for the watch, one for sandboxes.json at the end; an expired watch lists again
+    assert (len(lists) == 2) is (ending == "close"), lists
+
+
 def test_the_exec_channel_carries_a_batch_over_one_proxy(sandbox_cluster, run_tool, tmp_path):
     write_tasks(tmp_path / "tasks.jsonl", [
         {"mode": "ok", "reward": 1, "chatter": 4000, "trailing": "the last words, without a newline"},
