@@ -306,9 +306,10 @@ if after != 0:
 # code kept in JOURNAL and, while the stream takes it, streamed as it comes; `follow JOURNAL` reads
 # them again, from the start, after a stream was cut (an API outage). Run with `python -S` (no site
 # import: the journal costs one interpreter start, about 16 ms, before the episode's own). Either
-# ends with the episode's own exit code, or with EXEC_JOURNAL_EXIT and one last stderr line MARK WORD: never-started (no such folder: the episode
-# may be sent), started-before (`start` found the folder: follow it), lost (its process ended
-# without an exit code: the sandbox restarted). Python 3.9+, standard library only.
+# ends with the episode's own exit code, or with EXEC_JOURNAL_EXIT and one last stderr line MARK
+# WORD: never-started (no such folder: the episode may be sent), started-before (`start` found the
+# folder: follow it), lost (its process ended without an exit code: the sandbox restarted).
+# Python 3.9+, standard library only.
 EXEC_JOURNAL_EXIT = 125
 EXEC_JOURNAL_TURNS = 8  # never-started / started-before answers one episode may take before its last stands
 EXEC_JOURNAL_FILE = "exec-journal.py"  # in the ConfigMap, so at /demo/exec-journal.py
@@ -1780,6 +1781,35 @@ def open_exec_channel(cluster, namespace, console, also_serves=()):
         channel.close()
         console.warn("%s; falling back to one `kubectl exec` process per episode" % refused)
         return KubectlExecChannel(cluster, namespace, str(refused))
+
+
+def serves(channel):
+    """The channel has a proxy that serves reads (a ProxyExecChannel not yet closed)."""
+    return getattr(channel, "get_object", None) is not None and not channel.proxy.closed
+
+
+def read_through(channel, cluster, namespace, api_version, plural, name):
+    """One object of the namespace now (None when it does not exist): through the channel's proxy
+    when it serves (no kubectl process), else with kubectl, whose retries say what is wrong."""
+    if serves(channel):
+        try:
+            return channel.get_object(api_version, plural, name)
+        except (OSError, http.client.HTTPException, DemoError):
+            pass
+    return cluster.get_json("-n", namespace, plural, name)
+
+
+def list_through(channel, cluster, namespace, api_version, plural, selector=None, fields=None):
+    """The namespace's `plural` now (those of label `selector`, field `fields`): through the
+    channel's proxy when it serves, else `kubectl get` (a warm pool of 200 once started 19 of its
+    36 kubectl processes for such reads)."""
+    if serves(channel):
+        try:
+            return channel.list_objects(api_version, plural, selector, fields)
+        except (OSError, http.client.HTTPException, DemoError) as error:
+            cluster.console.note("listing the %s through the proxy failed (%s); asking kubectl" % (plural, error))
+    return cluster.read_items("-n", namespace, "get", plural, *(("-l", selector) if selector else ()),
+                              *(("--field-selector", fields) if fields else ()))
 
 
 # ============================================================================
@@ -4702,14 +4732,6 @@ class JobProgress:
         self.feed = None  # with --stream: the JobEpisodeFeed told of every update
         self.log_archive = None  # the LogArchive offered every finished pod
 
-    def absorb_watched(self, sandbox_watch):
-        """Take in what the Sandbox and pod watches delivered so far, the last state of each kept
-        (as fire() does): while a pool of 1,000 fills, its sandboxes' and pods' every state would
-        otherwise wait in the watches' queues (the tool's peak was 454 MB at 1,000 claims)."""
-        for sandbox in sandbox_watch.drain():
-            self.sandboxes[sandbox["metadata"]["name"]] = sandbox
-        self.absorb_pods()
-
     def absorb_pods(self):
         self.watches.absorb()
 
@@ -6576,20 +6598,7 @@ def wait_for_pool(cluster, namespace, size, wait_seconds, controller_unread=None
     started = time.monotonic()
 
     def read_pool():
-        if getattr(channel, "get_object", None) is not None:
-            try:
-                return channel.get_object(EXTENSIONS_API, "sandboxwarmpools", POOL_NAME)
-            except (OSError, http.client.HTTPException, DemoError):
-                pass  # kubectl, with its retries, says what is wrong
-        return cluster.get_json("-n", namespace, "sandboxwarmpools", POOL_NAME)
-
-    def read_list(api_version, plural, fields=None):
-        if getattr(channel, "list_objects", None) is not None:
-            try:
-                return channel.list_objects(api_version, plural, fields=fields)
-            except (OSError, http.client.HTTPException, DemoError):
-                pass
-        return cluster.read_items("-n", namespace, "get", plural, *(("--field-selector", fields) if fields else ()))
+        return read_through(channel, cluster, namespace, EXTENSIONS_API, "sandboxwarmpools", POOL_NAME)
 
     try:
         pool, checked = read_pool(), time.monotonic()
@@ -6621,7 +6630,7 @@ def wait_for_pool(cluster, namespace, size, wait_seconds, controller_unread=None
                 progressed, last_ready = status.get("readyReplicas", 0) != last_ready, status.get("readyReplicas", 0)
                 if progressed and elapsed <= wait_seconds:
                     continue  # filling: the Sandboxes are read only when it stalls
-                sandboxes = read_list(SANDBOX_API, "sandboxes")
+                sandboxes = list_through(channel, cluster, namespace, SANDBOX_API, "sandboxes")
                 messages = [c.get("message", "") for s in sandboxes for c in (s.get("status") or {}).get(
                     "conditions") or [] if c.get("type") == "Ready" and c.get("status") == "False"]
                 refused = [m for m in messages if any(marker in m for marker in PERMANENT_REFUSALS)]
@@ -6629,8 +6638,8 @@ def wait_for_pool(cluster, namespace, size, wait_seconds, controller_unread=None
                     raise DemoError("the warm pool cannot fill: %s" % refused[0])
                 # The controller's own signal (SandboxWarmPool controller, setNotProgressing): its
                 # sandboxes are unschedulable past the readiness grace period.
-                stuck = read_list("v1", "events", "involvedObject.kind=SandboxWarmPool,involvedObject.name=%s,reason=%s"
-                                  % (POOL_NAME, "WarmPoolNotProgressing"))
+                stuck = list_through(channel, cluster, namespace, "v1", "events", fields=(
+                    "involvedObject.kind=SandboxWarmPool,involvedObject.name=%s,reason=WarmPoolNotProgressing" % POOL_NAME))
                 if stuck:
                     raise DemoError("the warm pool cannot fill: the agent-sandbox controller says: %s"
                                     % stuck[-1].get("message"))
@@ -6902,15 +6911,8 @@ class WarmPoolRun:
         return self.list_namespaced(EXTENSIONS_API, CLAIM_PLURAL, self.selector)
 
     def list_namespaced(self, api_version, plural, selector=None):
-        """The namespace's `plural` (those of `selector`) now: through the channel's proxy when it
-        has one (no kubectl process: a step of a kept pool started 4 for its reads), else `kubectl get`."""
-        channel = self.channel
-        if getattr(channel, "list_objects", None) is not None and not channel.proxy.closed:
-            try:
-                return channel.list_objects(api_version, plural, selector)
-            except (OSError, http.client.HTTPException, DemoError) as error:
-                self.console.note("listing the %s through the proxy failed (%s); asking kubectl" % (plural, error))
-        return self.cluster.read_items("-n", self.namespace, "get", plural, *(("-l", selector) if selector else ()))
+        """The namespace's `plural` (those of `selector`) now, through the channel (list_through)."""
+        return list_through(self.channel, self.cluster, self.namespace, api_version, plural, selector)
 
     def absorb_watched(self, sandbox_watch):
         """Take in what the Sandbox and pod watches delivered so far, the last state of each kept
@@ -7091,13 +7093,7 @@ class WarmPoolRun:
         """A Sandbox as the API has it now (None when it does not exist): through the channel's
         proxy when it has one (a late Sandbox watch at 200 claims meant a kubectl process per
         episode, 19 of a run's 36), else with kubectl."""
-        get_object = getattr(self.channel, "get_object", None)
-        if get_object is not None:
-            try:
-                return get_object(SANDBOX_API, "sandboxes", name)
-            except (OSError, http.client.HTTPException, DemoError):
-                pass  # kubectl, with its retries, says what is wrong
-        return self.cluster.get_json("-n", self.namespace, "sandboxes", name)
+        return read_through(self.channel, self.cluster, self.namespace, SANDBOX_API, "sandboxes", name)
 
     def fall_back(self, refused_channel, refused):
         """The exec stream was refused for every pod alike: one line, then `kubectl exec` per episode."""
