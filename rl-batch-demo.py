@@ -300,28 +300,34 @@ if after != 0:
 '''
 
 # The exec journal, shipped beside the episode program (`exec-journal.py`) and exec'd into each
-# warm sandbox in front of the episode: `start JOURNAL COMMAND...` makes the folder JOURNAL (an
-# atomic mkdir: the episode starts at most once, whatever is sent twice), runs COMMAND in a
-# process that outlives the exec (so a cut stream stops nothing) with its stdout, stderr and exit
-# code kept in JOURNAL and, while the stream takes it, streamed as it comes; `follow JOURNAL` reads
-# them again, from the start, after a stream was cut (an API outage). Run with `python -S` (no site
-# import: the journal costs one interpreter start, about 16 ms, before the episode's own). Either
-# ends with the episode's own exit code, or with EXEC_JOURNAL_EXIT and one last stderr line MARK
-# WORD: never-started (no such folder: the episode may be sent), started-before (`start` found the
-# folder: follow it), lost (its process ended without an exit code: the sandbox restarted).
-# Python 3.9+, standard library only.
+# warm sandbox in front of the episode: `start JOURNAL COMMAND...` makes the folder JOURNAL (made
+# whole beside it, its lock taken, then renamed into place: the episode starts at most once,
+# whatever is sent twice), runs COMMAND in a process that outlives the exec with its stdout, stderr
+# and exit code kept in JOURNAL and, while the stream takes it, streamed as it comes; `follow
+# JOURNAL` reads them again, from the start, after a stream was cut (an API outage). The runtime
+# kills the exec'd process itself when its stream ends (kwok and containerd do), so `start` may be
+# killed at any line: the start and the keeper hold JOURNAL's lock (flock) while they live, and the
+# keeper writes `began` before it forks the episode, so `follow` tells a start killed before its
+# episode began (the journal put aside: never-started) from an episode lost with its sandbox. Run
+# with `python -S` (no site import: the journal costs one interpreter start, about 16 ms, before
+# the episode's own). Either ends with the episode's own exit code, or with EXEC_JOURNAL_EXIT and
+# one last stderr line MARK WORD: never-started (no journal, or one whose episode never began: the
+# episode may be sent), started-before (`start` found the folder: follow it), lost (the episode
+# began and ended without an exit code: the sandbox restarted). Python 3.9+, standard library only.
 EXEC_JOURNAL_EXIT = 125
 EXEC_JOURNAL_TURNS = 8  # never-started / started-before answers one episode may take before its last stands
 EXEC_JOURNAL_FILE = "exec-journal.py"  # in the ConfigMap, so at /demo/exec-journal.py
 EXEC_JOURNALS = "/workspace/.rl-batch-demo-exec"  # JOURNAL is this folder / the claim's name
 EXEC_JOURNAL_MARK = "rl-batch-demo exec journal: "
-EXEC_JOURNAL_PROGRAM = r'''import os
+EXEC_JOURNAL_PROGRAM = r'''import fcntl
+import os
 import select
 import sys
 import time
 
 MARK, EXIT = %r, %d
 mode, journal, command = sys.argv[1], sys.argv[2], sys.argv[3:]
+folder, name = os.path.split(journal)
 
 
 def say(word):
@@ -330,16 +336,26 @@ def say(word):
     sys.exit(EXIT)
 
 
-def write_atomically(name, text):
-    with open(os.path.join(journal, name + ".new"), "w") as new:
+def path(file, where=journal):
+    return os.path.join(where, file)
+
+
+def aside(kind):
+    """A name beside the journals for a journal being made or put aside (never a claim's name)."""
+    return path(".%%s-%%s-%%s" %% (kind, name, os.urandom(6).hex()), folder)
+
+
+def write_atomically(file, text):
+    with open(path(file + ".new"), "w") as new:
         new.write(text)
-    os.rename(os.path.join(journal, name + ".new"), os.path.join(journal, name))
+    os.rename(path(file + ".new"), path(file))
 
 
 def keep(files, status_out):
-    """The keeper (a grandchild: nothing waits on the exec'd process): runs the episode, copies its
-    output to the journal's `files` and, while the exec's stream takes it, to the stream; then its
-    exit code."""
+    """The keeper (a grandchild: nothing waits on the exec'd process): writes `began`, runs the
+    episode, copies its output to the journal's `files` and, while the exec's stream takes it, to
+    the stream; then its exit code."""
+    write_atomically("began", str(os.getpid()))  # before the episode's fork: a journal without it ran none
     pipes = [os.pipe(), os.pipe()]
     episode = os.fork()
     if episode == 0:
@@ -379,21 +395,29 @@ def keep(files, status_out):
         pass
 
 
-if mode == "start":
-    os.makedirs(os.path.dirname(journal), exist_ok=True)
-    try:
-        os.mkdir(journal)
-    except FileExistsError:
+def start():
+    os.makedirs(folder, exist_ok=True)
+    if os.path.isdir(journal):
         say("started-before")
-    # made before the keeper's pid is written, so a `follow` that finds the pid finds them too
-    files = [os.open(os.path.join(journal, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-             for name in ("stdout", "stderr")]
+    # Made whole with its lock held before it is renamed into place: a journal is never seen whose
+    # lock no process of its own holds unless they have all ended (the lock is not inherited by the
+    # episode: Python's descriptors close on exec).
+    making = aside("making")
+    os.mkdir(making)
+    lock = os.open(path("lock", making), os.O_WRONLY | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    files = [os.open(path(file, making), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600) for file in ("stdout", "stderr")]
+    try:
+        os.rename(making, journal)  # atomic, and refused when another start's journal is there
+    except OSError:
+        for file in ("lock", "stdout", "stderr"):
+            os.unlink(path(file, making))
+        os.rmdir(making)
+        say("started-before")
     status_in, status_out = os.pipe()
     child = os.fork()
     if child == 0:
-        keeper = os.fork()
-        if keeper:
-            write_atomically("pid", str(keeper))
+        if os.fork():
             os._exit(0)
         os.close(status_in)
         try:
@@ -406,39 +430,58 @@ if mode == "start":
         told = status.read().strip()  # the episode's exit code, or nothing: the keeper died
     if told:
         sys.exit(int(told))
-    if not os.path.exists(os.path.join(journal, "code")):
+    if not os.path.exists(path("code")):
         say("lost")
-    with open(os.path.join(journal, "code")) as code_file:
+    with open(path("code")) as code_file:
         sys.exit(int(code_file.read()))
-if not os.path.isdir(journal):
-    say("never-started")
-for _ in range(100):  # a `start` cut between its mkdir and its keeper's pid: 5 s at most
-    if os.path.exists(os.path.join(journal, "pid")):
-        break
-    time.sleep(0.05)
-else:
-    say("lost")
-with open(os.path.join(journal, "pid")) as pid_file:
-    keeper = int(pid_file.read())
-sources = [open(os.path.join(journal, "stdout"), "rb"), open(os.path.join(journal, "stderr"), "rb")]
-sinks = [sys.stdout.buffer, sys.stderr.buffer]
-while True:
-    done = os.path.exists(os.path.join(journal, "code"))  # read before the last output is copied
-    for source, sink in zip(sources, sinks):
-        for chunk in iter(lambda: source.read(65536), b""):
-            sink.write(chunk)
-        sink.flush()
-    if done:
-        with open(os.path.join(journal, "code")) as code_file:
-            sys.exit(int(code_file.read()))
+
+
+def ended(lock):
+    """Whether every process of the journal (its start, the keeper) has ended: then its lock is free.
+    Taken, it stays this follow's until it exits."""
     try:
-        os.kill(keeper, 0)
-    except ProcessLookupError:
-        if not os.path.exists(os.path.join(journal, "code")):
-            say("lost")
-    except PermissionError:
-        pass
-    time.sleep(0.02)
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+def follow():
+    try:
+        lock = os.open(path("lock"), os.O_RDONLY)
+    except FileNotFoundError:
+        say("lost" if os.path.isdir(journal) else "never-started")  # a journal without a lock: an older one's
+    sources = [open(path("stdout"), "rb"), open(path("stderr"), "rb")]
+    sinks = [sys.stdout.buffer, sys.stderr.buffer]
+    while True:
+        done = os.path.exists(path("code"))  # read before the last output is copied
+        for source, sink in zip(sources, sinks):
+            for chunk in iter(lambda: source.read(65536), b""):
+                sink.write(chunk)
+            sink.flush()
+        if done:
+            with open(path("code")) as code_file:
+                sys.exit(int(code_file.read()))
+        if ended(lock):
+            try:
+                same = os.path.samestat(os.fstat(lock), os.stat(path("lock")))
+            except FileNotFoundError:
+                same = False
+            if not same:  # another follow put this journal aside, and a start may have made a new one
+                for source in sources:
+                    source.close()
+                os.close(lock)
+                return follow()
+            if os.path.exists(path("code")):
+                continue  # the keeper ended meanwhile: its last output, then its code
+            if os.path.exists(path("began")):
+                say("lost")
+            os.rename(journal, aside("never-began"))  # its start was killed first: it may be started again
+            say("never-started")
+        time.sleep(0.02)
+
+
+start() if mode == "start" else follow()
 ''' % (EXEC_JOURNAL_MARK, EXEC_JOURNAL_EXIT)
 
 # ============================================================================

@@ -12,6 +12,7 @@ delete cluster` (each process by the pid kwokctl recorded)."""
 import json
 import os
 from pathlib import Path
+import signal
 import subprocess
 import sys
 import time
@@ -287,12 +288,29 @@ class ControlPlane:
                 self.runtime.wait(10)
             except subprocess.TimeoutExpired:
                 self.runtime.kill()
+        exec_group = self.exec_process_group()
         self.kwokctl("delete", "cluster", timeout=120)
+        if exec_group is not None:
+            # What was exec'd into the pods and outlived its exec (an exec journal's keeper, and its
+            # episode waiting for a test that failed) is in kwok-controller's process group
+            try:
+                os.killpg(exec_group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         for process in self.launched:
             try:
                 process.wait(10)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+    def exec_process_group(self):
+        """kwok-controller's process group, when it leads one of its own (kwokctl starts it so):
+        every process exec'd into a pod starts in it."""
+        try:
+            pid = self.component_pid("kwok-controller")
+            return pid if os.getpgid(pid) == pid else None
+        except (OSError, ValueError):
+            return None
 
     # --- components, for the fault tests
 

@@ -427,10 +427,11 @@ class ApiServer:
         except FileNotFoundError:  # the pod was deleted meanwhile (its folder goes with it)
             raise ApiError(404, "NotFound", 'pods "%s" not found' % name)
 
-    def api_exec(self, namespace, name, container, command, stdin):
+    def api_exec(self, namespace, name, container, command, stdin, started=None):
         """`kubectl exec`: the kubelet runs the command in the running container (its mount
         namespace and root, the container's environment), streams stdout and stderr, and
-        reports the exit code. Errors as the kubelet words them (see ASSUMPTIONS.md)."""
+        reports the exit code. Errors as the kubelet words them (see ASSUMPTIONS.md).
+        `started(process)` is told the exec'd process, for the API to kill when its stream ends."""
         with self.lock:
             pod = self.get("pods", namespace, name)
             if pod is None:
@@ -465,6 +466,8 @@ class ApiServer:
                                            start_new_session=True)
             if process is not None:
                 record.setdefault("execs", []).append(process)
+                if started is not None:
+                    started(process)
             self.first_created.setdefault("exec", time.time())  # apiOutage can count from the first exec
         if process is None:
             return self.synthetic_exec(command, seconds)

@@ -274,6 +274,7 @@ class HttpApi:
         self.cluster = cluster
         self.lock = threading.Lock()
         self.connections = set()  # open client sockets, cut by an outage
+        self.exec_processes = {}  # client socket: the processes exec'd for it, killed when it is cut
         self.listener = None
         self.port = None
         self.stopped = threading.Event()
@@ -331,13 +332,26 @@ class HttpApi:
         self.cut_connections()
 
     def cut_connections(self):
-        """Every open connection ends now (an outage, a stop): streams are cut, not finished."""
+        """Every open connection ends now (an outage, a stop): streams are cut, not finished, and
+        each exec'd process whose stream is cut is killed, as the kubelet's runtime kills it when
+        its stream ends (SIGKILL to that process alone: ASSUMPTIONS.md "Exec")."""
         with self.lock:
             for sock in list(self.connections):
                 try:
                     sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+                for process in self.exec_processes.pop(sock, ()):
+                    if process.poll() is None:
+                        process.kill()
+
+    def exec_started(self, sock, process):
+        """An exec'd process, killed if its client's connection is cut before it ends."""
+        with self.lock:
+            if sock in self.connections:
+                self.exec_processes.setdefault(sock, []).append(process)
+            elif process.poll() is None:
+                process.kill()  # cut already
 
     # -- HTTP/1.1 with h11
 
@@ -366,6 +380,7 @@ class HttpApi:
         finally:
             with self.lock:
                 self.connections.discard(sock)
+                self.exec_processes.pop(sock, None)
             try:
                 sock.close()
             except OSError:
@@ -882,7 +897,8 @@ class HttpApi:
                 failure = ApiError(500, "InternalError", "Internal error occurred: " + dial["error"])
                 failure.status["details"] = {"causes": [{"message": dial["error"]}]}
                 raise failure
-            answer = cluster.api_exec(namespace, name, chosen, command, stdin)
+            answer = cluster.api_exec(namespace, name, chosen, command, stdin,
+                                      started=lambda process: self.exec_started(sock, process))
             status = remote_command_status(answer["code"], command)
             streams = [(1, answer["stdout"].encode("utf-8", "surrogateescape")),
                        (2, answer["stderr"].encode("utf-8", "surrogateescape"))]

@@ -104,9 +104,11 @@ class Cluster(ApiServer, JobController, Scheduler, Kubelet, NamespaceLifecycle):
     def shutdown(self):
         with self.lock:
             for record in self.processes.values():
-                # the container's process and every exec'd one (each in a session of its own)
+                # the container's process and every exec'd one (each in a session of its own),
+                # each group whether or not its first process still runs: what an exec'd process
+                # left running (an exec journal's keeper, whose start a cut stream killed) is in it
                 for process in [record.get("process")] + list(record.get("execs") or []):
-                    if process is not None and process.poll() is None:
+                    if process is not None:
                         try:
                             os.killpg(process.pid, signal.SIGKILL)
                         except ProcessLookupError:
