@@ -11,17 +11,20 @@ import time
 
 import pytest
 
+from conftest import find_python
+
 MARK = "rl-batch-demo exec journal: "
 
 
 class Journal:
     """One claim's journal in tmp_path, its episode a shell command that counts its runs."""
 
-    def __init__(self, program, folder, name="claim-0"):
+    def __init__(self, program, folder, name="claim-0", python=sys.executable):
         self.program, self.path, self.runs = program, folder / "exec" / name, folder / ("runs-" + name)
+        self.python = python
 
     def argv(self, mode, *command):
-        return [sys.executable, "-S", "-B", str(self.program), mode, str(self.path), *command]
+        return [self.python, "-S", "-B", str(self.program), mode, str(self.path), *command]
 
     def episode(self, body="exit 0"):
         return ["sh", "-c", "echo ran >> '%s'; %s" % (self.runs, body)]
@@ -96,7 +99,7 @@ def stopped_before_its_episode(make_journal, attempts=200):
 def make_journal(tool, tmp_path):
     program = tmp_path / tool.EXEC_JOURNAL_FILE
     program.write_text(tool.EXEC_JOURNAL_PROGRAM)
-    return lambda name="claim-0": Journal(program, tmp_path, name)
+    return lambda name="claim-0", python=sys.executable: Journal(program, tmp_path, name, python)
 
 
 def test_a_start_streams_its_episode_and_a_follow_reads_the_same_output_and_code_again(make_journal):
@@ -105,6 +108,14 @@ def test_a_start_streams_its_episode_and_a_follow_reads_the_same_output_and_code
     followed = journal.follow()
     assert (started.returncode, started.stdout, started.stderr) == (3, "out\n", "err\n")
     assert (followed.returncode, followed.stdout, followed.stderr) == (3, "out\n", "err\n")
+    assert journal.run_count() == 1
+
+
+def test_the_exec_journal_runs_on_python_3_9(make_journal):
+    journal = make_journal(python=find_python("3.9"))
+    started, again, followed = journal.start("echo out; exit 4"), journal.start(), journal.follow()
+    assert (started.returncode, started.stdout, said(again), followed.returncode, followed.stdout) == (
+        4, "out\n", "started-before", 4, "out\n")
     assert journal.run_count() == 1
 
 
