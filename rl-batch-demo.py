@@ -309,7 +309,7 @@ if after != 0:
 # killed at any line: the start and the keeper hold JOURNAL's lock (flock) while they live, and the
 # keeper writes `began` before it forks the episode, so `follow` tells a start killed before its
 # episode began (the journal put aside: never-started) from an episode lost with its sandbox. Run
-# with `python -S` (no site import: the journal costs one interpreter start, about 16 ms, before
+# with `python -S` (no site import: the journal costs one interpreter start, about 17 ms, before
 # the episode's own). Either ends with the episode's own exit code, or with EXEC_JOURNAL_EXIT and
 # one last stderr line MARK WORD: never-started (no journal, or one whose episode never began: the
 # episode may be sent), started-before (`start` found the folder: follow it), lost (the episode
@@ -1046,9 +1046,11 @@ class Cluster:
             names = error.stdout.split()
         return {name for name in names if name.split(".", 1)[-1] in groups}
 
-    def get_json(self, *parts):
-        """The object as a dict, or None when it does not exist."""
-        raw = self.read("get", *parts, "--ignore-not-found", "-o", "json")
+    def get_json(self, *parts, managed_fields=False):
+        """The object as a dict, or None when it does not exist; with its metadata.managedFields
+        (who set which field) when `managed_fields`: kubectl leaves them out unless asked."""
+        raw = self.read("get", *parts, "--ignore-not-found", "-o", "json",
+                        *(["--show-managed-fields"] if managed_fields else []))
         return json.loads(raw) if raw.strip() else None
 
     def exists(self, *parts):
@@ -5659,7 +5661,8 @@ def queue_hold(queue, kind):
 
 
 def set_by(obj, field):
-    """`, set by MANAGER` from the object's managedFields, when one of them owns spec.FIELD."""
+    """`, set by MANAGER` from the object's managedFields (read with --show-managed-fields), when
+    one of them owns spec.FIELD."""
     for entry in obj.get("metadata", {}).get("managedFields") or []:
         if '"f:%s"' % field in json.dumps(entry.get("fieldsV1") or {}):
             return ", set by %s" % entry.get("manager")
@@ -5735,7 +5738,7 @@ class KueueGate(Gate):
         if not spec.cluster_queue:
             return facts
         try:
-            cluster_queue = cluster.get_json(CLUSTER_QUEUES, spec.cluster_queue)
+            cluster_queue = cluster.get_json(CLUSTER_QUEUES, spec.cluster_queue, managed_fields=True)
         except KubectlError as error:
             if not error.forbidden:
                 raise
@@ -5789,7 +5792,7 @@ class KueueGate(Gate):
         spec = self.spec
         deadline = time.monotonic() + (30 if spec.cluster_queue else LOCAL_QUEUE_WAIT_SECONDS)
         while True:
-            local_queue = cluster.get_json("-n", namespace, LOCAL_QUEUES, spec.queue)
+            local_queue = cluster.get_json("-n", namespace, LOCAL_QUEUES, spec.queue, managed_fields=True)
             active = next((c for c in ((local_queue or {}).get("status") or {}).get("conditions") or []
                            if c.get("type") == "Active"), {})
             if active.get("status") == "True" or (local_queue is not None and queue_hold(local_queue, "LocalQueue")
@@ -5813,7 +5816,7 @@ class KueueGate(Gate):
                               % (held, spec.queue_timeout))
         if not spec.cluster_queue:
             try:
-                live = cluster.get_json(CLUSTER_QUEUES, cluster_queue)
+                live = cluster.get_json(CLUSTER_QUEUES, cluster_queue, managed_fields=True)
             except KubectlError as error:
                 if not error.forbidden:
                     raise
@@ -8554,7 +8557,7 @@ def list_namespace(cluster, namespace):
         return NamespaceListing(items, complete=not unlisted, paths=paths)
     kinds = cluster.read("api-resources", "--verbs=list", "--namespaced=true", "-o", "name").split()
     try:
-        raw, unlisted = cluster.read("-n", namespace, "get", ",".join(kinds), "-o", "json"), []
+        raw, unlisted = cluster.read("-n", namespace, "get", ",".join(kinds), "-o", "json", "--show-managed-fields"), []
     except KubectlError as error:
         if not (error.stdout or "").strip():
             raise

@@ -295,7 +295,9 @@ def test_a_held_real_cluster_queue_is_waited_for_and_the_batch_runs_once_it_is_r
     reader.join(timeout=60)
     stderr = "".join(said)
     assert process.returncode == 0, stderr
-    assert "ClusterQueue team is held (stopPolicy Hold): the batch will wait until it is resumed" in stderr
+    # who held it, from the ClusterQueue's managedFields (kubectl shows them only when asked)
+    assert "ClusterQueue team is held (stopPolicy Hold, set by kubectl-create): the batch will wait until it is " \
+           "resumed" in stderr
     assert "rollout: held: %s: %s" % (held["reason"], held["message"]) in stderr
     results = read(tmp_path / "out" / "results.json")
     assert results["reward_sum"] == 4 and results["queue"]["admission_cycles"] == 1
