@@ -22,6 +22,7 @@ class Journal:
     def __init__(self, program, folder, name="claim-0", python=sys.executable):
         self.program, self.path, self.runs = program, folder / "exec" / name, folder / ("runs-" + name)
         self.python = python
+        self.started = []  # the starts run in the background
 
     def argv(self, mode, *command):
         return [self.python, "-S", "-B", str(self.program), mode, str(self.path), *command]
@@ -33,8 +34,18 @@ class Journal:
         return subprocess.run(self.argv("start", *self.episode(body)), capture_output=True, text=True, timeout=120)
 
     def start_in_background(self, body="exit 0"):
-        return subprocess.Popen(self.argv("start", *self.episode(body)), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        start = subprocess.Popen(self.argv("start", *self.episode(body)), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.started.append(start)
+        return start
+
+    def kill_what_is_left(self):
+        """Every process of every start still in the background (a stopped one, its keeper and
+        episode), whatever a failed test left."""
+        for start in self.started:
+            if start.poll() is None:  # not reaped, so its group is still this start's
+                os.killpg(start.pid, signal.SIGKILL)
+                start.wait(timeout=120)
 
     def follow(self):
         return subprocess.run(self.argv("follow"), capture_output=True, text=True, timeout=120)
@@ -99,7 +110,14 @@ def stopped_before_its_episode(make_journal, attempts=200):
 def make_journal(tool, tmp_path):
     program = tmp_path / tool.EXEC_JOURNAL_FILE
     program.write_text(tool.EXEC_JOURNAL_PROGRAM)
-    return lambda name="claim-0", python=sys.executable: Journal(program, tmp_path, name, python)
+    made = []
+
+    def make(name="claim-0", python=sys.executable):
+        made.append(Journal(program, tmp_path, name, python))
+        return made[-1]
+    yield make
+    for journal in made:
+        journal.kill_what_is_left()
 
 
 def test_a_start_streams_its_episode_and_a_follow_reads_the_same_output_and_code_again(make_journal):
