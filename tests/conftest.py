@@ -1,8 +1,10 @@
 import json
+import os
 from pathlib import Path
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -36,6 +38,48 @@ def load_tool():
 @pytest.fixture(scope="session")
 def tool():
     return load_tool()
+
+
+def processes_under(folder):
+    """{pid: command line} of every process whose working folder or command line is under
+    `folder`, read from /proc (a zombie, which has no working folder, is not one)."""
+    found, folder = {}, str(folder)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink("/proc/%s/cwd" % entry)
+            with open("/proc/%s/cmdline" % entry, "rb") as cmdline:
+                command = cmdline.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        except OSError:
+            continue
+        if cwd == folder or cwd.startswith(folder + os.sep) or folder in command:
+            found[int(entry)] = command
+    return found
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running(tmp_path):
+    """Every test ends with nothing it started still running: a process working in its
+    temporary folder, or naming it, fails the test once its fixtures have stopped what they
+    started (the tool's promise, kept by the tests too: an episode's keeper, a `kubectl proxy`
+    or a control-plane part left behind is found here, not by hand). Waits for processes on
+    their way out; the 60 s are a safety net, never a bound."""
+    yield
+    if not os.path.isdir("/proc"):
+        return
+    deadline = time.monotonic() + 60
+    left = processes_under(tmp_path)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = processes_under(tmp_path)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not left, "left running after the test (now killed): %s" % "; ".join(
+        "%d %s" % (pid, command[:200]) for pid, command in sorted(left.items()))
 
 
 @pytest.fixture
