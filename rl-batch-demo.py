@@ -1261,6 +1261,38 @@ def refusal_passes(status, message):
                               or any(marker in message for marker in PROXY_BACKEND_DOWN))
 
 
+class ProxyAnswer(Exception):
+    """A request through the proxy was answered, but not with 200."""
+
+    def __init__(self, status, body):
+        self.status, self.message = status, last_line(answer_message(body))
+        super().__init__("HTTP %d: %s" % (status, self.message))
+
+
+LIST_PAGE_SIZE = 500  # objects a page of a paged list through a proxy (list_pages), as kubectl's --chunk-size
+
+
+def list_pages(proxy, path, query=None, accept="application/json", retry=True):
+    """The collection at `path` (with `query`: selectors) through `proxy`, a decoded page at a
+    time, LIST_PAGE_SIZE objects each, as kubectl lists: one page's raw answer is held at once,
+    never the whole collection's (a watch's list of 2,000 Sandboxes and pods, cleanup's listing).
+    A page answered with anything but 200 raises ProxyAnswer: an expired continue token is 410,
+    and the caller lists again from the start."""
+    token = ""
+    while True:
+        page_query = dict(query or {}, limit=str(LIST_PAGE_SIZE), **({"continue": token} if token else {}))
+        status, body = proxy.request("GET", path + "?" + urllib.parse.urlencode(page_query), retry=retry,
+                                     headers={"Accept": accept})
+        if status != 200:
+            raise ProxyAnswer(status, body)
+        page = json.loads(body)
+        del body
+        yield page
+        token = (page.get("metadata") or {}).get("continue")
+        if not token:
+            return
+
+
 class UnixHTTPConnection(http.client.HTTPConnection):
     """HTTP/1.1 over a Unix socket (the proxy's); the Host is localhost, as its filter wants."""
 
@@ -1396,21 +1428,15 @@ class ProxyWatch:
             self.stopped.wait(0.2 if self.restarts < 5 else 1.0)
 
     def list(self):
-        token, version = "", None
-        while True:
-            query = dict(self.selectors, limit="500", **({"continue": token} if token else {}))
-            status, body = self.proxy.request("GET", self.path + "?" + urllib.parse.urlencode(query), retry=False)
-            if status != 200:
-                return  # a continue token expired (410) or a refusal: listed again from the start
-            page = json.loads(body)
-            del body
-            version = version or (page.get("metadata") or {}).get("resourceVersion")
-            for item in page.get("items") or []:
-                self.put(dict({"kind": self.kind, "apiVersion": page.get("apiVersion")}, **item))
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                self.resource_version = version
-                return
+        version = None
+        try:
+            for page in list_pages(self.proxy, self.path, self.selectors, retry=False):
+                version = version or (page.get("metadata") or {}).get("resourceVersion")
+                for item in page.get("items") or []:
+                    self.put(dict({"kind": self.kind, "apiVersion": page.get("apiVersion")}, **item))
+        except ProxyAnswer:
+            return  # a continue token expired (410) or a refusal: listed again from the start
+        self.resource_version = version
 
     def watch(self):
         query = dict(self.selectors, watch="1", resourceVersion=self.resource_version, allowWatchBookmarks="true",
@@ -8604,14 +8630,10 @@ def list_namespace_through_proxy(cluster, namespace):
 
             def list_kind(kind):
                 path, resource, kind_name, api_version = kind
-                items, token = [], ""
-                while True:
-                    query = urllib.parse.urlencode(dict({"limit": 500}, **({"continue": token} if token else {})))
-                    page = get_json("%s/namespaces/%s/%s?%s" % (path, namespace, resource, query), METADATA_ONLY)
-                    items += [dict(item, kind=kind_name, apiVersion=api_version) for item in page.get("items") or []]
-                    token = (page.get("metadata") or {}).get("continue")
-                    if not token:
-                        return items, None
+                return [dict(item, kind=kind_name, apiVersion=api_version)
+                        for page in list_pages(proxy, "%s/namespaces/%s/%s" % (path, namespace, resource),
+                                               accept=METADATA_ONLY)
+                        for item in page.get("items") or []], None
             items, unlisted, paths = [], [], {}
             for kind, outcome in zip(kinds, pool.map(lambda kind: catching(list_kind, kind), kinds)):
                 if isinstance(outcome, ProxyAnswer):
@@ -8625,14 +8647,6 @@ def list_namespace_through_proxy(cluster, namespace):
         return None
     finally:
         proxy.close()
-
-
-class ProxyAnswer(Exception):
-    """A request through the proxy was answered, but not with 200."""
-
-    def __init__(self, status, body):
-        self.status, self.message = status, last_line(answer_message(body))
-        super().__init__("HTTP %d: %s" % (status, self.message))
 
 
 def catching(function, argument):
