@@ -188,6 +188,9 @@ API_PROXY_IN_FLIGHT = 32  # requests at once through the run's `kubectl proxy`
 # with kubectl 1.32.4; tests/fakecluster/ASSUMPTIONS.md). Nothing was started.
 PROXY_BACKEND_DOWN = ("connect: connection refused", "error dialing backend")
 KUBECTL_PROCESS_TIMEOUT_SECONDS = 60  # one kubectl process, all its requests
+# The User-Agent of the tool's own requests through `kubectl proxy` (which passes it on), as the API
+# server's audit log and its metrics name the client; a watch's requests add " watch".
+USER_AGENT = "rl-batch-demo/" + __version__
 # A call that fails in passing (the API server away, a 429 storm, etcd's errors) is sent again with
 # this back-off, then every RETRY_DELAYS_SECONDS[-1] s, until it has failed for API_PATIENCE_SECONDS
 # (a control-plane upgrade or a single API server's restart takes tens of seconds); a 429's
@@ -1202,8 +1205,8 @@ class ApiProxy:
                     connection = UnixHTTPConnection(self.socket_path, timeout)
                     try:
                         connection.request(method, path, json.dumps(obj) if obj is not None else None,
-                                           dict({"Content-Type": "application/json", "Accept": "application/json"},
-                                                **(headers or {})))
+                                           dict({"Content-Type": "application/json", "Accept": "application/json",
+                                                 "User-Agent": USER_AGENT}, **(headers or {})))
                         answer = connection.getresponse()
                         status, body, wait = answer.status, answer.read(), answer.getheader("Retry-After")
                     finally:
@@ -1269,20 +1272,21 @@ class ProxyAnswer(Exception):
         super().__init__("HTTP %d: %s" % (status, self.message))
 
 
-LIST_PAGE_SIZE = 500  # objects a page of a paged list through a proxy (list_pages), as kubectl's --chunk-size
+LIST_PAGE_SIZE = 500  # objects a page of every list through a proxy (list_pages), as kubectl's --chunk-size
 
 
-def list_pages(proxy, path, query=None, accept="application/json", retry=True):
+def list_pages(proxy, path, query=None, accept="application/json", retry=True, user_agent=USER_AGENT):
     """The collection at `path` (with `query`: selectors) through `proxy`, a decoded page at a
     time, LIST_PAGE_SIZE objects each, as kubectl lists: one page's raw answer is held at once,
-    never the whole collection's (a watch's list of 2,000 Sandboxes and pods, cleanup's listing).
+    never the whole collection's (2,000 Sandboxes and 2,000 pods at 1,000 warm claims, in a
+    watch's list and in the lists saved at a run's end, each with its managedFields until kept).
     A page answered with anything but 200 raises ProxyAnswer: an expired continue token is 410,
     and the caller lists again from the start."""
     token = ""
     while True:
         page_query = dict(query or {}, limit=str(LIST_PAGE_SIZE), **({"continue": token} if token else {}))
         status, body = proxy.request("GET", path + "?" + urllib.parse.urlencode(page_query), retry=retry,
-                                     headers={"Accept": accept})
+                                     headers={"Accept": accept, "User-Agent": user_agent})
         if status != 200:
             raise ProxyAnswer(status, body)
         page = json.loads(body)
@@ -1430,7 +1434,8 @@ class ProxyWatch:
     def list(self):
         version = None
         try:
-            for page in list_pages(self.proxy, self.path, self.selectors, retry=False):
+            for page in list_pages(self.proxy, self.path, self.selectors, retry=False,
+                                   user_agent=USER_AGENT + " watch"):
                 version = version or (page.get("metadata") or {}).get("resourceVersion")
                 for item in page.get("items") or []:
                     self.put(dict({"kind": self.kind, "apiVersion": page.get("apiVersion")}, **item))
@@ -1447,7 +1452,7 @@ class ProxyWatch:
             if self.stopped.is_set():
                 return
             connection.request("GET", self.path + "?" + urllib.parse.urlencode(query),
-                               headers={"Accept": "application/json"})
+                               headers={"Accept": "application/json", "User-Agent": USER_AGENT + " watch"})
             answer = connection.getresponse()
             if answer.status != 200:
                 self.resource_version = None
@@ -1715,15 +1720,20 @@ class ProxyExecChannel:
         [--field-selector FIELDS]` would list them)."""
         path = self.collection_path(api_version, plural)
         query = dict({"labelSelector": selector} if selector else {}, **({"fieldSelector": fields} if fields else {}))
-        status, body = self.request("GET", path + ("?" + urllib.parse.urlencode(query) if query else ""))
-        if status != 200:
-            raise DemoError("listing the %s through `kubectl proxy` failed: HTTP %s: %s"
-                            % (plural, status, body.get("message")))
-        # The API's list leaves out each item's kind and apiVersion; `kubectl get -o json` puts
-        # them in, and what is saved from either reads the same.
-        kind = (body.get("kind") or "")[:-len("List")] if (body.get("kind") or "").endswith("List") else None
-        return [as_kubectl_shows(dict({"kind": kind, "apiVersion": body.get("apiVersion")}, **item) if kind else item)
-                for item in body.get("items") or []]
+        for tries_left in reversed(range(3)):
+            items = []
+            try:
+                for page in list_pages(self.proxy, path, query):
+                    # The API's list leaves out each item's kind and apiVersion; `kubectl get -o json`
+                    # puts them in, and what is saved from either reads the same.
+                    listed = page.get("kind") or ""
+                    kind = listed[:-len("List")] if listed.endswith("List") else None
+                    items += [as_kubectl_shows(dict({"kind": kind, "apiVersion": page.get("apiVersion")}, **item)
+                                               if kind else item) for item in page.get("items") or []]
+                return items
+            except ProxyAnswer as answer:
+                if answer.status != 410 or not tries_left:  # 410: the continue token expired mid-list
+                    raise DemoError("listing the %s through `kubectl proxy` failed: %s" % (plural, answer)) from None
 
     def request(self, method, path, obj=None):
         """One request through the proxy, a write sent once (a create is never blindly repeated), a

@@ -4,6 +4,7 @@ cluster as a user runs it, and its records and summaries in-process."""
 import json
 import os
 import time
+import urllib.parse
 
 import pytest
 
@@ -367,6 +368,52 @@ def test_an_exec_refused_by_an_etcd_error_before_it_starts_is_sent_again(make_cl
 
 # ---------------------------------------------------------------- in-process: records and summaries
 
+class PagedPods:
+    """A `kubectl proxy` stand-in answering a list of 5 pods 2 a page, as the API server words a
+    list (kind PodList, no kind on the items, managedFields on each); with `expire`, the first
+    continue token it is given has expired (410, as the API server says once etcd compacted)."""
+
+    def __init__(self, expire=False):
+        self.expire, self.paths = expire, []
+
+    def request(self, method, path, obj=None, retry=True, headers=None):
+        self.paths.append(path)
+        token = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query).get("continue", [""])[0]
+        if token and self.expire:
+            self.expire = False
+            return 410, json.dumps({"kind": "Status", "code": 410, "reason": "Expired", "message": (
+                "The provided continue parameter is too old to display a consistent list result.")}).encode()
+        start = int(token or 0)
+        items = [{"metadata": {"name": "pod-%d" % index, "managedFields": [{"manager": "kubelet"}]}}
+                 for index in range(start, min(start + 2, 5))]
+        return 200, json.dumps({"kind": "PodList", "apiVersion": "v1", "items": items, "metadata": (
+            {"continue": str(start + 2)} if start + 2 < 5 else {})}).encode()
+
+
+def channel_on(tool, proxy):
+    channel = object.__new__(tool.ProxyExecChannel)  # its proxy stood in for, never started
+    channel.proxy, channel.namespace = proxy, "ns"
+    return channel
+
+
+def test_a_list_through_the_proxy_is_read_a_page_at_a_time_and_kept_as_kubectl_shows_it(tool):
+    # at 1,000 warm claims the lists saved at a run's end held 2,000 pods' JSON at once
+    proxy = PagedPods()
+    pods = channel_on(tool, proxy).list_objects("v1", "pods", "app=x")
+    assert [pod["metadata"]["name"] for pod in pods] == ["pod-%d" % index for index in range(5)]
+    assert all(pod["kind"] == "Pod" and "managedFields" not in pod["metadata"] for pod in pods)
+    queries = [urllib.parse.parse_qs(urllib.parse.urlsplit(path).query) for path in proxy.paths]
+    assert [query.get("continue") for query in queries] == [None, ["2"], ["4"]]
+    assert all(query["limit"] == ["500"] and query["labelSelector"] == ["app=x"] for query in queries)
+
+
+def test_a_list_whose_continue_token_expired_is_listed_again_from_the_start(tool):
+    proxy = PagedPods(expire=True)
+    pods = channel_on(tool, proxy).list_objects("v1", "pods")
+    assert [pod["metadata"]["name"] for pod in pods] == ["pod-%d" % index for index in range(5)]
+    assert ["continue=" in path for path in proxy.paths] == [False, True, False, True, True]
+
+
 class DiscoveryFailing:
     """A runner whose `kubectl api-resources` prints what it discovered and exits 1 for one
     group, as kubectl's RunAPIResources does (pkg/cmd/apiresources, v0.36.3)."""
@@ -508,11 +555,12 @@ def test_a_watch_the_server_ends_resumes_where_it_was_and_lists_again_only_when_
     assert done.code == 0, done
     namespace = read(tmp_path / "warm" / "receipt.json")["namespace"]
     path = "/apis/agents.x-k8s.io/v1beta1/namespaces/%s/sandboxes" % namespace
-    proxied = [r["target"] for r in cluster.requests() if not r["command"] and r["target"].split("?")[0] == path]
-    watches = [target for target in proxied if "watch=1" in target]
-    # the watch's own lists (500 a page; the run's other lists of Sandboxes, such as the one for
-    # sandboxes.json, ask for no page)
-    lists = [target for target in proxied if "watch=1" not in target and "limit=500" in target]
+    proxied = [r for r in cluster.requests() if not r["command"] and r["target"].split("?")[0] == path]
+    watches = [r["target"] for r in proxied if "watch=1" in r["target"]]
+    # the watch's own lists, told by their User-Agent from the run's other lists of Sandboxes (such
+    # as the one for sandboxes.json, or a stalled fill's)
+    lists = [r["target"] for r in proxied if "watch=1" not in r["target"] and r["agent"].endswith(" watch")]
+    assert all(r["agent"].startswith("rl-batch-demo/") for r in proxied)  # kubectl proxy passes it on
     assert len(watches) >= 3 and all("resourceVersion=" in target and "resourceVersion=&" not in target
                                      for target in watches)
     # listed once, then watched again from where it was; an expired watch lists again
