@@ -189,8 +189,9 @@ API_PROXY_IN_FLIGHT = 32  # requests at once through the run's `kubectl proxy`
 PROXY_BACKEND_DOWN = ("connect: connection refused", "error dialing backend")
 KUBECTL_PROCESS_TIMEOUT_SECONDS = 60  # one kubectl process, all its requests
 # The User-Agent of the tool's own requests through `kubectl proxy` (which passes it on), as the API
-# server's audit log and its metrics name the client; a watch's requests add " watch".
+# server's audit log and its metrics name the client; a watch's requests are told apart.
 USER_AGENT = "rl-batch-demo/" + __version__
+WATCH_USER_AGENT = USER_AGENT + " watch"
 # A call that fails in passing (the API server away, a 429 storm, etcd's errors) is sent again with
 # this back-off, then every RETRY_DELAYS_SECONDS[-1] s, until it has failed for API_PATIENCE_SECONDS
 # (a control-plane upgrade or a single API server's restart takes tens of seconds); a 429's
@@ -1275,18 +1276,18 @@ class ProxyAnswer(Exception):
 LIST_PAGE_SIZE = 500  # objects a page of every list through a proxy (list_pages), as kubectl's --chunk-size
 
 
-def list_pages(proxy, path, query=None, accept="application/json", retry=True, user_agent=USER_AGENT):
+def list_pages(proxy, path, query=None, headers=None, retry=True):
     """The collection at `path` (with `query`: selectors) through `proxy`, a decoded page at a
     time, LIST_PAGE_SIZE objects each, as kubectl lists: one page's raw answer is held at once,
     never the whole collection's (2,000 Sandboxes and 2,000 pods at 1,000 warm claims, in a
     watch's list and in the lists saved at a run's end, each with its managedFields until kept).
-    A page answered with anything but 200 raises ProxyAnswer: an expired continue token is 410,
-    and the caller lists again from the start."""
+    `headers` go with every page's request. A page answered with anything but 200 raises
+    ProxyAnswer: an expired continue token is 410, and the caller lists again from the start."""
     token = ""
     while True:
         page_query = dict(query or {}, limit=str(LIST_PAGE_SIZE), **({"continue": token} if token else {}))
         status, body = proxy.request("GET", path + "?" + urllib.parse.urlencode(page_query), retry=retry,
-                                     headers={"Accept": accept, "User-Agent": user_agent})
+                                     headers=headers)
         if status != 200:
             raise ProxyAnswer(status, body)
         page = json.loads(body)
@@ -1434,8 +1435,8 @@ class ProxyWatch:
     def list(self):
         version = None
         try:
-            for page in list_pages(self.proxy, self.path, self.selectors, retry=False,
-                                   user_agent=USER_AGENT + " watch"):
+            for page in list_pages(self.proxy, self.path, self.selectors, {"User-Agent": WATCH_USER_AGENT},
+                                   retry=False):
                 version = version or (page.get("metadata") or {}).get("resourceVersion")
                 for item in page.get("items") or []:
                     self.put(dict({"kind": self.kind, "apiVersion": page.get("apiVersion")}, **item))
@@ -1452,7 +1453,7 @@ class ProxyWatch:
             if self.stopped.is_set():
                 return
             connection.request("GET", self.path + "?" + urllib.parse.urlencode(query),
-                               headers={"Accept": "application/json", "User-Agent": USER_AGENT + " watch"})
+                               headers={"Accept": "application/json", "User-Agent": WATCH_USER_AGENT})
             answer = connection.getresponse()
             if answer.status != 200:
                 self.resource_version = None
@@ -8642,7 +8643,7 @@ def list_namespace_through_proxy(cluster, namespace):
                 path, resource, kind_name, api_version = kind
                 return [dict(item, kind=kind_name, apiVersion=api_version)
                         for page in list_pages(proxy, "%s/namespaces/%s/%s" % (path, namespace, resource),
-                                               accept=METADATA_ONLY)
+                                               headers={"Accept": METADATA_ONLY})
                         for item in page.get("items") or []], None
             items, unlisted, paths = [], [], {}
             for kind, outcome in zip(kinds, pool.map(lambda kind: catching(list_kind, kind), kinds)):
