@@ -151,6 +151,81 @@ def control_plane(request, tmp_path, controlplane_binaries):
     plane.stop()
 
 
+# ---------------------------------------------------------------- the real node (tests/realnode/)
+
+
+@pytest.fixture(scope="session")
+def realnode_binaries(controlplane_binaries):
+    """The cache folder of the real node's programs and images (tests/realnode/build.py), built
+    once after the control plane's. In CI a machine that cannot run a node, or a failed build,
+    fails the tier; elsewhere it is skipped with the reason."""
+    from realnode import build
+    from realnode.node import can_run_a_node
+    why_not = can_run_a_node()
+    try:
+        if why_not:
+            raise build.BuildFailed(why_not)
+        return build.ensure_built()
+    except (build.BuildFailed, build.controlplane_build.BuildFailed) as failure:
+        if os.environ.get("CI"):
+            pytest.fail("the real node cannot run here: %s" % failure, pytrace=False)
+        pytest.skip("the real node cannot run here: %s" % failure)
+
+
+@pytest.fixture(scope="session")
+def image_registry(realnode_binaries, tmp_path_factory):
+    """One registry for the session (a loopback port), holding the images build.py made; a test
+    that stops its registry makes its own (realnode.node.Registry)."""
+    from realnode.node import Registry
+    registry = Registry(tmp_path_factory.mktemp("registry"), realnode_binaries)
+    try:
+        registry.start().push_built()
+    except BaseException:
+        registry.stop()
+        raise
+    yield registry
+    registry.stop()
+
+
+def start_real_node(tmp_path, controlplane_binaries, realnode_binaries, registry, parts=()):
+    """A control plane with one kwok node and one real node (its RuntimeClasses select the real one)."""
+    import fcntl
+    from controlplane.cluster import ControlPlane, PartDidNotStart
+    from realnode.node import NodeDidNotStart, RealNode, runtime_classes
+    plane = ControlPlane(tmp_path / "control-plane", controlplane_binaries, nodes=1, parts=parts,
+                         episode_runtime=False, runtime_classes=runtime_classes())
+    node = RealNode(tmp_path / "node", realnode_binaries, plane, registry)
+    try:
+        with open(Path(controlplane_binaries) / "create.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            plane.start()
+        node.start()
+    except (PartDidNotStart, NodeDidNotStart) as failure:
+        node.stop()
+        plane.stop()
+        pytest.fail(str(failure), pytrace=False)
+    except BaseException:
+        node.stop()
+        plane.stop()
+        raise
+    return plane, node
+
+
+@pytest.fixture
+def real_node(request, tmp_path, controlplane_binaries, realnode_binaries, image_registry):
+    """(plane, node): a real control plane and a real node (kubelet, containerd, runc, runsc) of its
+    own, pulling from the session's registry; with `@pytest.mark.parts(...)` also those add-ons.
+    Stopped at the end, and nothing of the node may be left (its leftovers fail the test)."""
+    asked = request.node.get_closest_marker("parts")
+    plane, node = start_real_node(tmp_path, controlplane_binaries, realnode_binaries, image_registry,
+                                  parts=asked.args if asked else ())
+    yield plane, node
+    node.stop()
+    plane.stop()
+    left = node.leftovers()
+    assert not left, "the real node left: %s" % "; ".join(left)
+
+
 class Result:
     def __init__(self, done):
         self.code, self.stdout, self.stderr = done.returncode, done.stdout, done.stderr

@@ -60,8 +60,27 @@ def machine_kubectl():
     return REAL_KUBECTL
 
 
+def kwokctl_configuration(pki):
+    """kwokctl's own configuration: kwok-controller manages only the nodes `kwokctl scale node` made
+    (their annotation kwok.x-k8s.io/node=fake: kwokctl's binary runtime otherwise passes
+    --manage-all-nodes=true, and kwok would fight a real kubelet for its node), and the API server
+    can call a real kubelet (logs, exec) with kwokctl's admin certificate, at the node's InternalIP
+    (kwokctl gives it no kubelet client flags; the default address order starts with the Hostname,
+    which no name server resolves here). kwok v0.8.0's pkg/kwokctl/components/kwok_controller.go."""
+    def args(pairs):
+        return [{"key": key, "value": value} for key, value in pairs]
+    return {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokctlConfiguration", "componentsPatches": [
+        {"name": "kwok-controller", "extraArgs": args([("manage-all-nodes", "false"),
+                                                        ("manage-nodes-with-annotation-selector",
+                                                         "kwok.x-k8s.io/node=fake")])},
+        {"name": "kube-apiserver", "extraArgs": args([("kubelet-client-certificate", str(pki / "admin.crt")),
+                                                       ("kubelet-client-key", str(pki / "admin.key")),
+                                                       ("kubelet-preferred-address-types", "InternalIP,Hostname")])}]}
+
+
 class ControlPlane:
-    def __init__(self, root, built, nodes=2, kubectl=None, parts=(), synthetic_seconds=None):
+    def __init__(self, root, built, nodes=2, kubectl=None, parts=(), synthetic_seconds=None, episode_runtime=True,
+                 runtime_classes=None):
         self.root, self.built = Path(root), Path(built)
         self.bin = self.built / "bin"
         self.name = "rl%d" % os.getpid() + "-" + os.urandom(3).hex()
@@ -72,6 +91,9 @@ class ControlPlane:
         self.runtime = None
         self.parts = tuple(parts)  # add-ons a test asked for: "agent-sandbox"
         self.synthetic_seconds = synthetic_seconds  # benchmarks: episodes without a process (runtime.py)
+        # a plane whose episodes run on a real node (tests/realnode/) starts no episode runtime
+        self.episode_runtime = episode_runtime
+        self.runtime_classes = runtime_classes if runtime_classes is not None else [RUNTIME_CLASS]
         self.addons = {}  # name -> Popen
         self.recipes, self.restarts, self.launched, self.held_down = {}, {}, [], set()
         self.ports = {}  # component -> the (address, port) pairs its first process listened on
@@ -95,7 +117,8 @@ class ControlPlane:
         share = self.built / "share" / "kwok" / "stage"
         config.write_text("\n---\n".join([(share / stage).read_text() for stage in KWOK_STAGES] +
                                           [pod_ready_when_running((share / POD_READY_STAGE).read_text()),
-                                           (HERE / "stages" / "pod-complete.yaml").read_text()]))
+                                           (HERE / "stages" / "pod-complete.yaml").read_text(),
+                                           json.dumps(kwokctl_configuration(self.pki))]))
         b = self.bin
         with ports_lock():  # no other plane's part is down meanwhile, its port free for this one to take
             done = self.kwokctl(
@@ -109,11 +132,13 @@ class ControlPlane:
             raise PartDidNotStart("kwokctl create cluster failed (logs: %s): %s" % (
                 self.workdir / "clusters" / self.name / "logs", last_error(done.stderr)))
         self.kubectl("config", "rename-context", current_context(self.kubeconfig), "kwok")
-        self.kubectl("create", "-f", "-", stdin=json.dumps(RUNTIME_CLASS))
+        self.kubectl("create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                           "items": self.runtime_classes}))
         scaled = self.kwokctl("scale", "node", "--replicas", str(self.nodes))
         if scaled.returncode != 0:
             raise PartDidNotStart("kwokctl scale node failed: %s" % last_error(scaled.stderr))
-        self.start_runtime()
+        if self.episode_runtime:
+            self.start_runtime()
         self.supervise()
         self.wait_for_nodes()
         if "agent-sandbox" in self.parts:
@@ -121,6 +146,11 @@ class ControlPlane:
         if "kueue" in self.parts:
             self.start_kueue()
         return self
+
+    @property
+    def pki(self):
+        """kwokctl's certificates: ca.crt, admin.crt, admin.key (its binary runtime's pki folder)."""
+        return self.workdir / "clusters" / self.name / "pki"
 
     def install_exec_shims(self):
         """`env` and `sh` for kwok-controller's PATH: exec_shim.py with this machine's Python."""
