@@ -203,6 +203,7 @@ API_PATIENCE_NOTE_SECONDS = 15  # while many calls wait out an outage: one progr
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_TIMEOUT, EXIT_BATCH_FAILED = 0, 1, 2, 3, 4
 EXIT_INFRA_FAILURES = 5  # custom episodes: results written, but some episodes are infrastructure failures
+EXIT_NOT_ISOLATED = 6  # --require-isolation: results written, but episodes ran on their node's own kernel
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT)
 EXIT_TERMINATED = 143  # SIGTERM (128 + 15), e.g. a CI runner or `timeout` stopping the tool
 CONFIGMAP_MAX_BYTES = 1048576  # the API server's limit on a ConfigMap's data
@@ -487,6 +488,56 @@ def follow():
 
 start() if mode == "start" else follow()
 ''' % (EXEC_JOURNAL_MARK, EXEC_JOURNAL_EXIT)
+
+# The sandbox probe, shipped beside the episode (`sandbox.py`): every episode pod runs `python -B
+# /demo/sandbox.py /demo/episode.py`, and the local backend the same with its own paths, so that
+# custom episodes are probed too. It prints one event, {"event": "sandbox", "kernel_release":
+# <uname -r>, "proc_version": <first line of /proc/version>}, as the sandbox's kernel reports
+# itself (gVisor answers with its own, e.g. 4.4.0 or 4.19.0-gvisor; runc shares the node's), then
+# runs the episode in the same interpreter (no second start, and without importing json, which
+# the episode's import phase measures). The tool compares kernel_release with the node's
+# status.nodeInfo.kernelVersion (isolation_summary). It goes to stdout (the log), and is appended
+# to the termination message when the episode wrote one (so that one `get pods` still carries it;
+# an episode that writes none is read from its log anyway).
+SANDBOX_PROBE_FILE = "sandbox.py"
+SANDBOX_PROBE_PROGRAM = r'''import os
+import sys
+import time
+
+
+def text(value):
+    if value is None:
+        return "null"
+    out = []
+    for char in value:
+        out.append("\\u%04x" % ord(char) if char < " " or char in "\\\"" or ord(char) > 126 else char)
+    return '"' + "".join(out) + '"'
+
+
+try:
+    with open("/proc/version") as version:
+        proc_version = version.readline().strip()
+except OSError:
+    proc_version = None
+report = '{"event": "sandbox", "at": %r, "episode_id": %s, "kernel_release": %s, "proc_version": %s}' % (
+    time.time(), text(os.environ.get("EPISODE_ID")), text(os.uname().release), text(proc_version))
+print(report, flush=True)
+program = sys.argv[1]
+sys.argv = sys.argv[1:]
+with open(program) as source:
+    code = compile(source.read(), program, "exec")
+try:
+    exec(code, {"__name__": "__main__", "__file__": program, "__builtins__": __builtins__})
+finally:
+    # beside the events an episode wrote to its termination message (never a message of its own)
+    termination_log = os.environ.get("RL_TERMINATION_LOG", "/dev/termination-log")
+    try:
+        if os.path.getsize(termination_log) > 0:
+            with open(termination_log, "a") as message:
+                message.write(report + "\n")
+    except OSError:
+        pass
+'''
 
 # ============================================================================
 # Errors: one type per exit code; main() turns each into one line on stderr
@@ -2099,7 +2150,8 @@ def configmap_manifest(namespace, run_id, program=EPISODE_PROGRAM):
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": CONFIGMAP_NAME, "namespace": namespace,
                          "labels": object_labels(run_id, "episode-program")},
-            "data": {"episode.py": program, EXEC_JOURNAL_FILE: EXEC_JOURNAL_PROGRAM}}
+            "data": {"episode.py": program, EXEC_JOURNAL_FILE: EXEC_JOURNAL_PROGRAM,
+                     SANDBOX_PROBE_FILE: SANDBOX_PROBE_PROGRAM}}
 
 
 def tasks_configmap_manifest(namespace, run_id, tasks):
@@ -2143,7 +2195,7 @@ def episode_pod_template(run_id, image, runtime, tasks=False):
         "name": CONTAINER_NAME,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["python", "-B", "/demo/episode.py"],
+        "command": ["python", "-B", "/demo/" + SANDBOX_PROBE_FILE, "/demo/episode.py"],
         "env": [{"name": "EPISODE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
         "securityContext": {"allowPrivilegeEscalation": False,
                             "capabilities": {"drop": ["ALL"]},
@@ -2884,6 +2936,71 @@ def collect(pods, logs, job, count, observed=None, scheme=None):
             **batch_summary(rows, scheme), "pods": rows}
 
 
+# Which kernel each episode ran on. A RuntimeClass name is taken as meant for a sandbox unless it
+# names a plain OCI runtime, which shares the node's kernel by design (runc, crun, youki): then its
+# episodes sharing the node's kernel is no finding, only a fact on the record.
+PLAIN_RUNTIMES = ("runc", "crun", "youki")
+
+
+def sandbox_report(log):
+    """The sandbox probe's event in an episode's log (SANDBOX_PROBE_PROGRAM), or None."""
+    for line in (log or "").splitlines():
+        if line.startswith('{"event": "sandbox"'):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                return None
+            return event if isinstance(event, dict) else None
+    return None
+
+
+def episode_kernel(report, node_kernel):
+    """One episode's kernel record: what its sandbox reported against its node's kernelVersion.
+    shared_node_kernel is None when either is unknown (no probe event, or a node not read)."""
+    release = (report or {}).get("kernel_release")
+    return {"release": release, "proc_version": (report or {}).get("proc_version"), "node_kernel": node_kernel,
+            "shared_node_kernel": None if release is None or node_kernel is None else release == node_kernel}
+
+
+def isolation_summary(rows, runtime):
+    """The run's verdict on its sandboxes from its rows' kernel records: `separate-kernel` (every
+    episode reported a kernel other than its node's), `node-kernel` (every one shared it), `mixed`,
+    or `unknown` (no episode could be compared); the one-line finding when a RuntimeClass meant as a
+    sandbox shared the node's kernel."""
+    kernels = [row.get("kernel") or {} for row in rows]
+    shared = [k for k in kernels if k.get("shared_node_kernel") is True]
+    separate = [k for k in kernels if k.get("shared_node_kernel") is False]
+    verdict = ("unknown" if not shared and not separate else "node-kernel" if not separate and len(shared) == len(rows)
+               else "separate-kernel" if not shared and len(separate) == len(rows) else "mixed")
+    summary = {"verdict": verdict, "runtime_class": runtime, "episodes": len(rows),
+               "episodes_on_node_kernel": len(shared), "episodes_on_own_kernel": len(separate),
+               "episodes_unknown": len(rows) - len(shared) - len(separate),
+               "kernels_reported": sorted({k["release"] for k in kernels if k.get("release")}),
+               "node_kernels": sorted({k["node_kernel"] for k in kernels if k.get("node_kernel")})}
+    meant_as_sandbox = runtime is not None and runtime not in PLAIN_RUNTIMES
+    if shared and meant_as_sandbox:
+        which = "every episode" if len(shared) == len(rows) else "%d of %d episodes" % (len(shared), len(rows))
+        summary["finding"] = "RuntimeClass %s: %s ran on the node's own kernel %s: this is not a sandbox on this " \
+                             "cluster" % (runtime, which, ", ".join(summary["node_kernels"]))
+    elif shared and runtime is None:
+        summary["finding"] = "no RuntimeClass: %d of %d episodes ran on the node's own kernel %s" % (
+            len(shared), len(rows), ", ".join(summary["node_kernels"]))
+    return summary
+
+
+def add_kernels(rows, row_key, pods, logs, nodes, machine_kernel=None):
+    """Each row's `kernel` record, from its pod's log and its node's kernelVersion (nodes.json);
+    a local episode's node is this machine (machine_kernel, from run.json)."""
+    node_kernels = {node.get("name"): node.get("kernel") for node in nodes if isinstance(node, dict)} \
+        if isinstance(nodes, list) else {}
+    reports = {pod["metadata"]["name"]: sandbox_report(termination_message(pod)) or sandbox_report(log)
+               for pod, log in zip(pods, logs)}
+    for row in rows:
+        node = row.get("node") or ""
+        node_kernel = machine_kernel if node.startswith("local:") else node_kernels.get(node)
+        row["kernel"] = episode_kernel(reports.get(row.get(row_key)), node_kernel)
+
+
 def node_summary(node):
     """What a node contributes to a result's meaning: versions, kernel, OS, capacity."""
     info = node.get("status", {}).get("nodeInfo", {})
@@ -3235,6 +3352,9 @@ def results_from_folder(output):
             report["tasks"] = results_by_task(report)
     report["run"] = run_metadata(run_info, read_saved(output / "version.json"),
                                  read_saved(output / "runtimeclass.json"), read_saved(output / "nodes.json"))
+    add_kernels(report["pods"], backend.scheme.row_key, pods, logs, read_saved(output / "nodes.json"),
+                run_info.get("machine_kernel"))
+    report["isolation"] = isolation_summary(report["pods"], flags["runtime"])
     if "round" in run_info:
         report["round"] = run_info["round"]
     backend.describe_results(output, report, observed)
@@ -3281,6 +3401,7 @@ def pool_rounds(rounds, run_info):
                 for key, value in share.items():
                     entry[key] += value
         pooled["cost"] = cost_summary(shares, pooled["successful_episodes"], run_prices(run_info.get("flags", {})))
+    pooled["isolation"] = isolation_summary(rows, first["runtime"])
     pooled["pods"] = rows
     return pooled
 
@@ -3814,6 +3935,7 @@ class RunSpec:
     image: str = None
     runtime: str = None
     no_runtime_class: bool = False
+    require_isolation: bool = False
     timeout: int = None
     network: str = "default"
     dry_run: bool = False
@@ -3894,6 +4016,8 @@ class Run:
                 "custom_episode": bool(self.spec.episode)}
         if self.spec.episode:
             info["episode_sha256"] = hashlib.sha256(self.spec.program.encode()).hexdigest()
+        if not backend.uses_cluster:  # its episodes' node is this machine: the kernel they share
+            info["machine_kernel"] = os.uname().release
         return info
 
     def write_facts(self, run_info):
@@ -4308,6 +4432,10 @@ def conclude(report, run):
     output, console = run.output, run.console
     failures = report.get("infrastructure_failures") or []
     exit_code = EXIT_INFRA_FAILURES if failures else EXIT_OK
+    isolation = report.get("isolation") or {}
+    not_isolated = run.spec.require_isolation and isolation.get("verdict") != "separate-kernel"
+    if not_isolated and not failures:
+        exit_code = EXIT_NOT_ISOLATED
     if run.stream.enabled:
         run.stream.summary(summary_view(report), exit_code)  # one line, the stream's last
     else:
@@ -4325,6 +4453,12 @@ def conclude(report, run):
         console.warn("%d of %d episodes are infrastructure failures, not samples (listed in results.json); "
                      "first: episode %d: %s" % (len(failures), report["episodes"], failures[0]["index"],
                                                 failures[0]["reason"]))
+    if isolation.get("finding"):
+        console.warn(isolation["finding"])
+    if not_isolated:
+        console.tell("Error: --require-isolation: %s (results.json's isolation: %s)" % (
+            isolation.get("finding") or "%d of %d episodes could not be compared with their node's kernel" % (
+                isolation.get("episodes_unknown", 0), isolation.get("episodes", 0)), isolation.get("verdict")))
     return exit_code
 
 
@@ -8273,6 +8407,7 @@ class LocalBatch:
             (self.scratch / "bin").mkdir()
             (self.scratch / "bin" / "python").symlink_to(sys.executable)  # the episode runs `python` for its tests
             (self.scratch / "episode.py").write_text(spec.program)
+            (self.scratch / SANDBOX_PROBE_FILE).write_text(SANDBOX_PROBE_PROGRAM)
             for name, text in tasks_data(spec.tasks_list or []).items():
                 (self.scratch / name).write_text(text)
             self.created = time.time()
@@ -8409,7 +8544,7 @@ class LocalBackend(Backend):
     def episode_argv(program, workspace, env):
         """The launcher: the command that runs one episode's `program` with `env` in `workspace`
         (this machine's Python here; a backend that runs episodes elsewhere starts them there)."""
-        return [sys.executable, "-B", str(program)]
+        return [sys.executable, "-B", str(Path(program).parent / SANDBOX_PROBE_FILE), str(program)]
 
     def new_receipt(self, context, namespace, run_id):
         return {"backend": self.name, "namespace": None,
@@ -9701,6 +9836,9 @@ def add_sandbox_options(group):
     runtime.add_argument("--no-runtime-class", action="store_true",
                          help="set no RuntimeClass: pods use the nodes' default runtime (e.g. "
                               "runc on a kind cluster); results.json records runtime null")
+    group.add_argument("--require-isolation", action="store_true",
+                       help="fail the run (exit code %d, results still written) when any episode ran on its "
+                            "node's own kernel: the sandbox is not one" % EXIT_NOT_ISOLATED)
     group.add_argument("--network", choices=("default", "none"), default="default",
                        help="`none`: a default-deny NetworkPolicy (ingress and egress) in the namespace; "
                             "needs a CNI that enforces NetworkPolicies (default: default)")
@@ -9838,7 +9976,8 @@ def read_episode_inputs(args, fail):
             program = Path(args.episode).read_text()
         except (OSError, UnicodeDecodeError) as error:
             fail("cannot read --episode %s: %s" % (args.episode, getattr(error, "strerror", None) or error))
-        size = configmap_bytes({"episode.py": program, EXEC_JOURNAL_FILE: EXEC_JOURNAL_PROGRAM})
+        size = configmap_bytes({"episode.py": program, EXEC_JOURNAL_FILE: EXEC_JOURNAL_PROGRAM,
+                                SANDBOX_PROBE_FILE: SANDBOX_PROBE_PROGRAM})
         if size > CONFIGMAP_MAX_BYTES:
             fail("--episode %s is %d bytes; a ConfigMap holds at most %d: ship a smaller program (or put it in "
                  "the image)" % (args.episode, size, CONFIGMAP_MAX_BYTES))

@@ -67,8 +67,41 @@ def test_a_job_batch_of_ten_on_runc_is_verified_through_the_real_kubelet(real_no
 def test_a_job_batch_under_gvisor_runs_on_gvisors_own_kernel(real_node, tmp_path):
     plane, node = real_node
     done = run_tool_on(plane, tmp_path, "run", "--count", "3", "--runtime", "gvisor", "--image", python_image(),
-                       "--output", "out")
+                       "--require-isolation", "--output", "out")
     assert done.code == 0, done
     results = read(tmp_path / "out" / "results.json")
     assert results["successful_episodes"] == 3
+    node_kernel = node.node_object()["status"]["nodeInfo"]["kernelVersion"]
+    for row in results["pods"]:
+        # gVisor answers uname and /proc/version itself: its Sentry is the episode's kernel
+        assert row["kernel"]["node_kernel"] == node_kernel
+        assert row["kernel"]["release"] != node_kernel
+        assert row["kernel"]["shared_node_kernel"] is False
+        assert "gvisor" in row["kernel"]["proc_version"].lower() or row["kernel"]["release"].startswith("4."), row
+    assert results["isolation"]["verdict"] == "separate-kernel"
+    assert "not a sandbox" not in done.stderr
+    assert run_tool_on(plane, tmp_path, "cleanup", "out").code == 0
+
+
+def test_a_runtime_class_named_as_a_sandbox_on_runc_is_named_as_sharing_the_nodes_kernel(real_node, tmp_path):
+    plane, node = real_node
+    node_kernel = node.node_object()["status"]["nodeInfo"]["kernelVersion"]
+    done = run_tool_on(plane, tmp_path, "run", "--count", "2", "--runtime", "cube", "--image", python_image(),
+                       "--output", "out")
+    assert done.code == 0, done
+    assert ("warning: RuntimeClass cube: every episode ran on the node's own kernel %s: this is not a sandbox on "
+            "this cluster" % node_kernel) in done.stderr
+    results = read(tmp_path / "out" / "results.json")
+    assert results["isolation"]["verdict"] == "node-kernel"
+    assert all(row["kernel"]["release"] == node_kernel for row in results["pods"])
+    assert run_tool_on(plane, tmp_path, "cleanup", "out").code == 0
+
+
+def test_require_isolation_fails_a_run_whose_episodes_shared_the_nodes_kernel(real_node, tmp_path):
+    plane, node = real_node
+    done = run_tool_on(plane, tmp_path, "run", "--count", "2", "--runtime", "cube", "--image", python_image(),
+                       "--require-isolation", "--output", "out")
+    assert done.code == 6, done
+    assert "Error: --require-isolation: RuntimeClass cube: every episode ran on the node's own kernel" in done.stderr
+    assert read(tmp_path / "out" / "results.json")["successful_episodes"] == 2  # the results are kept
     assert run_tool_on(plane, tmp_path, "cleanup", "out").code == 0

@@ -64,9 +64,11 @@ def kwokctl_configuration(pki):
     """kwokctl's own configuration: kwok-controller manages only the nodes `kwokctl scale node` made
     (their annotation kwok.x-k8s.io/node=fake: kwokctl's binary runtime otherwise passes
     --manage-all-nodes=true, and kwok would fight a real kubelet for its node), and the API server
-    can call a real kubelet (logs, exec) with kwokctl's admin certificate, at the node's InternalIP
-    (kwokctl gives it no kubelet client flags; the default address order starts with the Hostname,
-    which no name server resolves here). kwok v0.8.0's pkg/kwokctl/components/kwok_controller.go."""
+    can call a real kubelet (logs, exec) with kwokctl's admin certificate (kwokctl gives it no kubelet
+    client flags). The address order stays the API server's default, Hostname first: a kwok node's
+    Hostname is `localhost`, its InternalIP a documentation address (192.0.2.x) that must never be
+    dialled, and a real node is named by its own bridge address (realnode.node). kwok v0.8.0's
+    pkg/kwokctl/components/kwok_controller.go."""
     def args(pairs):
         return [{"key": key, "value": value} for key, value in pairs]
     return {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokctlConfiguration", "componentsPatches": [
@@ -74,8 +76,7 @@ def kwokctl_configuration(pki):
                                                         ("manage-nodes-with-annotation-selector",
                                                          "kwok.x-k8s.io/node=fake")])},
         {"name": "kube-apiserver", "extraArgs": args([("kubelet-client-certificate", str(pki / "admin.crt")),
-                                                       ("kubelet-client-key", str(pki / "admin.key")),
-                                                       ("kubelet-preferred-address-types", "InternalIP,Hostname")])}]}
+                                                       ("kubelet-client-key", str(pki / "admin.key"))])}]}
 
 
 class ControlPlane:

@@ -9,7 +9,8 @@ Everything the node writes is in its own folder: nodeinit.py binds `fs/var-lib`,
 hierarchy); its network is a bridge of its own whose /24 exists only on this machine: pods get no
 default route and no name server, so nothing they send leaves it. The kubelet listens on the
 bridge's address (it refuses a loopback node IP), which the API server reaches with kwokctl's admin
-certificate (ControlPlane's kubelet client flags).
+certificate (ControlPlane's kubelet client flags) at its Hostname address: the node is named by
+that address.
 
 RuntimeClasses: `runc` (handler runc), `gvisor` (handler runsc, on the systrap platform: the kvm
 platform panics in this nested VM), and `cube`, the tool's default name, with handler runc: a
@@ -187,17 +188,25 @@ def runtime_classes():
 
 
 class RealNode:
-    def __init__(self, root, built, plane, registry, name="real-node"):
+    def __init__(self, root, built, plane, registry):
         self.root, self.built = Path(root), Path(built)
         self.plane, self.registry = plane, registry
-        self.name = name
         self.process = None
         self.subnet = None  # the third octet of 10.250.X.0/24
         self.bridge = None
         self.state = self.root / "state"
         self.outside_before = set()
+        self.mount_namespace = None  # "mnt:[inode]" of nodeinit's namespace
 
     # --- paths and addresses
+
+    @property
+    def name(self):
+        """The node's name is its bridge address: the kubelet reports its name as the node's Hostname
+        address, which the API server dials first (its default --kubelet-preferred-address-types;
+        kwok's nodes need that order, their Hostname being localhost), and no name server here
+        resolves any other name."""
+        return self.node_ip
 
     @property
     def node_ip(self):
@@ -205,7 +214,7 @@ class RealNode:
 
     @property
     def cgroup_name(self):
-        return "rlbd-%s-%d" % (self.name, self.subnet)
+        return "rlbd-node-%d" % self.subnet
 
     def hierarchies(self):
         """The cgroup hierarchies mounted under /sys/fs/cgroup (v1 each, and the unified one)."""
@@ -235,8 +244,22 @@ class RealNode:
             ["unshare", "--mount", "--propagation", "private", sys.executable, str(HERE / "nodeinit.py"), str(config)],
             stdout=open(self.state / "nodeinit.log", "ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
+        self.mount_namespace = self.wait_for_mount_namespace()
         self.wait_until_ready()
         return self
+
+    def wait_for_mount_namespace(self):
+        """nodeinit's mount namespace (once `unshare` made it): every process of the node is in it."""
+        mine = os.readlink("/proc/self/ns/mnt")
+        while self.process.poll() is None:
+            try:
+                namespace = os.readlink("/proc/%d/ns/mnt" % self.process.pid)
+            except OSError:
+                break
+            if namespace != mine:
+                return namespace
+            time.sleep(0.01)
+        return None
 
     def pick_subnet(self):
         taken = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout
@@ -417,7 +440,11 @@ class RealNode:
                     continue
                 if str(self.root) in mounts:
                     left.append("mounts of the node's folder seen by process %s (%s)" % (entry, command[:100]))
-                if str(self.built) in command and "/bin/registry " not in command:  # the registry is not the node's
+                try:
+                    namespace = os.readlink("/proc/%s/ns/mnt" % entry)
+                except OSError:
+                    continue
+                if namespace == self.mount_namespace or str(self.root) in command:
                     left.append("process %s: %s" % (entry, command[:200]))
         for path in OUTSIDE_PATHS:
             if os.path.exists(path) and path not in self.outside_before:
