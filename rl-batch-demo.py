@@ -2716,6 +2716,9 @@ def attempt_failure(pod, log, cut_short=None, explained=()):
         if cut_short and (pod["metadata"].get("deletionTimestamp") or code in (128 + 9, 128 + 15)):
             return "%s (exit code %s at its deletion)" % (cut_short, code)  # SIGTERM or SIGKILL, as its pod went
         detail = last_line(log)
+        said = kubelet_reason(state["terminated"])
+        if said:
+            return "%s (exit code %s%s)" % (said, code, "; last line: %s" % detail if detail else "")
         return "crashed: exit code %s%s" % (code, " (%s)" % detail if detail else "")
     waiting = (state.get("waiting") or {}).get("reason")
     unfinished = "pod phase %s%s" % (phase, ", container %s" % waiting if waiting else "")
@@ -2982,9 +2985,6 @@ def isolation_summary(rows, runtime):
         which = "every episode" if len(shared) == len(rows) else "%d of %d episodes" % (len(shared), len(rows))
         summary["finding"] = "RuntimeClass %s: %s ran on the node's own kernel %s: this is not a sandbox on this " \
                              "cluster" % (runtime, which, ", ".join(summary["node_kernels"]))
-    elif shared and runtime is None:
-        summary["finding"] = "no RuntimeClass: %d of %d episodes ran on the node's own kernel %s" % (
-            len(shared), len(rows), ", ".join(summary["node_kernels"]))
     return summary
 
 
@@ -3022,6 +3022,19 @@ def eviction_message(pod):
     return None
 
 
+def kubelet_reason(terminated):
+    """The kubelet's own word for a terminated container when it says more than an exit code
+    (OOMKilled: killed at its memory limit; StartError or ContainerCannotRun: the runtime could not
+    start it, with the runtime's message), or None for a plain exit (reason Error or Completed)."""
+    reason = terminated.get("reason")
+    if reason in (None, "", "Error", "Completed"):
+        return None
+    if reason == "OOMKilled":  # its message, if any, is the episode's own termination message
+        return "OOMKilled: killed at its memory limit (limit %s)" % EPISODE_LIMITS["memory"]
+    message = (terminated.get("message") or "").strip()
+    return "%s%s" % (reason, ": " + last_line(message) if message else "")
+
+
 def describe_failed_pods(pods, logs, explained=()):
     """One phrase per failed pod: name, eviction or exit code (or, for a reason in `explained`,
     the scheme's explained_failures, its message), and the last line of its log.
@@ -3048,6 +3061,8 @@ def describe_failed_pods(pods, logs, explained=()):
         if terminated is None:
             continue  # it never ran: why_not_started says why
         phrase = "pod %s exited %s" % (pod["metadata"]["name"], terminated.get("exitCode", "?"))
+        if kubelet_reason(terminated):
+            phrase += ", %s" % kubelet_reason(terminated)
         if last_line(log):
             phrase += " (%s)" % last_line(log)
         phrases.append(phrase)
@@ -4806,6 +4821,11 @@ MAX_LOG_FETCH_WORKERS = 16  # each is a kubectl process of its own
 PERMANENT_REFUSALS = ("violates PodSecurity", "pod rejected: RuntimeClass", "because it is being terminated",
                       "cannot create resource")
 PERMANENT_WAITING = ("CreateContainerConfigError", "InvalidImageName", "ErrImageNeverPull")
+# A pull the registry answered "no such image" for: the kubelet retries it with a back-off, but
+# no retry finds what the registry does not have (containerd's CRI answers gRPC NotFound,
+# "failed to resolve image: NAME: not found"). A registry that cannot be reached is not this.
+PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff")
+IMAGE_NOT_FOUND = ("code = NotFound", ": not found", "manifest unknown")
 
 
 def job_outcome(job):
@@ -4849,6 +4869,10 @@ def blocking_reason(events, pods):
             if waiting.get("reason") in PERMANENT_WAITING:
                 return "pod %s cannot start its container (%s: %s)" % (
                     pod["metadata"]["name"], waiting["reason"], waiting.get("message"))
+            if waiting.get("reason") in PULL_FAILURES and any(
+                    marker in (waiting.get("message") or "") for marker in IMAGE_NOT_FOUND):
+                return "the image %s does not exist in its registry: pod %s cannot pull it (%s: %s); check --image" % (
+                    status.get("image") or "?", pod["metadata"]["name"], waiting["reason"], waiting.get("message"))
     return None
 
 

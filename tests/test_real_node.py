@@ -105,3 +105,40 @@ def test_require_isolation_fails_a_run_whose_episodes_shared_the_nodes_kernel(re
     assert "Error: --require-isolation: RuntimeClass cube: every episode ran on the node's own kernel" in done.stderr
     assert read(tmp_path / "out" / "results.json")["successful_episodes"] == 2  # the results are kept
     assert run_tool_on(plane, tmp_path, "cleanup", "out").code == 0
+
+
+def test_an_image_that_does_not_exist_is_named_with_the_kubelets_reason_long_before_the_deadline(real_node, tmp_path):
+    plane, node = real_node
+    from realnode.node import REGISTRY_HOST
+    missing = REGISTRY_HOST + "/python:no-such-tag"
+    done = run_tool_on(plane, tmp_path, "run", "--count", "2", "--runtime", "runc", "--image", missing,
+                       "--timeout", "300", "--output", "out")
+    assert done.code != 0, done
+    assert missing in done.stderr, done
+    assert "ErrImagePull" in done.stderr or "ImagePullBackOff" in done.stderr, done
+    assert "does not exist in its registry" in done.stderr, done  # named at once, not at the deadline (exit 3)
+    assert done.code != 3, done
+    assert run_tool_on(plane, tmp_path, "cleanup", "out").code == 0
+
+
+def test_an_image_without_python_is_named_with_the_kubelets_start_error(real_node, tmp_path):
+    plane, node = real_node
+    from realnode.node import image_ref
+    done = run_tool_on(plane, tmp_path, "run", "--count", "1", "--runtime", "runc", "--image", image_ref("no-python"),
+                       "--timeout", "300", "--output", "out")
+    assert done.code != 0, done
+    assert "StartError" in done.stderr or "executable file not found" in done.stderr, done
+    assert run_tool_on(plane, tmp_path, "cleanup", "out").code == 0
+
+
+def test_an_episode_killed_at_its_memory_limit_is_named_oomkilled(real_node, tmp_path):
+    plane, node = real_node
+    episode = tmp_path / "hog.py"
+    episode.write_text("import json, os, time\n"
+                       "print(json.dumps({'event': 'ready', 'at': time.time(), 'episode_id': os.environ['EPISODE_ID']}),"
+                       " flush=True)\nhog = [bytearray(16 * 2 ** 20) for _ in range(64)]\n")
+    done = run_tool_on(plane, tmp_path, "run", "--count", "1", "--runtime", "runc", "--image", python_image(),
+                       "--episode", str(episode), "--output", "out")
+    assert done.code != 0, done
+    assert "OOMKilled" in done.stderr, done
+    assert run_tool_on(plane, tmp_path, "cleanup", "out").code == 0
