@@ -111,7 +111,7 @@ def test_a_log_whose_start_was_rotated_away_is_named_as_rotated_not_as_never_rea
                                                                                    tmp_path):
     # The node's runtime returns no termination message, so the log is read; its rotation dropped
     # the first line, so the log lacks the ready event but still has the reward after it.
-    cluster = make_cluster({"nodes": [{"name": "kind-worker", "logDropFirstLines": 1, "dropTerminationMessages": True}]})
+    cluster = make_cluster({"nodes": [{"name": "kind-worker", "logDropFirstLines": 2, "dropTerminationMessages": True}]})
     result = run_tool("run", "--count", "1", "--output", "out", cluster=cluster)
     assert result.code == 4, result
     assert "never ready: no ready event in its log, yet a reward event: the episode did not emit one, or the " \

@@ -36,7 +36,7 @@ def test_job_manifest_matches_the_tutorial(tool):
     (container,) = pod["containers"]
     assert container["name"] == "episode"
     assert container["imagePullPolicy"] == "IfNotPresent"
-    assert container["command"] == ["python", "-B", "/demo/episode.py"]
+    assert container["command"] == ["python", "-B", "/demo/sandbox.py", "/demo/episode.py"]  # the kernel probe first
     assert container["env"] == [{"name": "EPISODE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
     assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                                             "seccompProfile": {"type": "RuntimeDefault"}}
