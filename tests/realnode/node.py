@@ -399,9 +399,34 @@ class RealNode:
         for pid in self.pids().values():
             if isinstance(pid, int) and alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        # What escaped nodeinit's parentage (seen once: a `runc init` of a container that failed to
+        # start, still there after nodeinit ended) is still in the node's mount namespace.
+        deadline = time.monotonic() + 30
+        while self.mount_namespace is not None and time.monotonic() < deadline:
+            members = self.namespace_members()
+            if not members:
+                break
+            for pid in members:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
         if self.subnet is not None:
             self.remove_cgroups()
             subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+    def namespace_members(self):
+        """The live processes in the node's mount namespace."""
+        members = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.readlink("/proc/%s/ns/mnt" % entry) == self.mount_namespace and alive(int(entry)):
+                        members.append(int(entry))
+                except OSError:
+                    continue
+        return members
 
     def remove_cgroups(self):
         for hierarchy in self.hierarchies():
