@@ -3061,8 +3061,9 @@ def describe_failed_pods(pods, logs, explained=()):
         if terminated is None:
             continue  # it never ran: why_not_started says why
         phrase = "pod %s exited %s" % (pod["metadata"]["name"], terminated.get("exitCode", "?"))
-        if kubelet_reason(terminated):
-            phrase += ", %s" % kubelet_reason(terminated)
+        said = kubelet_reason(terminated)
+        if said:
+            phrase += ", %s" % said
         if last_line(log):
             phrase += " (%s)" % last_line(log)
         phrases.append(phrase)

@@ -27,7 +27,6 @@ import os
 from pathlib import Path
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,9 @@ import time
 import urllib.request
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # tests/
+from controlplane.cluster import alive  # noqa: E402  (the tier's helpers, one copy each)
+from controlplane.webhooks import free_port  # noqa: E402
 NODE_LABEL = "rl-batch-demo.test/node"
 # The registry's name in image references: containerd's hosts.toml maps it to the loopback port
 # the test's registry listens on, so image names do not change from run to run.
@@ -61,12 +63,6 @@ def last_lines(path, count=3):
         return "(no log)"
     errors = [line for line in lines if " E" in line[:30] or "level=error" in line or "error" in line.lower()]
     return " | ".join(line.strip()[-300:] for line in (errors or lines)[-count:])
-
-
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -475,13 +471,6 @@ class RealNode:
             if os.path.exists(path) and path not in self.outside_before:
                 left.append("file outside the folder: " + path)
         return left
-
-
-def alive(pid):
-    try:
-        return Path("/proc/%d/stat" % pid).read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 CONTAINERD_CONFIG = """version = 3

@@ -55,6 +55,16 @@ def reap():
             return
 
 
+def write_pids(state, started, restarts):
+    """pids.json, whole or not at all (written beside it, then renamed)."""
+    record = {name: process.pid for name, process in started.items()}
+    if restarts:
+        record["restarts"] = restarts
+    with open(os.path.join(state, "pids.json.partial"), "w") as f:
+        json.dump(record, f)
+    os.replace(os.path.join(state, "pids.json.partial"), os.path.join(state, "pids.json"))
+
+
 def stop(process, seconds):
     if process.poll() is None:
         process.terminate()
@@ -96,9 +106,7 @@ def main():
     if not stopping and started["containerd"].poll() is None:
         open(os.path.join(state, "ready"), "w").close()
         start("kubelet")
-    with open(os.path.join(state, "pids.json.partial"), "w") as f:
-        json.dump({name: process.pid for name, process in started.items()}, f)
-    os.replace(os.path.join(state, "pids.json.partial"), os.path.join(state, "pids.json"))
+    write_pids(state, started, {})
     # Until told to stop: containerd and the kubelet are restarted when they exit, as systemd's
     # Restart=always does on a node (a fault test kills one by its pid); pids.json follows.
     restarts = {}
@@ -108,9 +116,7 @@ def main():
             if name in started and started[name].poll() is not None and not stopping:
                 restarts[name] = restarts.get(name, 0) + 1
                 start(name)
-                with open(os.path.join(state, "pids.json.partial"), "w") as f:
-                    json.dump(dict({n: p.pid for n, p in started.items()}, restarts=restarts), f)
-                os.replace(os.path.join(state, "pids.json.partial"), os.path.join(state, "pids.json"))
+                write_pids(state, started, restarts)
         time.sleep(0.1)
     if "kubelet" in started:
         stop(started["kubelet"], 20)
