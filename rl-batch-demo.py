@@ -2719,7 +2719,7 @@ def attempt_failure(pod, log, cut_short=None, explained=()):
         said = kubelet_reason(state["terminated"])
         if said:
             return "%s (exit code %s%s)" % (said, code, "; last line: %s" % detail if detail else "")
-        return "crashed: exit code %s%s" % (code, " (%s)" % detail if detail else "")
+        return "crashed: %s%s" % (exit_code_words(code), " (%s)" % detail if detail else "")
     waiting = (state.get("waiting") or {}).get("reason")
     unfinished = "pod phase %s%s" % (phase, ", container %s" % waiting if waiting else "")
     return "%s (%s)" % (cut_short, unfinished) if cut_short else "did not finish: " + unfinished
@@ -3001,6 +3001,99 @@ def add_kernels(rows, row_key, pods, logs, nodes, machine_kernel=None):
         row["kernel"] = episode_kernel(reports.get(row.get(row_key)), node_kernel)
 
 
+# What the kubelet said of each pod's image (its Pulling and Pulled events; v1.36's
+# pkg/kubelet/images/image_manager.go, tests/fakecluster/ASSUMPTIONS.md "Image pulls"):
+#   Successfully pulled image "<ref>" in <pull> (<total> including waiting). Image size: <n> bytes.
+#   Container image "<ref>" already present on machine[ and can be accessed by the pod]
+# <pull> is the runtime's pull alone, <total> also the wait behind the node's other pulls of
+# it (the kubelet pulls an image once and lets the other pods wait); both are Go durations
+# truncated to the millisecond, measured on the node's monotonic clock.
+PULLED_MESSAGE = re.compile(r'^Successfully pulled image "(?P<image>[^"]*)" in (?P<pull>\S+) \((?P<total>\S+) '
+                            r'including waiting\)(?:\. Image size: (?P<size>\d+) bytes)?')
+CACHED_MESSAGE = re.compile(r'^Container image "(?P<image>[^"]*)" already present on machine')
+GO_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
+GO_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "\u03bcs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
+                     "h": 3600.0}
+
+
+def go_duration_seconds(text):
+    """A Go time.Duration's String() ("1m2.5s", "54ms", "0s") in seconds; None when it is not one."""
+    parts = GO_DURATION_PART.findall(text or "")
+    if not parts or "".join(number + unit for number, unit in parts) != text.lstrip("-"):
+        return None
+    return sum(float(number) * GO_DURATION_UNITS[unit] for number, unit in parts)
+
+
+def event_time(event):
+    """When an Event last happened (Unix seconds; whole seconds for the kubelet's recorder)."""
+    stamp = event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp") or \
+        (event.get("metadata") or {}).get("creationTimestamp")
+    return parse_rfc3339_nano(stamp) or 0.0
+
+
+def events_table(events):
+    """events.txt: one line per Event, oldest first, with its time in UTC."""
+    lines = ["%-20s  %-7s  %-24s  %-40s  %s" % ("LAST SEEN (UTC)", "TYPE", "REASON", "OBJECT", "MESSAGE")]
+    for event in events:
+        target = event.get("involvedObject") or {}
+        when = event_time(event)
+        lines.append("%-20s  %-7s  %-24s  %-40s  %s" % (
+            iso_micro(when)[:19] if when else "?", event.get("type", ""), event.get("reason", ""),
+            "%s/%s" % ((target.get("kind") or "").lower(), target.get("name", "")),
+            " ".join((event.get("message") or "").split())))
+    return "\n".join(lines) + "\n"
+
+
+def image_pulls_by_pod(events):
+    """{pod name: what the kubelet said of its image}: `pulled` (with the pull's own seconds, the
+    seconds including the wait behind other pulls, and the image's size) or `cached` (already on
+    the node), from its Pulled event; a pod without one is not in the map."""
+    pulls = {}
+    for event in events if isinstance(events, list) else []:
+        target = event.get("involvedObject") or {}
+        if target.get("kind") != "Pod" or event.get("reason") != "Pulled":
+            continue
+        message = event.get("message") or ""
+        pulled, cached = PULLED_MESSAGE.match(message), CACHED_MESSAGE.match(message)
+        if pulled:
+            pulls[target.get("name")] = {
+                "state": "pulled", "image": pulled.group("image"),
+                "pull_seconds": go_duration_seconds(pulled.group("pull")),
+                "pull_seconds_including_waiting": go_duration_seconds(pulled.group("total")),
+                "image_size_bytes": int(pulled.group("size")) if pulled.group("size") else None}
+        elif cached and pulls.get(target.get("name"), {}).get("state") != "pulled":
+            pulls[target.get("name")] = {"state": "cached", "image": cached.group("image")}
+    return pulls
+
+
+def add_image_pulls(rows, events):
+    """Each row's `image_pull` from its pod's Pulled event (events.json); `unknown` without one."""
+    pulls = image_pulls_by_pod(events)
+    for row in rows:
+        row["image_pull"] = pulls.get(row.get("pod")) or {
+            "state": "unknown", "why": "no Pulled event for this pod was saved" if isinstance(events, list)
+            else "the folder has no events.json"}
+
+
+def image_pull_summary(rows):
+    """results.json's `image_pulls`: how many episodes' pods pulled their image, found it cached
+    or cannot say, and P50/P95 of the pulls (the kubelet's own figures, ms precision)."""
+    pulls = [row.get("image_pull") or {} for row in rows]
+    pulled = [pull for pull in pulls if pull.get("state") == "pulled"]
+    return {"pulled": len(pulled), "cached": sum(pull.get("state") == "cached" for pull in pulls),
+            "unknown": sum(pull.get("state") not in ("pulled", "cached") for pull in pulls),
+            "images": sorted({pull["image"] for pull in pulls if pull.get("image")}),
+            "pull_seconds": batch_stats([p["pull_seconds"] for p in pulled if p.get("pull_seconds") is not None]),
+            "pull_seconds_including_waiting": batch_stats([
+                p["pull_seconds_including_waiting"] for p in pulled if p.get("pull_seconds_including_waiting") is not None]),
+            "definition": {"source": "the kubelet's Pulled event of each episode's pod", "clock": "kubelet (monotonic)",
+                           "resolution_seconds": 0.001, "unit": "seconds",
+                           "pull_seconds": "the container runtime's pull of the image",
+                           "pull_seconds_including_waiting": "from the kubelet's pull request to the image being "
+                                                             "there, including the wait behind the node's other "
+                                                             "pulls of it"}}
+
+
 def node_summary(node):
     """What a node contributes to a result's meaning: versions, kernel, OS, capacity."""
     info = node.get("status", {}).get("nodeInfo", {})
@@ -3031,8 +3124,22 @@ def kubelet_reason(terminated):
         return None
     if reason == "OOMKilled":  # its message, if any, is the episode's own termination message
         return "OOMKilled: killed at its memory limit (limit %s)" % EPISODE_LIMITS["memory"]
+    if reason == "Unknown":  # containerd's CRI: unknownExitReason, with its unknownExitCode 255
+        return ("Unknown: the container runtime lost the container's exit status (its 255 is the runtime's, not the "
+                "episode's; seen when containerd restarted after the container ended)")
     message = (terminated.get("message") or "").strip()
     return "%s%s" % (reason, ": " + last_line(message) if message else "")
+
+
+def exit_code_words(code):
+    """A container's exit code as words: 128 + N is how a runtime reports a process ended by
+    signal N (137: SIGKILL, from the kernel's OOM killer, a runtime or a person; 143: SIGTERM)."""
+    if isinstance(code, int) and 128 < code < 128 + 65:
+        try:
+            return "exit code %d (128 + %s: killed by a signal)" % (code, signal.Signals(code - 128).name)
+        except ValueError:
+            pass
+    return "exit code %s" % code
 
 
 def describe_failed_pods(pods, logs, explained=()):
@@ -3060,7 +3167,7 @@ def describe_failed_pods(pods, logs, explained=()):
         terminated = statuses[0].get("state", {}).get("terminated")
         if terminated is None:
             continue  # it never ran: why_not_started says why
-        phrase = "pod %s exited %s" % (pod["metadata"]["name"], terminated.get("exitCode", "?"))
+        phrase = "pod %s ended with %s" % (pod["metadata"]["name"], exit_code_words(terminated.get("exitCode", "?")))
         said = kubelet_reason(terminated)
         if said:
             phrase += ", %s" % said
@@ -3371,6 +3478,9 @@ def results_from_folder(output):
     add_kernels(report["pods"], backend.scheme.row_key, pods, logs, read_saved(output / "nodes.json"),
                 run_info.get("machine_kernel"))
     report["isolation"] = isolation_summary(report["pods"], flags["runtime"])
+    if backend.uses_cluster:
+        add_image_pulls(report["pods"], read_saved(output / "events.json"))
+        report["image_pulls"] = image_pull_summary(report["pods"])
     if "round" in run_info:
         report["round"] = run_info["round"]
     backend.describe_results(output, report, observed)
@@ -3418,6 +3528,8 @@ def pool_rounds(rounds, run_info):
                     entry[key] += value
         pooled["cost"] = cost_summary(shares, pooled["successful_episodes"], run_prices(run_info.get("flags", {})))
     pooled["isolation"] = isolation_summary(rows, first["runtime"])
+    if "image_pulls" in first:
+        pooled["image_pulls"] = image_pull_summary(rows)
     pooled["pods"] = rows
     return pooled
 
@@ -3499,7 +3611,13 @@ REPORT_SLOTS = ("count", "setup", "startup", "episode_start", "ready", "startup_
                 "finish", "after", "client", "cost")
 SHARED_REPORT_ROWS = {
     "count": [("episodes passed / run", "count", "passed"), ("reward sum", "count", "reward_sum"),
-              ("infrastructure failures", "count", "infrastructure_failures")],
+              ("infrastructure failures", "count", "infrastructure_failures"),
+              # which kernel the episodes ran on (isolation_summary), and how their pods got the image
+              ("sandbox kernel", "text", "isolation.verdict"),
+              ("episodes on the node's kernel / their own / unknown", "counts",
+               ("isolation", ("episodes_on_node_kernel", "episodes_on_own_kernel", "episodes_unknown"))),
+              ("image pulled / cached / unknown", "counts", ("image_pulls", ("pulled", "cached", "unknown"))),
+              ("image pull P50 / P95 (kubelet, ms)", "stats", "image_pulls.pull_seconds")],
     "episode_start": [(PHASES[name][2] + " P50 / P95", "phase", name) for name in EPISODE_PHASES[:2]],
     "ready": [("batch all ready", "batch", "batch_to_all_ready_seconds")],
     "episode_run": [(PHASES[name][2] + " P50 / P95", "phase", name) for name in EPISODE_PHASES[2:]],
@@ -3594,9 +3712,14 @@ def report_table(columns):
                 counted = results.get(mapping)
                 values.append(None if counted is None else " / ".join("%d" % counted.get(part, 0) for part in parts))
                 ratios.append(None)
-            elif kind == "number":
+            elif kind in ("number", "text"):
                 number = lookup(results, key)
                 values.append(None if number is None else str(number))
+                ratios.append(None)
+            elif kind == "stats":
+                stats = lookup(results, key)
+                values.append(None if not stats or not stats.get("count") else "%s / %s" % (
+                    format_seconds(stats["p50"]), format_seconds(stats["p95"])))
                 ratios.append(None)
             elif kind == "share":
                 share = lookup(results, key)
@@ -5123,8 +5246,11 @@ class Unqueued(Admission):
 
 
 def save_events(cluster, namespace, folder):
-    (folder / "events.txt").write_text(
-        cluster.read("-n", namespace, "get", "events", "--sort-by=.metadata.creationTimestamp"))
+    """events.json (the namespace's Events, oldest first: image pulls are read from it) and
+    events.txt (the same as a table, for people)."""
+    events = sorted(cluster.read_items("-n", namespace, "get", "events"), key=event_time)
+    write_json(folder / "events.json", events)
+    (folder / "events.txt").write_text(events_table(events))
 
 
 def save_state(cluster, namespace, job_name, folder, job=None, watched=None):
@@ -5272,6 +5398,7 @@ class JobRound:
         # those the API no longer has, once known
         self.pods, self.gone = [], None
         self.created = None  # the Job as its create returned it
+        self.events_saved = False  # events.json written for results.json (archive() leaves it so)
         self.measured = "prewarm_node" not in run_info  # a prewarm Job's episode is no sample: not streamed
         progress.feed = JobEpisodeFeed(self) if run.spec.stream and self.measured else None
         progress.log_archive = self.log_archive = LogArchive(
@@ -5354,12 +5481,20 @@ class JobRound:
         # and a failed attempt's log says why it failed.
         needed = [pod["metadata"]["name"] for pod in self.pods if episode_events(pod, "")[1] == "log"
                   or pod.get("status", {}).get("phase") != "Succeeded"]
-        self.log_archive.settle(needed)
-        needed = [name for name in needed  # neither the stream's reads nor the archive's have it
-                  if not (folder / (name + ".log")).exists()]
-        if needed:
-            self.learn_gone()
-            self.logs_of(needed)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as side:
+            # the events say how each pod got its image (results.json's image_pulls): read beside the logs
+            events = side.submit(save_events, self.cluster, self.namespace, folder)
+            self.log_archive.settle(needed)
+            needed = [name for name in needed  # neither the stream's reads nor the archive's have it
+                      if not (folder / (name + ".log")).exists()]
+            if needed:
+                self.learn_gone()
+                self.logs_of(needed)
+            try:
+                events.result()
+                self.events_saved = True
+            except DemoError as error:  # the results do not wait for them: their pulls are unknown
+                self.console.warn("could not read the events, so the image pulls are unknown: %s" % error)
         # From here on only the pods' names are needed: results.json is computed from pods.json,
         # and the watch's copy held beside it would double the tool's memory (10,000 pods: ~100 MB).
         del settled
@@ -5435,11 +5570,13 @@ class JobRound:
         """Every episode's log not saved yet, and the events: the events' read runs beside the
         pod list that says which pods are gone and beside the logs' reads."""
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as side:
-            events = side.submit(save_events, self.cluster, self.namespace, self.folder)
+            # once saved for results.json, never again: its image pulls were computed from that copy
+            events = None if self.events_saved else side.submit(save_events, self.cluster, self.namespace, self.folder)
             self.learn_gone()
             self.log_archive.settle()
             self.logs_of([name for name in self.pod_names() if not (self.folder / (name + ".log")).exists()])
-            events.result()
+            if events is not None:
+                events.result()
 
     def save_what_was_seen(self, error):
         """The wait ended in an error (the Job or its namespace deleted by someone else, an API
@@ -6997,7 +7134,7 @@ def episode_command(claim_name, index, spec):
     if spec.episode:
         env.append("JOB_COMPLETION_INDEX=%d" % index)
     journaled = ["python", "-S", "-B", "/demo/" + EXEC_JOURNAL_FILE, "start", exec_journal(claim_name),
-                 "python", "-B", "/demo/episode.py"]
+                 "python", "-B", "/demo/" + SANDBOX_PROBE_FILE, "/demo/episode.py"]
     if spec.tasks_list is None:
         return ["env", *env, *journaled]
     if not spec.pool:
@@ -7219,11 +7356,13 @@ class WarmPoolRun:
                 tries.answered()
                 return result
             first = first or result
-            if result.code == 2 and b"can't open file" in result.stderr and EXEC_JOURNAL_FILE.encode() in result.stderr:
-                tries.answered()  # a kept pool made by an rl-batch-demo before the exec journal: nothing ran
+            missing = next((name for name in (EXEC_JOURNAL_FILE, SANDBOX_PROBE_FILE) if result.code == 2 and
+                            b"can't open file" in result.stderr and ("/demo/" + name).encode() in result.stderr), None)
+            if missing:
+                tries.answered()  # a kept pool made by an older rl-batch-demo: its episode did not start
                 return ExecResult(None, result.stdout, result.stderr, sent_at=result.sent_at, error=(
                     "the sandbox has no /demo/%s: its pool was made by an older rl-batch-demo; make it again "
-                    "(`pool down`, then `pool up`)" % EXEC_JOURNAL_FILE))
+                    "(`pool down`, then `pool up`)" % missing))
             word = exec_journal_word(result)
             if word in ("never-started", "started-before") and journal_turns < EXEC_JOURNAL_TURNS:
                 journal_turns += 1
@@ -7406,6 +7545,7 @@ class WarmPoolRun:
             pool_record["exec_channel"] = self.channel.record()
         write_json(output / "warm-pool.json", pool_record)
         write_json(output / "episodes.json", records)
+        save_node_summaries(self.run.facts["nodes"], records, output)  # each episode's node: its kernel
         created = min((claim["metadata"]["creationTimestamp"] for claim in claims), default=utc_now())
         write_json(output / "job.json", batch_record(WarmPoolBackend, "WarmPoolBatch", POOL_NAME, created, {
             "episodes": len(names), "finished_episodes": len(records)}))
@@ -9424,6 +9564,9 @@ def comparison(arms, seed, resamples=COMPARE_RESAMPLES):
     for arm in figures:
         if not any(results.get("successful_episodes") for results in arms[arm]):
             figures[arm]["no_samples"] = first_failure(arms[arm])
+        rows = [row for results in arms[arm] for row in results.get("pods") or []]
+        figures[arm]["sandbox_kernel"] = {key: value for key, value in isolation_summary(
+            rows, arms[arm][0].get("runtime")).items() if key in ("verdict", "kernels_reported", "node_kernels", "finding")}
     names = [arm for arm in figures if "no_samples" not in figures[arm]]
     pairs = []
     for metric in comparison_metrics({arm: arms[arm] for arm in names}) if names else []:
@@ -9692,8 +9835,13 @@ def comparison_lines(result):
         result["method"]["interval"], result["method"]["resamples"], result["method"]["seed"],
         ", ".join("%s %d" % (arm, figures["rounds"]) for arm, figures in result["arms"].items()))]
     for arm, figures in result["arms"].items():
+        kernel = figures.get("sandbox_kernel") or {}
+        if kernel:
+            lines.append("  %s: sandbox kernel %s (episodes reported %s; the nodes' %s)" % (
+                arm, kernel["verdict"], ", ".join(kernel["kernels_reported"]) or "none",
+                ", ".join(kernel["node_kernels"]) or "unknown"))
         for key, figure in figures.items():
-            if isinstance(figure, dict):
+            if isinstance(figure, dict) and "label" in figure:
                 lines.append("  %s: %s %s %s (%s to %s)" % (arm, figure["label"], format_figure(figure["value"]),
                                                          figure["unit"], format_figure(figure["low"]),
                                                          format_figure(figure["high"])))

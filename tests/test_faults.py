@@ -116,7 +116,7 @@ WARM_POOL = {"agentSandbox": {"version": "v0.5.6", "extensions": True}}
 def counted_episodes_cluster(make_cluster, tmp_path, **config):
     """Episodes that take 3 s and note their EPISODE_ID in `episode-runs` each time one starts
     (the image's `python`, called with the episode program), whatever the tool sent."""
-    body = 'case "$2" in */episode.py) echo "$EPISODE_ID" >> "%s"; sleep 3;; esac\nexec $PY "$@"' % (
+    body = 'case "$2" in */sandbox.py) echo "$EPISODE_ID" >> "%s"; sleep 3;; esac\nexec $PY "$@"' % (
         tmp_path / "episode-runs")
     return cluster_with_image(make_cluster, tmp_path, "counted:1", body, **dict(WARM_POOL, **config))
 
@@ -418,7 +418,7 @@ def test_a_retry_note_names_the_whole_kubectl_command(make_cluster, run_tool, tm
     result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
     assert result.code == 0, result
     namespace = read(tmp_path / "out" / "receipt.json")["namespace"]
-    assert re.search(r"kubectl -n %s get events --sort-by=.metadata.creationTimestamp: Error from server "
+    assert re.search(r"kubectl -n %s get events -o json: Error from server "
                      r"\(InternalError\): .*; retrying in" % namespace, result.stderr), result.stderr
 
 

@@ -3,12 +3,13 @@ runc and gVisor's runsc, registered with the real control plane beside its kwok 
 pulled from a registry on a loopback port. Run the tier alone with `python3 -m pytest -m realnode`."""
 
 import json
+import signal
 import subprocess
 import sys
 
 import pytest
 
-from conftest import SCRIPT, Result, read
+from conftest import EPISODE, SCRIPT, Result, read, wait_for, write_tasks
 
 pytestmark = [pytest.mark.realnode, pytest.mark.controlplane]
 
@@ -22,6 +23,46 @@ def run_tool_on(plane, tmp_path, *args, timeout=900):
 def python_image():
     from realnode.node import image_ref
     return image_ref("python")
+
+
+def start_tool_on(plane, tmp_path, *args):
+    return subprocess.Popen([sys.executable, str(SCRIPT), *args], cwd=str(tmp_path), env=plane.env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+
+
+# Custom episodes (tests/episodes/scripted.py) held after their ready event until the test writes
+# /workspace/release into each one's emptyDir from outside: a batch the test can fault mid-way.
+RELEASE = "/workspace/release"
+
+
+def start_held_batch(plane, tmp_path, count, *extra):
+    """A run of `count` held episodes on runc; (process, namespace, running pods) once each runs."""
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"wait_for": RELEASE, "on_sigterm": "exit", "reward": 0.5}] * count)
+    process = start_tool_on(plane, tmp_path, "run", "--episode", EPISODE, "--tasks", tasks, "--runtime", "runc",
+                            "--image", python_image(), "--output", "out", *extra)
+    receipt = tmp_path / "out" / "receipt.json"
+
+    def created():
+        assert process.poll() is None, "the tool ended early: %s" % (process.communicate(),)
+        return receipt.exists() and "job_uid" in receipt.read_text()
+    wait_for("the run's Job", created)
+    namespace = read(receipt)["namespace"]
+
+    def running():
+        pods = [pod for pod in plane.get_json("-n", namespace, "pods")["items"]
+                if (pod["status"].get("containerStatuses") or [{}])[0].get("state", {}).get("running")]
+        return pods if len(pods) == count else None
+    return process, namespace, wait_for("the episodes to run", running)
+
+
+def release(node, pods):
+    for pod in pods:
+        (node.pod_volume(pod["metadata"]["uid"], "workspace") / "release").write_text("")
+
+
+def restarts(plane, namespace):
+    return [status.get("restartCount") for pod in plane.get_json("-n", namespace, "pods")["items"]
+            for status in pod["status"].get("containerStatuses") or []]
 
 
 def test_a_pod_runs_on_the_real_node_hardened_and_the_node_leaves_nothing(real_node, tmp_path):
@@ -141,4 +182,148 @@ def test_an_episode_killed_at_its_memory_limit_is_named_oomkilled(real_node, tmp
                        "--episode", str(episode), "--output", "out")
     assert done.code != 0, done
     assert "OOMKilled" in done.stderr, done
+    assert run_tool_on(plane, tmp_path, "cleanup", "out").code == 0
+
+
+# ---------------------------------------------------------------- agent-sandbox's warm pool on the real node
+
+
+@pytest.mark.parts("agent-sandbox")
+def test_a_warm_pool_batch_under_gvisor_execs_through_the_kubelet_and_proves_its_kernel(real_node, tmp_path):
+    plane, node = real_node
+    done = run_tool_on(plane, tmp_path, "run", "--backend", "warm-pool", "--count", "4", "--runtime", "gvisor",
+                       "--image", python_image(), "--require-isolation", "--output", "out")
+    assert done.code == 0, done
+    results = read(tmp_path / "out" / "results.json")
+    assert (results["episodes"], results["successful_episodes"], results["reward_sum"]) == (4, 4, 4.0)
+    assert results["exec_channel"]["kind"] == "websocket"  # the API server's exec, then the kubelet's CRI stream
+    node_kernel = node.node_object()["status"]["nodeInfo"]["kernelVersion"]
+    # the exec'd episode ran the probe first, inside gVisor's Sentry
+    assert {row["kernel"]["shared_node_kernel"] for row in results["pods"]} == {False}
+    assert {row["kernel"]["node_kernel"] for row in results["pods"]} == {node_kernel}
+    assert results["isolation"]["verdict"] == "separate-kernel"
+    cleaned = run_tool_on(plane, tmp_path, "cleanup", "out")
+    assert cleaned.code == 0, cleaned
+
+
+@pytest.mark.parts("agent-sandbox")
+def test_a_kept_pool_serves_two_steps_on_the_real_node_each_episode_once(real_node, tmp_path):
+    plane, node = real_node
+    up = run_tool_on(plane, tmp_path, "pool", "up", "--size", "2", "--runtime", "runc", "--image", python_image(),
+                     "--output", "pool")
+    assert up.code == 0, up
+    namespace = read(tmp_path / "pool" / "pool.json")["namespace"]
+    for number in (1, 2):
+        done = run_tool_on(plane, tmp_path, "run", "--backend", "warm-pool", "--pool", "pool", "--count", "2",
+                           "--output", "step-%d" % number)
+        assert done.code == 0, done
+        results = read(tmp_path / ("step-%d" % number) / "results.json")
+        assert results["successful_episodes"] == 2
+        assert results["isolation"]["verdict"] == "node-kernel"  # runc: a fact, not a finding
+        assert "not a sandbox" not in done.stderr
+        assert plane.get_json("-n", namespace, "sandboxclaims")["items"] == []
+    # every sandbox pod ran on the real node, and each step's episodes were distinct
+    pods = plane.get_json("-n", namespace, "pods")["items"]
+    assert pods and {pod["spec"]["nodeName"] for pod in pods} == {node.name}
+    ids = [row["claim"] for number in (1, 2) for row in read(tmp_path / ("step-%d" % number) / "results.json")["pods"]]
+    assert len(ids) == len(set(ids)) == 4
+    down = run_tool_on(plane, tmp_path, "pool", "down", "pool")
+    assert down.code == 0, down
+
+
+# ---------------------------------------------------------------- faults only a real node shows
+
+
+def test_ctrl_c_mid_batch_on_the_real_node_then_cleanup_leaves_nothing(real_node, tmp_path):
+    plane, node = real_node
+    process, namespace, _ = start_held_batch(plane, tmp_path, 2)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 130, stderr
+    assert "Interrupted. Clean up with:" in stderr
+    cleaned = run_tool_on(plane, tmp_path, "cleanup", "out")
+    assert cleaned.code == 0, cleaned
+    assert "Deleted the run's namespace: " + namespace in cleaned.stderr
+    # the kubelet stopped both containers and removed their pod sandboxes (the fixture checks the rest)
+    wait_for("the node to have no pod of the run", lambda: not [
+        pod for pod in plane.get_json("pods", "--all-namespaces")["items"] if pod["metadata"]["namespace"] == namespace])
+
+
+@pytest.mark.parametrize("part", ["containerd", "kubelet"])
+def test_a_batch_rides_out_a_node_part_killed_and_restarted_mid_batch(real_node, tmp_path, part):
+    # What the kubelet did (this test's finding): the containers outlive both, since containerd's
+    # shims hold them; the restarted kubelet finds them through the CRI and reports their exits.
+    plane, node = real_node
+    process, namespace, pods = start_held_batch(plane, tmp_path, 2)
+    node.kill(part)
+    release(node, pods)
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr
+    results = read(tmp_path / "out" / "results.json")
+    assert (results["successful_episodes"], results["reward_sum"]) == (2, 1.0)
+    assert restarts(plane, namespace) == [0, 0]  # no episode ran twice
+    assert run_tool_on(plane, tmp_path, "cleanup", "out").code == 0
+
+
+def test_a_container_killed_by_its_runtime_is_named_with_its_signal(real_node, tmp_path):
+    plane, node = real_node
+    process, namespace, pods = start_held_batch(plane, tmp_path, 1)
+    (episode,) = node.container_processes(pods[0]["metadata"]["uid"])
+    __import__("os").kill(episode, signal.SIGKILL)  # as a runtime (or the kernel) would
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 5, stderr  # results written; the episode is an infrastructure failure
+    assert "exit code 137 (128 + SIGKILL: killed by a signal)" in stderr, stderr
+    failures = read(tmp_path / "out" / "results.json")["infrastructure_failures"]
+    assert "SIGKILL" in json.dumps(failures), failures
+    assert run_tool_on(plane, tmp_path, "cleanup", "out").code == 0
+
+
+def test_custom_episodes_with_tasks_run_on_the_real_node_each_with_its_task(real_node, tmp_path):
+    plane, node = real_node
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": "t%d" % n, "reward": n / 4} for n in range(4)])
+    done = run_tool_on(plane, tmp_path, "run", "--episode", EPISODE, "--tasks", tasks, "--runtime", "gvisor",
+                       "--image", python_image(), "--output", "out")
+    assert done.code == 0, done
+    results = read(tmp_path / "out" / "results.json")
+    assert results["reward_sum"] == pytest.approx(1.5)
+    assert [(task["task"], task["reward"]) for task in results["tasks"]] == [(n, n / 4) for n in range(4)]
+    assert results["isolation"]["verdict"] == "separate-kernel"  # the probe wraps custom episodes too
+    assert run_tool_on(plane, tmp_path, "cleanup", "out").code == 0
+
+
+def test_rounds_with_prewarm_tell_the_first_pull_from_the_cached_ones(real_node, tmp_path):
+    plane, node = real_node
+    done = run_tool_on(plane, tmp_path, "run", "--count", "2", "--rounds", "2", "--prewarm", "--runtime", "runc",
+                       "--image", python_image(), "--output", "out")
+    assert done.code == 0, done
+    results = read(tmp_path / "out" / "results.json")
+    assert results["cache_state"] == "prewarmed"
+    # the warm-up episode pulled (the image was in the registry only); every measured one found it cached
+    assert (results["image_pulls"]["pulled"], results["image_pulls"]["cached"]) == (0, 4), results["image_pulls"]
+    prewarm = [read(path) for path in (tmp_path / "out" / "prewarm").glob("*/results.json")]
+    assert [result["image_pulls"]["pulled"] for result in prewarm] == [1], prewarm
+    pull = next(row["image_pull"] for row in prewarm[0]["pods"])
+    assert pull["image"] == python_image() and pull["pull_seconds"] > 0 and pull["image_size_bytes"] > 0
+    assert run_tool_on(plane, tmp_path, "cleanup", "out").code == 0
+
+
+def test_an_episode_that_ends_while_containerd_is_down_is_named_with_the_runtimes_unknown(real_node, tmp_path):
+    # What the real parts did (containerd v2.4.2): the episode's exit reached no containerd, and
+    # the restarted one took its shim for a leaked one (core/runtime/v2/shim_load.go,
+    # shouldCleanupShim: not a sandbox, no process left) and deleted it with the exit status; the
+    # CRI then reports reason Unknown, exit code 255 (internal/cri/server/helpers.go), and what the
+    # episode printed while containerd was stopped never reached its log.
+    plane, node = real_node
+    process, namespace, pods = start_held_batch(plane, tmp_path, 1)
+    uid = pods[0]["metadata"]["uid"]
+    node.pause("containerd")
+    release(node, pods)
+    wait_for("the episode to end", lambda: not node.container_processes(uid))
+    node.kill("containerd")
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 5, stderr  # results written; the episode is an infrastructure failure
+    assert "Unknown: the container runtime lost the container's exit status" in stderr, stderr
+    (pod,) = read(tmp_path / "out" / "pods.json")
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert (terminated["reason"], terminated["exitCode"]) == ("Unknown", 255)
     assert run_tool_on(plane, tmp_path, "cleanup", "out").code == 0

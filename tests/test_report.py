@@ -155,6 +155,17 @@ def test_report_prints_the_side_by_side_table_with_ratios(two_runs, run_tool):
     assert " ms" in rows["Python module import P50 / P95"]
 
 
+def test_report_shows_the_sandbox_kernel_and_how_the_pods_got_their_image(two_runs, run_tool):
+    result = run_tool("report", str(two_runs[0]), str(two_runs[1]))
+    assert result.code == 0, result
+    rows = {line.split(" | ")[0].lstrip("| ").rstrip(" *"): line for line in result.stdout.splitlines()
+            if line.startswith("|")}
+    # the simulated kubelet says every image was already present; its runtime shares the node's kernel
+    assert rows["image pulled / cached / unknown"].endswith("| 0 / 10 / 0 | 0 / 10 / 0 |")
+    assert rows["sandbox kernel"].endswith("| node-kernel | node-kernel |")
+    assert rows["episodes on the node's kernel / their own / unknown"].endswith("| 10 / 0 / 0 | 10 / 0 / 0 |")
+
+
 def test_report_json_matches_the_saved_results(two_runs, run_tool):
     table = json.loads(run_tool("report", str(two_runs[0]), str(two_runs[1]), "--json").stdout)
     assert table["columns"] == ["par", "seq"]

@@ -27,6 +27,7 @@ import os
 from pathlib import Path
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,7 @@ NODE_LABEL = "rl-batch-demo.test/node"
 REGISTRY_HOST = "rlbd.test"
 IMAGES = {"pause": "pause:1", "python": "python:3.11", "no-python": "no-python:1"}
 CGROUP_ROOT = "/sys/fs/cgroup"
+KUBELET_PORT = 10250  # its API (logs, exec), on the node's own address: each node has its own
 # Where a node writes when nothing binds its own folder there (checked by leftovers())
 OUTSIDE_PATHS = ("/var/lib/kubelet", "/var/log/pods", "/var/log/containers", "/var/lib/cni", "/run/containerd",
                  "/var/lib/containerd", "/run/netns", "/etc/cni/net.d", "/opt/cni")
@@ -311,7 +313,7 @@ class RealNode:
             # this machine mounts cgroup v1 hierarchies (deprecated; refused by default since 1.35) and
             # PID 1 is not systemd
             "failCgroupV1": False, "cgroupDriver": "cgroupfs", "cgroupRoot": "/" + self.cgroup_name,
-            "address": self.node_ip, "readOnlyPort": 0, "healthzPort": 0,
+            "address": self.node_ip, "port": KUBELET_PORT, "readOnlyPort": 0, "healthzPort": 0,
             "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
                                "x509": {"clientCAFile": str(pki / "ca.crt")}},
             "authorization": {"mode": "AlwaysAllow"},
@@ -370,14 +372,53 @@ class RealNode:
 
     def kill(self, part):
         """SIGKILL containerd or the kubelet; nodeinit starts it again (as systemd would). Returns
-        the old pid once a new one runs."""
+        the old pid once the new one serves: containerd once it says it booted (it loads its
+        shims before it serves), the kubelet once its port accepts a connection."""
         old = self.pids()[part]
+        logged = (self.state / (part + ".log")).stat().st_size
         os.kill(old, signal.SIGKILL)
-        deadline = time.monotonic() + 60
-        while self.pids().get(part) in (None, old):
-            assert time.monotonic() < deadline, "%s was not restarted" % part
+        deadline = time.monotonic() + 120
+        while not self.serving_again(part, old, logged):
+            assert time.monotonic() < deadline, "%s was not restarted (%s)" % (part, self.state / (part + ".log"))
             time.sleep(0.05)
         return old
+
+    def serving_again(self, part, old, logged):
+        if self.pids().get(part) in (None, old):
+            return False
+        if part == "containerd":
+            with open(self.state / "containerd.log", "rb") as log:
+                log.seek(logged)
+                return b"containerd successfully booted" in log.read()
+        try:
+            socket.create_connection((self.node_ip, KUBELET_PORT), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    def pause(self, part):
+        """SIGSTOP containerd or the kubelet (a process that stops answering, not one that ended)."""
+        os.kill(self.pids()[part], signal.SIGSTOP)
+
+    def pod_volume(self, pod_uid, volume):
+        """Where the kubelet keeps a pod's emptyDir volume, as this machine sees it."""
+        return self.root / "fs" / "var-lib" / "kubelet" / "pods" / pod_uid / "volumes" / "kubernetes.io~empty-dir" / volume
+
+    def container_processes(self, pod_uid):
+        """The pids of a pod's containers (not its pause): the processes in the pod's cgroup under
+        this node's cgroup root, found through /proc/PID/cgroup (cgroupfs names it pod<uid>)."""
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                groups = Path("/proc/%s/cgroup" % entry).read_text()
+                command = Path("/proc/%s/cmdline" % entry).read_bytes()
+            except OSError:
+                continue
+            if "/%s/" % self.cgroup_name in groups and "pod" + pod_uid in groups and b"pause" not in command:
+                found.append(int(entry))
+        return found
 
     def log(self, part):
         return (self.state / (part + ".log")).read_text(errors="replace")
@@ -414,15 +455,19 @@ class RealNode:
 
     def namespace_members(self):
         """The live processes in the node's mount namespace."""
-        members = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    if os.readlink("/proc/%s/ns/mnt" % entry) == self.mount_namespace and alive(int(entry)):
-                        members.append(int(entry))
-                except OSError:
-                    continue
-        return members
+        return [int(entry) for entry in os.listdir("/proc") if entry.isdigit() and self.in_mount_namespace(entry)
+                and alive(int(entry))]
+
+    def in_mount_namespace(self, pid):
+        """Whether process `pid` is in the node's mount namespace. The kernel reuses a namespace's
+        inode number once it is gone (seen: a gVisor gofer of another test's node, in a namespace
+        of its own, had the number of this node's ended one), so the number alone is not the
+        namespace: its mounts of the node's folder are."""
+        try:
+            return os.readlink("/proc/%s/ns/mnt" % pid) == self.mount_namespace and \
+                str(self.root) in Path("/proc/%s/mountinfo" % pid).read_text()
+        except OSError:
+            return False
 
     def remove_cgroups(self):
         for hierarchy in self.hierarchies():
@@ -461,11 +506,7 @@ class RealNode:
                     continue
                 if str(self.root) in mounts:
                     left.append("mounts of the node's folder seen by process %s (%s)" % (entry, command[:100]))
-                try:
-                    namespace = os.readlink("/proc/%s/ns/mnt" % entry)
-                except OSError:
-                    continue
-                if namespace == self.mount_namespace or str(self.root) in command:
+                if self.in_mount_namespace(entry) or str(self.root) in command:
                     left.append("process %s: %s" % (entry, command[:200]))
         for path in OUTSIDE_PATHS:
             if os.path.exists(path) and path not in self.outside_before:
