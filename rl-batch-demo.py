@@ -2266,8 +2266,13 @@ def common_manifests(spec, namespace, run_id):
 #               clock, whole seconds
 #   episode     the episode's own time.time() inside the sandbox: sub-microsecond, but
 #               a VM sandbox has its own guest clock
-#   client      this tool's wall clock (time.time()), for what only the tool sees
+#   client      this tool's wall clock (time.time()), for what only the tool sees: its create
+#               calls as it sent them, and each transition as its watch received it (the
+#               transition itself came earlier, by the watch's delivery latency, usually a few
+#               ms; clusterloader2 stamps its pod startup the same way). Millisecond figures.
 # A delta between two clocks is good to about one second and needs synchronised clocks.
+# A phase whose end is a whole-second stamp (truncated) can come out negative for a duration
+# under a second: it is then no figure but a bound (episode_phases, phase_bounds).
 
 
 @dataclasses.dataclass(eq=False)  # compared and hashed by identity: each backend names its own
@@ -2312,6 +2317,10 @@ TIME_POINTS = {
     "ready": ("episode", 1e-6, "ready event at"),
     "reward": ("episode", 1e-6, "reward event at"),
     "container_finished": ("kubelet", 1.0, "containerStatuses[0].state.terminated.finishedAt"),
+    # the same transitions as the tool's pod watch received them (JobWatches), sub-second
+    "pod_seen": ("client", 1e-3, "the tool's pod watch first delivered the pod"),
+    "scheduled_seen": ("client", 1e-3, "the tool's pod watch first delivered it with PodScheduled=True"),
+    "container_started_seen": ("client", 1e-3, "the tool's pod watch first delivered its container running or ended"),
 }
 
 # Per-episode phases: name -> (from point, to point, label). pod_to_ready is the tutorial's metric.
@@ -2326,6 +2335,12 @@ PHASES = {
     "ready_to_reward": ("ready", "reward", "ready -> reward"),
     "reward_to_container_finished": ("reward", "container_finished", "reward -> container finished"),
     "pod_to_ready": ("pod_created", "ready", "pod created -> ready"),
+    # sub-second startup on the client clock (from the pod's first delivery, so without the
+    # creationTimestamp's truncation): tells apart starts that whole seconds cannot
+    "client_scheduling": ("pod_seen", "scheduled_seen", "pod seen -> scheduled seen"),
+    "client_scheduled_to_container_started": ("scheduled_seen", "container_started_seen",
+                                              "scheduled seen -> container started seen"),
+    "client_pod_to_ready": ("pod_seen", "ready", "pod seen -> ready"),
 }
 # The phases every scheme shares (the episode program's own), defined alike in each.
 EPISODE_PHASES = ("module_import", "import_done_to_ready", "ready_to_reward")
@@ -2423,19 +2438,33 @@ def episode_times(pod, ready, reward, observed=None):
         value = event.get(key)
         times[point] = float(value) if isinstance(value, (int, float)) else None
         missing[point] = None if times[point] is not None else "the %s event has no %s" % (event.get("event"), key)
+    for point, key in (("pod_seen", "first_seen"), ("scheduled_seen", "scheduled_seen"),
+                       ("container_started_seen", "container_started_seen")):
+        value = (observed or {}).get(key)
+        times[point] = float(value) if isinstance(value, (int, float)) else None
+        missing[point] = None if times[point] is not None else "the tool's pod watch did not see it (observed.json)"
     return times, {point: why for point, why in missing.items() if why}, {}
 
 
 def episode_phases(times, missing, scheme):
-    """{phase: seconds or None} and {phase: why None} from one episode's times."""
-    phases, notes = {}, {}
+    """({phase: seconds or None}, {phase: why None}, {phase: upper bound in seconds}) from one
+    episode's times. A phase measured negative is no duration: its end is a stamp truncated to
+    its resolution (a kubelet's finishedAt, say), so the true one is at least 0 and under the
+    measured value plus that resolution: None, with that bound."""
+    phases, notes, bounds = {}, {}, {}
     for name, (start, end, _) in scheme.phases.items():
         if times.get(start) is None or times.get(end) is None:
             phases[name] = None
             notes[name] = missing.get(start) or missing.get(end)
-        else:
-            phases[name] = times[end] - times[start]
-    return phases, notes
+            continue
+        phases[name] = times[end] - times[start]
+        if phases[name] < 0:
+            resolution = max(scheme.points[start][1], scheme.points[end][1])
+            bounds[name] = round(max(phases[name] + resolution, 0.0), 6)
+            notes[name] = "measured negative: under %g s, a bound (phase_bounds), since an end is a stamp " \
+                          "truncated to %g s" % (resolution, resolution)
+            phases[name] = None
+    return phases, notes, bounds
 
 
 POD_SCHEME = PhaseScheme(
@@ -2444,7 +2473,7 @@ POD_SCHEME = PhaseScheme(
     timeline_fallbacks={"scheduled_to_container_started": "sandbox_ready"}, kubelet_logs=True,
     report_phases={"startup": ("scheduling", "sandbox_start", "container_start", "scheduled_to_container_started",
                                "interpreter_start"),
-                   "startup_metric": ("pod_to_ready",), "finish": ("reward_to_container_finished",)})
+                   "startup_metric": ("pod_to_ready", "client_pod_to_ready"), "finish": ("reward_to_container_finished",)})
 
 
 def job_finished_time(job):
@@ -2649,11 +2678,13 @@ def episode_row(pod, ready, reward, job_created, observed, source, job_finished=
     ready_at, reward_at = float(ready["at"]), float(reward["at"])
     pod_created = parse_k8s_time(pod["metadata"]["creationTimestamp"])
     times, missing, fallbacks = scheme.times_of(pod, ready, reward, observed)
-    phases, notes = episode_phases(times, missing, scheme)
+    phases, notes, bounds = episode_phases(times, missing, scheme)
     skew = episode_skew(times, job_finished, scheme.created_point)
-    withhold_skewed_phases(phases, notes, scheme, skew, pod["spec"].get("nodeName"))
+    withhold_skewed_phases(phases, notes, scheme, skew, pod["spec"].get("nodeName"), bounds)
     episode_skewed = any(finding["clock"] == "episode" for finding in skew)
     extra = {"time_fallbacks": fallbacks} if fallbacks else {}
+    if bounds:
+        extra["phase_bounds"] = bounds  # phase -> the duration is under this (measured negative)
     return {
         **scheme.identity(pod),
         "node": pod["spec"].get("nodeName"),
@@ -2675,14 +2706,16 @@ def episode_row(pod, ready, reward, job_created, observed, source, job_finished=
     }
 
 
-def withhold_skewed_phases(phases, notes, scheme, skew, node):
+def withhold_skewed_phases(phases, notes, scheme, skew, node, bounds=None):
     """A phase that compares a clock this episode shows skewed with another clock is not a
-    duration (it can even be negative): null, with the skew named in its note."""
+    duration (it can even be negative), nor a bound: null, with the skew named in its note."""
+    bounds = {} if bounds is None else bounds
     for finding in skew:
         for name, (start, end, _) in scheme.phases.items():
             clocks = {scheme.points[start][0], scheme.points[end][0]}
-            if phases.get(name) is not None and len(clocks) > 1 and finding["clock"] in clocks:
+            if (phases.get(name) is not None or name in bounds) and len(clocks) > 1 and finding["clock"] in clocks:
                 phases[name] = None
+                bounds.pop(name, None)
                 notes[name] = "withheld: %s" % skew_phrase(dict(finding, node=node))
 
 
@@ -2879,8 +2912,11 @@ def phase_statistics(rows, scheme):
     for name in scheme.phases:
         values = [row["phases"][name] for row in rows if row["phases"][name] is not None]
         reasons = collections.Counter(row["phase_notes"][name] for row in rows if name in row["phase_notes"])
+        bounds = [row["phase_bounds"][name] for row in rows if name in (row.get("phase_bounds") or {})]
         phases[name] = {**phase_definition(name, scheme), **batch_stats(values),
-                        "missing": sum(reasons.values()), "missing_reasons": dict(reasons)}
+                        "missing": sum(reasons.values()), "missing_reasons": dict(reasons),
+                        # episodes whose duration is only bounded (measured negative), and their largest bound
+                        "bounded": len(bounds), "bounded_below_seconds": max(bounds) if bounds else None}
     return phases
 
 
@@ -3731,8 +3767,11 @@ def report_table(columns):
                 ratios.append(amount / base if amount is not None and base else None)
             elif kind == "phase":
                 phase = results.get("phases", {}).get(key)
-                values.append(None if phase is None or phase["count"] == 0 else "%s / %s" % (
-                    format_seconds(phase["p50"], coarse), format_seconds(phase["p95"], coarse)))
+                if phase is not None and phase["count"] == 0 and phase.get("bounded"):
+                    values.append("under %s (a bound)" % format_seconds(phase["bounded_below_seconds"], coarse))
+                else:
+                    values.append(None if phase is None or phase["count"] == 0 else "%s / %s" % (
+                        format_seconds(phase["p50"], coarse), format_seconds(phase["p95"], coarse)))
                 ratios.append(None)
             else:
                 per_round, base_rounds = batch_values(results, key), batch_values(columns[0][1], key)
@@ -5066,7 +5105,13 @@ class JobWatches:
             job_name, name = labels.get("job-name") or labels.get("batch.kubernetes.io/job-name"), \
                 pod["metadata"]["name"]
             self.pods[job_name][name] = pod
-            self.observed[job_name].setdefault(name, {}).setdefault("first_seen", arrival)
+            seen = self.observed[job_name].setdefault(name, {})
+            seen.setdefault("first_seen", arrival)
+            if condition_time(pod, "PodScheduled")[0] is not None:
+                seen.setdefault("scheduled_seen", arrival)
+            state = ((pod.get("status", {}).get("containerStatuses") or [{}])[0].get("state") or {})
+            if "running" in state or "terminated" in state:
+                seen.setdefault("container_started_seen", arrival)
             when, _ = condition_time(pod, "PodReadyToStartContainers")
             if when is not None and "sandbox_ready" not in self.observed[job_name].get(name, {}):
                 self.observed[job_name].setdefault(name, {})["sandbox_ready"] = when
@@ -8545,8 +8590,10 @@ def local_record(name, index, created, finished, code, message, timed_out, inter
 def local_episode_times(record, ready, reward, observed=None):
     """A local episode's points: a pod's, with no scheduler and no sandbox to time."""
     times, missing, fallbacks = episode_times(record, ready, reward, observed)
-    for point in ("scheduled", "sandbox_ready"):
+    for point in ("scheduled", "sandbox_ready", "scheduled_seen"):
         missing[point] = "local backend: no scheduler and no sandbox"
+    for point in ("pod_seen", "container_started_seen"):
+        missing[point] = "local backend: no pod watch (its process start is the container start)"
     return times, missing, fallbacks
 
 

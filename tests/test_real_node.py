@@ -327,3 +327,37 @@ def test_an_episode_that_ends_while_containerd_is_down_is_named_with_the_runtime
     terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert (terminated["reason"], terminated["exitCode"]) == ("Unknown", 255)
     assert run_tool_on(plane, tmp_path, "cleanup", "out").code == 0
+
+
+def test_the_registry_stopped_mid_batch_leaves_the_rest_to_the_nodes_cached_image(
+        tmp_path, controlplane_binaries, realnode_binaries):
+    # What the kubelet did: imagePullPolicy IfNotPresent, so once the first pod pulled the image
+    # every later pod found it on the node ("already present") and never asked the stopped registry.
+    from conftest import start_real_node
+    from realnode.node import Registry
+    registry = Registry(tmp_path / "registry", realnode_binaries)
+    try:
+        registry.start().push_built()
+        plane, node = start_real_node(tmp_path, controlplane_binaries, realnode_binaries, registry)
+    except BaseException:
+        registry.stop()
+        raise
+    try:
+        process = start_tool_on(plane, tmp_path, "run", "--count", "3", "--parallelism", "1", "--runtime", "runc",
+                                "--image", python_image(), "--output", "out")
+        receipt = tmp_path / "out" / "receipt.json"
+        wait_for("the run's namespace", lambda: receipt.exists() and "job_uid" in receipt.read_text())
+        namespace = read(receipt)["namespace"]
+        wait_for("the first pull", lambda: [event for event in plane.get_json("-n", namespace, "events")["items"]
+                                            if event["message"].startswith("Successfully pulled image")])
+        registry.stop()
+        _, stderr = process.communicate(timeout=600)
+        assert process.returncode == 0, stderr
+        pulls = read(tmp_path / "out" / "results.json")["image_pulls"]
+        assert (pulls["pulled"], pulls["cached"], pulls["unknown"]) == (1, 2, 0), pulls
+        assert run_tool_on(plane, tmp_path, "cleanup", "out").code == 0
+    finally:
+        node.stop()
+        plane.stop()
+        registry.stop()
+    assert node.leftovers() == []

@@ -83,10 +83,12 @@ def test_results_carry_every_phase_with_quantiles_clocks_and_precision(two_runs)
     results = read(two_runs[0] / "results.json")
     assert set(results["phases"]) == {
         "scheduling", "sandbox_start", "container_start", "scheduled_to_container_started", "interpreter_start",
-        "module_import", "import_done_to_ready", "ready_to_reward", "reward_to_container_finished", "pod_to_ready"}
+        "module_import", "import_done_to_ready", "ready_to_reward", "reward_to_container_finished", "pod_to_ready",
+        "client_scheduling", "client_scheduled_to_container_started", "client_pod_to_ready"}
     for name, phase in results["phases"].items():
         assert {"from", "to", "clocks", "mixed_clocks", "resolution_seconds", "unit", "count", "p50", "p95",
-                "p99", "min", "max", "mean", "missing", "missing_reasons"} <= set(phase), name
+                "p99", "min", "max", "mean", "missing", "missing_reasons", "bounded",
+                "bounded_below_seconds"} <= set(phase), name
         assert phase["count"] + phase["missing"] == 10, name
     assert results["phases"]["module_import"]["count"] == 10
     assert results["phases"]["module_import"]["p50"] > 0
@@ -97,7 +99,12 @@ def test_results_carry_every_phase_with_quantiles_clocks_and_precision(two_runs)
     assert sorted(observed) == sorted(row["pod"] for row in results["pods"])
     row = results["pods"][0]
     assert set(row["times"]) == {"pod_created", "scheduled", "sandbox_ready", "container_started", "process_start",
-                                 "imports_done", "ready", "reward", "container_finished"}
+                                 "imports_done", "ready", "reward", "container_finished", "pod_seen", "scheduled_seen",
+                                 "container_started_seen"}
+    # the client clock's startup: from the watch's first delivery, sub-second, never negative
+    client = results["phases"]["client_pod_to_ready"]
+    assert client["count"] == 10 and client["clocks"] == ["client", "episode"] and client["resolution_seconds"] == 1e-3
+    assert row["times"]["pod_seen"] == observed[row["pod"]]["first_seen"]
     assert row["times"]["sandbox_ready"] == observed[row["pod"]]["sandbox_ready"]
     assert row["events_source"] == "termination-message"
     assert results["clock_skew"] == {"findings": [], "max_seconds": None, "headline_withheld": None}
@@ -347,7 +354,8 @@ def test_a_stored_negative_p50_keeps_its_sign_in_the_report(two_runs, run_tool, 
     folder = tmp_path / "negative"
     subprocess.run(["cp", "-r", str(two_runs[0]), str(folder)], check=True)
     results = read(folder / "results.json")
-    results["phases"]["reward_to_container_finished"].update(p50=-0.32, p95=-0.12)
+    # as an older rl-batch-demo stored it (now a negative measurement is a bound, never a figure)
+    results["phases"]["reward_to_container_finished"].update(count=10, p50=-0.32, p95=-0.12)
     (folder / "results.json").write_text(json.dumps(results))
     report = run_tool("report", str(folder))
     assert report.code == 0, report
@@ -355,6 +363,26 @@ def test_a_stored_negative_p50_keeps_its_sign_in_the_report(two_runs, run_tool, 
     assert "-0.3 s / -0.1 s" in row, row
     rows = json.loads(run_tool("report", str(folder), "--json").stdout)["rows"]
     assert "-0.3 s / -0.1 s" in next(r for r in rows if r["measure"].startswith("reward -> container"))["values"]
+
+
+def test_a_phase_measured_negative_is_a_bound_and_never_a_figure(tool):
+    times = {"reward": 100.7, "container_finished": 100.0}  # finishedAt truncated to its whole second
+    phases, notes, bounds = tool.episode_phases(times, {}, tool.POD_SCHEME)
+    assert phases["reward_to_container_finished"] is None
+    assert bounds == {"reward_to_container_finished": 0.3}
+    assert notes["reward_to_container_finished"].startswith("measured negative: under 1 s, a bound")
+
+
+def test_a_phase_only_bounded_in_every_episode_is_reported_as_its_bound(two_runs, run_tool, tmp_path):
+    folder = tmp_path / "bounded"
+    subprocess.run(["cp", "-r", str(two_runs[0]), str(folder)], check=True)
+    results = read(folder / "results.json")
+    results["phases"]["reward_to_container_finished"].update(count=0, p50=None, p95=None, bounded=10,
+                                                             bounded_below_seconds=0.4)
+    (folder / "results.json").write_text(json.dumps(results))
+    report = run_tool("report", str(folder))
+    row = next(line for line in report.stdout.splitlines() if line.startswith("| reward -> container finished"))
+    assert "under 0.4 s (a bound)" in row, row
 
 
 def test_whole_second_figures_print_with_the_precision_they_have(tool):

@@ -249,8 +249,10 @@ class Kubelet:
         pod["status"].setdefault("startTime", now_rfc3339(self.node_now(node)))
         info = self.image_info(image)
         if info is None:
-            registry = 'failed to pull and unpack image "%s": failed to resolve reference "%s": %s: not found' % (
-                self.normalized_image(image), self.normalized_image(image), self.normalized_image(image))
+            # containerd v2.4.2's words through the CRI, as the real node showed them (ASSUMPTIONS.md,
+            # "The real node": the gRPC code first, then containerd's resolver)
+            registry = ('rpc error: code = NotFound desc = failed to pull and unpack image "%s": failed to resolve '
+                        'image: %s: not found' % (self.normalized_image(image), self.normalized_image(image)))
             pod["status"]["containerStatuses"] = [{
                 "image": image, "imageID": "", "lastState": {}, "name": container["name"], "ready": False,
                 "restartCount": 0, "started": False, "state": {"waiting": {"reason": "ErrImagePull",
