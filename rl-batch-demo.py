@@ -153,7 +153,7 @@ DEFAULT_RUNTIME = "cube"
 
 TOOL_NAME = "rl-batch-demo"
 RUN_LABEL = "agc-demo-run"  # namespace label holding the run id: the ownership proof
-BACKEND_LABEL = "agc-demo-backend"  # on a run's namespace unless the Job backend's, so `list` and `cleanup` know it
+BACKEND_LABEL = "agc-demo-backend"  # on every run's namespace (none: an older run's, the Job backend's)
 NAMESPACE_PREFIX = "agc-rl-"
 JOB_NAME = "rollout"
 CONFIGMAP_NAME = "episode"
@@ -193,7 +193,8 @@ KUBECTL_PROCESS_TIMEOUT_SECONDS = 60  # one kubectl process, all its requests
 USER_AGENT = "rl-batch-demo/" + __version__
 WATCH_USER_AGENT = USER_AGENT + " watch"
 # A call that fails in passing (the API server away, a 429 storm, etcd's errors) is sent again with
-# this back-off, then every RETRY_DELAYS_SECONDS[-1] s, until it has failed for API_PATIENCE_SECONDS
+# this back-off (each delay drawn between 0 and its step: full jitter), then every
+# RETRY_DELAYS_SECONDS[-1] s at most, until it has failed for API_PATIENCE_SECONDS
 # (a control-plane upgrade or a single API server's restart takes tens of seconds); a 429's
 # Retry-After is honoured up to RETRY_AFTER_MAX_SECONDS. One policy for every call: ApiPatience.
 RETRY_DELAYS_SECONDS = (0.5, 1, 2, 4, 8)
@@ -324,13 +325,13 @@ EXEC_JOURNAL_TURNS = 8  # never-started / started-before answers one episode may
 EXEC_JOURNAL_FILE = "exec-journal.py"  # in the ConfigMap, so at /demo/exec-journal.py
 EXEC_JOURNALS = "/workspace/.rl-batch-demo-exec"  # JOURNAL is this folder / the claim's name
 EXEC_JOURNAL_MARK = "rl-batch-demo exec journal: "
-EXEC_JOURNAL_PROGRAM = r'''import fcntl
+EXEC_JOURNAL_PROGRAM = (r'''import fcntl
 import os
 import select
 import sys
 import time
 
-MARK, EXIT = %r, %d
+MARK, EXIT = @MARK@, @EXIT@
 mode, journal, command = sys.argv[1], sys.argv[2], sys.argv[3:]
 folder, name = os.path.split(journal)
 
@@ -347,7 +348,7 @@ def path(file, where=journal):
 
 def aside(kind):
     """A name beside the journals for a journal being made or put aside (never a claim's name)."""
-    return path(".%%s-%%s-%%s" %% (kind, name, os.urandom(6).hex()), folder)
+    return path(".%s-%s-%s" % (kind, name, os.urandom(6).hex()), folder)
 
 
 def write_atomically(file, text):
@@ -370,7 +371,7 @@ def keep(files, status_out):
         try:
             os.execvp(command[0], command)
         except OSError as error:
-            os.write(2, ("%%s: %%s\n" %% (command[0], error.strerror)).encode())
+            os.write(2, ("%s: %s\n" % (command[0], error.strerror)).encode())
             os._exit(127)
     sinks = {pipes[0][0]: (files[0], 1), pipes[1][0]: (files[1], 2)}
     os.close(pipes[0][1])
@@ -395,7 +396,7 @@ def keep(files, status_out):
     code = 128 - code if code < 0 else code
     write_atomically("code", str(code))
     try:
-        os.write(status_out, b"%%d\n" %% code)
+        os.write(status_out, b"%d\n" % code)
     except OSError:
         pass
 
@@ -487,7 +488,7 @@ def follow():
 
 
 start() if mode == "start" else follow()
-''' % (EXEC_JOURNAL_MARK, EXEC_JOURNAL_EXIT)
+''').replace("@MARK@", repr(EXEC_JOURNAL_MARK)).replace("@EXIT@", str(EXEC_JOURNAL_EXIT))
 
 # The sandbox probe, shipped beside the episode (`sandbox.py`): every episode pod runs `python -B
 # /demo/sandbox.py /demo/episode.py`, and the local backend the same with its own paths, so that
@@ -930,8 +931,11 @@ class ApiPatience:
     outage, a 429 storm: every sandbox's read fails together), their notes are folded into one
     line, a progress line every API_PATIENCE_NOTE_SECONDS, and one when every call is answered again."""
 
-    def __init__(self, console, patience=API_PATIENCE_SECONDS):
+    def __init__(self, console, patience=API_PATIENCE_SECONDS, jitter=random.random):
         self.console, self.patience = console, patience
+        # Full jitter (each delay drawn from 0 to its back-off step): 1,024 exec threads failing
+        # together in an outage come back spread over the step, not all in the same instant.
+        self.jitter = jitter
         self.lock = threading.Lock()
         self.failing = set()  # ids of the calls failing now
         self.outage_began = None  # when several calls began failing at once (time.monotonic())
@@ -946,7 +950,7 @@ class ApiPatience:
         now = time.monotonic()
         if tries.first_failure is None:
             tries.first_failure = now
-        delay = RETRY_DELAYS_SECONDS[min(tries.count, len(RETRY_DELAYS_SECONDS) - 1)]
+        delay = RETRY_DELAYS_SECONDS[min(tries.count, len(RETRY_DELAYS_SECONDS) - 1)] * self.jitter()
         if retry_after is not None:  # the server's own word on when to come back, as client-go takes it
             delay = min(retry_after, RETRY_AFTER_MAX_SECONDS)
         tries.count += 1
@@ -966,7 +970,7 @@ class ApiPatience:
                     self.console.note("API calls still fail after %.0f s (%d waiting; the last: %s)"
                                       % (now - self.outage_began, len(self.failing), line))
             else:
-                self.console.note("%s: %s; retrying in %s s" % (what, line, delay))
+                self.console.note("%s: %s; retrying in %s s" % (what, line, ("%.1f" % delay).rstrip("0").rstrip(".")))
         return delay
 
     def settled(self, tries):
@@ -1440,7 +1444,7 @@ WATCH_SERVER_SECONDS = 300  # a watch through the proxy asks the API server to e
 def as_kubectl_shows(obj):
     """An object read through the proxy, as `kubectl get -o json` shows it: without
     metadata.managedFields (kubectl's --show-managed-fields=false). Kept, they were most of the
-    memory of a warm pool's objects (the tool's peak 439 MB at 1,000 claims) and of its saved files."""
+    memory of a warm pool's objects and of its saved files (benchmarks/README.md, "Warm pool")."""
     if isinstance(obj, dict) and isinstance(obj.get("metadata"), dict):
         obj["metadata"].pop("managedFields", None)
     return obj
@@ -2246,9 +2250,12 @@ def job_manifest(namespace, run_id, count, parallelism, image, runtime, deadline
 
 
 def common_manifests(spec, namespace, run_id):
-    """What every cluster backend's run creates first: the namespace, the episode program, the
-    tasks and (with --network none) the default-deny policy."""
-    objects = [namespace_manifest(namespace, run_id), configmap_manifest(namespace, run_id, spec.program)]
+    """What every cluster backend's run creates first: the namespace (labelled with the backend
+    that made it, which `list` and `cleanup` read), the episode program, the tasks and (with
+    --network none) the default-deny policy."""
+    namespace_object = namespace_manifest(namespace, run_id)
+    namespace_object["metadata"]["labels"][BACKEND_LABEL] = spec.backend or DEFAULT_BACKEND
+    objects = [namespace_object, configmap_manifest(namespace, run_id, spec.program)]
     if spec.tasks_list is not None:
         objects.append(tasks_configmap_manifest(namespace, run_id, spec.tasks_list))
     if spec.network == "none":
@@ -4349,8 +4356,9 @@ class ClusterBackend(Backend):
         return self.manifests(namespace, run_id)
 
     def new_receipt(self, context, namespace, run_id):
-        """receipt.json before any change: what `cleanup` needs to find and prove the run."""
-        return {"context": context, "namespace": namespace, "run_id": run_id}
+        """receipt.json before any change: what `cleanup` needs to find and prove the run, and
+        which backend made it (cleanup and list act as that backend)."""
+        return {"context": context, "namespace": namespace, "run_id": run_id, "backend": self.name}
 
     def check_server(self, cluster, facts):
         """Read-only checks of the server before the RuntimeClass is read (add-ons, versions)."""
@@ -5541,7 +5549,7 @@ class JobRound:
             except DemoError as error:  # the results do not wait for them: their pulls are unknown
                 self.console.warn("could not read the events, so the image pulls are unknown: %s" % error)
         # From here on only the pods' names are needed: results.json is computed from pods.json,
-        # and the watch's copy held beside it would double the tool's memory (10,000 pods: ~100 MB).
+        # and the watch's copy held beside it would double the tool's memory.
         del settled
         self.pods = self.pod_names()
         self.progress.pods.clear()
@@ -7067,10 +7075,16 @@ def wait_for_pool(cluster, namespace, size, wait_seconds, controller_unread=None
                 if stuck:
                     raise DemoError("the warm pool cannot fill: the agent-sandbox controller says: %s"
                                     % stuck[-1].get("message"))
+                # A pod that can never start (an image its registry does not have, a container the
+                # runtime refuses) is named at once, as the Job backend names it, not at the deadline.
+                pods = cluster.read_items("-n", namespace, "get", "pods", "-l", POOL_MEMBER_LABEL)
+                blocked = blocking_reason([], pods)
+                if blocked:
+                    raise DemoError("the warm pool cannot fill: %s; stopped early instead of waiting for the deadline"
+                                    % blocked)
                 if elapsed > wait_seconds:
                     # What holds the pods back (a waiting reason such as ImagePullBackOff, a
                     # scheduler message) says more than the Sandbox's "Pod is Not Ready".
-                    pods = cluster.read_items("-n", namespace, "get", "pods", "-l", POOL_MEMBER_LABEL)
                     held = why_not_started(pods)
                     raise BatchTimeout("the warm pool did not fill within %d s: %d of %d Sandboxes ready%s%s" % (
                         wait_seconds, status.get("readyReplicas", 0), size,
@@ -7341,7 +7355,7 @@ class WarmPoolRun:
     def absorb_watched(self, sandbox_watch):
         """Take in what the Sandbox and pod watches delivered so far, the last state of each kept
         (as fire() does): while a pool of 1,000 fills, its sandboxes' and pods' every state would
-        otherwise wait in the watches' queues (the tool's peak was 454 MB at 1,000 claims)."""
+        otherwise wait in the watches' queues (its memory at 1,000 claims: benchmarks/README.md)."""
         for sandbox in sandbox_watch.drain():
             self.sandboxes[sandbox["metadata"]["name"]] = sandbox
         self.absorb_pods()
@@ -7694,7 +7708,6 @@ class WarmPoolBackend(ClusterBackend):
     def manifests(self, namespace, run_id):
         spec = self.spec
         objects = common_manifests(spec, namespace, run_id)
-        objects[0]["metadata"]["labels"][BACKEND_LABEL] = self.name
         return objects + [sandbox_template_manifest(namespace, run_id, spec.image, spec.runtime_class,
                                                     spec.tasks_list is not None),
                           warm_pool_manifest(namespace, run_id, spec.pool_size)]
@@ -7708,7 +7721,7 @@ class WarmPoolBackend(ClusterBackend):
     def new_receipt(self, context, namespace, run_id):
         # cleanup then proves and deletes claims, pool and template; a step's, only its claims,
         # in the kept pool's namespace
-        receipt = dict(super().new_receipt(context, namespace, run_id), backend=self.name)
+        receipt = super().new_receipt(context, namespace, run_id)
         if self.spec.command == POOL_UP_COMMAND:
             receipt["command"] = POOL_UP_COMMAND  # the folder is a kept pool's, even before pool.json exists
         if self.spec.pool:
@@ -9984,8 +9997,8 @@ def cmd_compare(args, console):
         finally:
             receipt = read_saved(folder / "receipt.json") if (folder / "receipt.json").exists() else None
             if receipt is not None and backend_named(receipt.get("backend")).leaves_remote_state:
-                subprocess.call([sys.executable, script, "cleanup", "--output", str(folder)],
-                                stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+                CHILDREN.popen([sys.executable, script, "cleanup", "--output", str(folder)],
+                               stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL).wait()
         if returned in (EXIT_OK, EXIT_INFRA_FAILURES) and (folder / "results.json").exists():
             record["completed"].append([number, arm])
             write_json(output / COMPARE_FILE, record)

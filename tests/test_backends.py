@@ -277,11 +277,19 @@ def test_a_bare_pod_backend_declares_the_whole_contract(tool, with_bare_pods):
                 if is_stub(getattr(with_bare_pods, method))]
 
 
-def test_a_bare_pod_backend_runs_a_batch_lists_it_and_cleans_it_up(tool, with_bare_pods, cluster, tmp_path):
+def test_a_bare_pod_backend_runs_a_batch_lists_it_and_cleans_it_up(tool, with_bare_pods, cluster, tmp_path, capfd):
     assert tool.main(["run", "--backend", "bare-pods", "--count", "3", "--output", "out"]) == 0
     results = read(tmp_path / "out" / "results.json")
     assert (results["backend"], results["successful_episodes"], results["reward_sum"]) == ("bare-pods", 3, 3)
-    namespace = read(tmp_path / "out" / "receipt.json")["namespace"]
+    receipt = read(tmp_path / "out" / "receipt.json")
+    namespace = receipt["namespace"]
+    # the shared code names the backend, whatever the backend: in the receipt and on the namespace
+    assert receipt["backend"] == "bare-pods"
+    assert cluster.get_json("namespace", namespace)["metadata"]["labels"][tool.BACKEND_LABEL] == "bare-pods"
+    capfd.readouterr()
     assert tool.main(["list", "--json"]) == 0
+    listed = json.loads(capfd.readouterr().out)
+    runs = listed["runs"] if isinstance(listed, dict) else listed
+    assert [run["backend"] for run in runs if run.get("namespace") == namespace] == ["bare-pods"], listed
     assert tool.main(["cleanup", "--output", "out"]) == 0
     assert namespace not in cluster.kubectl("get", "namespaces").stdout

@@ -102,3 +102,17 @@ def test_a_temp_folder_too_deep_for_a_socket_still_gets_the_proxy(make_cluster, 
     proxies = [call for call in cluster.calls() if "proxy" in call]
     assert proxies and all(arg.startswith("--unix-socket=/tmp/rl-batch-demo-proxy-")
                            for call in proxies for arg in call if arg.startswith("--unix-socket="))
+
+
+def test_every_process_the_tool_starts_goes_through_its_one_spawner():
+    # subprocess.Popen/run/call outside ChildSpawner would start a child without its parent-death
+    # signal (a compare's cleanup once did), which outlives a SIGKILLed tool. The episode program
+    # shipped to the sandbox (its own process, not the tool's) runs its tests with subprocess.run.
+    import ast
+    tree = ast.parse(SCRIPT.read_text())
+    spawner = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "ChildSpawner")
+    inside = {id(node) for node in ast.walk(spawner)}
+    outside = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+               and isinstance(node.value, ast.Name) and node.value.id == "subprocess"
+               and node.attr in ("Popen", "run", "call", "check_call", "check_output") and id(node) not in inside]
+    assert outside == [], "subprocess started outside ChildSpawner at line(s) %s" % outside

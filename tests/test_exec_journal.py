@@ -190,3 +190,16 @@ def test_an_episode_lost_with_its_sandbox_is_lost_and_never_run_again(make_journ
     assert said(journal.follow()) == "lost"
     assert said(journal.start()) == "started-before"
     assert journal.run_count() == 1
+
+
+def test_the_journal_reads_in_the_source_as_it_runs_in_the_sandbox(tool):
+    # filled in by name, not with %: a `%` in the source is the program's own (no `%%` to misread)
+    from conftest import SCRIPT
+    source = SCRIPT.read_text()
+    start = source.index("EXEC_JOURNAL_PROGRAM = ")
+    text = source[start:source.index("\n'''", start)]
+    assert "%%" not in text
+    shipped = tool.EXEC_JOURNAL_PROGRAM
+    assert "@MARK@" not in shipped and "@EXIT@" not in shipped
+    assert "MARK, EXIT = %r, %d" % (tool.EXEC_JOURNAL_MARK, tool.EXEC_JOURNAL_EXIT) in shipped
+    compile(shipped, "exec-journal.py", "exec")

@@ -193,7 +193,17 @@ def patience(tool, monkeypatch):
     clock = ManualClock()
     monkeypatch.setattr(tool.time, "monotonic", clock)
     console = tool.Console(stderr=__import__("io").StringIO())
-    return tool.ApiPatience(console, patience=60), clock, console
+    # no jitter here (every delay its whole step), so the figures below are exact
+    return tool.ApiPatience(console, patience=60, jitter=lambda: 1.0), clock, console
+
+
+def test_retry_delays_are_spread_over_their_step_by_full_jitter(tool, monkeypatch):
+    monkeypatch.setattr(tool.time, "monotonic", ManualClock())
+    policy = tool.ApiPatience(tool.Console(stderr=__import__("io").StringIO()), patience=60)
+    first = [policy.tries().again("exec into p", "HTTP 503") for _ in range(200)]  # 200 calls failing together
+    assert all(0 <= delay <= tool.RETRY_DELAYS_SECONDS[0] for delay in first)
+    assert len(set(first)) > 150  # not in lockstep
+    assert min(first) < 0.1 and max(first) > 0.4
 
 
 def test_a_call_failing_in_passing_is_given_up_once_it_has_failed_for_the_patience(patience):

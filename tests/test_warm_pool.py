@@ -907,12 +907,12 @@ def test_exec_output_that_is_not_utf8_is_kept_byte_for_byte(make_cluster, run_to
 
 # ---------------------------------------------------------------- failure lines that name the cause
 
-def test_a_pool_that_cannot_fill_names_its_pods_waiting_reason_and_saves_them(sandbox_cluster, run_tool, tmp_path):
-    done = warm_run(run_tool, sandbox_cluster, "warm", "--count", "2", "--image", "nosuch:1", "--timeout", "5")
-    assert done.code == 3, done
+def test_a_pool_whose_image_is_missing_names_it_at_once_and_saves_its_pods(sandbox_cluster, run_tool, tmp_path):
+    done = warm_run(run_tool, sandbox_cluster, "warm", "--count", "2", "--image", "nosuch:1", "--timeout", "300")
+    assert done.code == 1, done  # not 3: named at the first stall check, not at the deadline
     line = done.stderr.strip().splitlines()[-1]
-    assert line.startswith("Error: the warm pool did not fill within 5 s: 0 of 2 Sandboxes ready; pods not running: "
-                           "ImagePullBackOff: Back-off pulling image \"nosuch:1\""), line
+    assert line.startswith("Error: the warm pool cannot fill: the image nosuch:1 does not exist in its registry: pod "), line
+    assert "stopped early instead of waiting for the deadline" in line
     assert "diagnostics saved in warm (pods.json, sandboxes.json, warm-pool-object.json, events.txt)" in line
     assert len(read(tmp_path / "warm" / "pods.json")) == 2 and len(read(tmp_path / "warm" / "sandboxes.json")) == 2
     assert "ImagePullBackOff" in (tmp_path / "warm" / "events.txt").read_text()
