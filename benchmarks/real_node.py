@@ -176,7 +176,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--job", type=int, nargs="*", default=[10, 50])
     parser.add_argument("--runtimes", nargs="*", default=["runc", "gvisor"])
-    parser.add_argument("--warm", type=int, nargs="*", default=[50])
+    parser.add_argument("--warm", type=int, nargs="*", default=[16])  # a pool must fit the node at once (2 CPUs: 19)
     parser.add_argument("--compare", type=int, nargs="*", default=[10, 3], metavar="N ROUNDS")
     args = parser.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=str(ROOT), capture_output=True,

@@ -181,9 +181,9 @@ def test_ctrl_c_in_the_loops_own_code_stops_the_batch_it_left_running(tmp_path):
     assert not (tmp_path / "out" / "results.json").exists()
 
 
-def readme_block(language, after):
-    """The first ```language block of the README after the heading `after`."""
-    text = (ROOT / "README.md").read_text().split(after, 1)[1]
+def readme_block(language, after, document="README.md"):
+    """The first ```language block of a document (the README) after the heading `after`."""
+    text = (ROOT / document).read_text().split(after, 1)[1]
     return text.split("```" + language + "\n", 1)[1].split("```", 1)[0]
 
 
@@ -204,7 +204,7 @@ def test_the_readmes_stream_from_a_shell_prints_each_episode_then_the_summary(tm
     command = tmp_path / "bin" / "rl-batch-demo"  # the installed command, as this checkout's script
     command.write_text('#!/bin/sh\nexec "%s" "%s" "$@"\n' % (sys.executable, ROOT / "rl-batch-demo.py"))
     command.chmod(0o755)
-    shell = readme_block("sh", "From a shell, `run --stream`")
+    shell = readme_block("sh", "From a shell, `run --stream`", "docs/reference.md")
     done = subprocess.run(["bash", "-o", "pipefail", "-c", shell], cwd=str(tmp_path), capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PATH="%s:%s" % (tmp_path / "bin", os.environ["PATH"])))
     assert done.returncode == 0, done.stderr

@@ -205,3 +205,27 @@ def test_no_test_module_defines_a_test_twice():
         if repeated:
             twice[path.name] = repeated
     assert twice == {}
+
+
+def every_option(parser):
+    """Every option string of a parser and of its subcommands' parsers, at any depth."""
+    import argparse
+    found = set()
+    for action in parser._actions:
+        found.update(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= every_option(sub)
+    return found
+
+
+def test_every_flag_the_readme_names_exists(tool):
+    import re
+    text = re.sub(r"\]\([^)]*\)", "]", (ROOT / "README.md").read_text())  # link targets are no flags
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", text)) - {"--help"}
+    assert named, "the README names no flag"
+    assert sorted(named - every_option(tool.build_parser())) == []
+
+
+def test_the_readme_is_a_guide_a_newcomer_reads_in_ten_minutes():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 300  # the rest is in docs/reference.md
