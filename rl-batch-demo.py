@@ -89,7 +89,7 @@ Sections of this file, in order (each under a banner of the same name)
     The episode stream                 --stream: each episode on stdout once verified, and what a
                                        reader may rely on
     Pod logs                           each episode pod's log archived as it finishes
-    Job backend                        one batch/v1 Job: watches, rounds, prewarm, what a failed
+    Job backend                        one batch/v1 Job: its manifest, watches, rounds, prewarm, what a failed
                                        wait saves
     Kueue gate                         --queue: the Job's admission by Kueue, a plug-in of the Job backend
     Warm-pool backend                  agent-sandbox claims from a warm pool, episodes exec'd
@@ -2227,26 +2227,6 @@ def episode_pod_template(run_id, image, runtime, tasks=False):
     if runtime is not None:
         pod_spec = {"runtimeClassName": runtime, **pod_spec}
     return {"metadata": {"labels": {"app": "rl-batch-demo", **object_labels(run_id, "episode")}}, "spec": pod_spec}
-
-
-def job_manifest(namespace, run_id, count, parallelism, image, runtime, deadline=DEFAULT_TIMEOUT_SECONDS,
-                 custom=None):
-    """The batch: `count` episodes, `parallelism` at a time; runtime None = cluster default.
-
-    `custom` (CustomEpisodes): Indexed completion mode, `custom.retries` failed attempts allowed
-    per index (backoffLimitPerIndex) so one failure never fails the others, and evictions
-    (DisruptionTarget) retried without counting; with `custom.tasks` episode i gets task i.
-    """
-    spec = {"completions": count, "parallelism": parallelism, "backoffLimit": 0,
-            "activeDeadlineSeconds": deadline}
-    if custom is not None:
-        del spec["backoffLimit"]  # with backoffLimitPerIndex it defaults to "no global limit"
-        spec.update(completionMode="Indexed", backoffLimitPerIndex=custom.retries, podFailurePolicy={"rules": [
-            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]})
-    spec["template"] = episode_pod_template(run_id, image, runtime, custom is not None and custom.tasks)
-    return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": JOB_NAME, "namespace": namespace, "labels": object_labels(run_id, "batch")},
-            "spec": spec}
 
 
 def common_manifests(spec, namespace, run_id):
@@ -4981,6 +4961,27 @@ def record_log_sources(folder, sources):
 # ============================================================================
 # Job backend: one batch/v1 Job, a pod per episode; its watches, rounds and prewarm
 # ============================================================================
+
+
+def job_manifest(namespace, run_id, count, parallelism, image, runtime, deadline=DEFAULT_TIMEOUT_SECONDS,
+                 custom=None):
+    """The batch: `count` episodes, `parallelism` at a time; runtime None = cluster default.
+
+    `custom` (CustomEpisodes): Indexed completion mode, `custom.retries` failed attempts allowed
+    per index (backoffLimitPerIndex) so one failure never fails the others, and evictions
+    (DisruptionTarget) retried without counting; with `custom.tasks` episode i gets task i.
+    """
+    spec = {"completions": count, "parallelism": parallelism, "backoffLimit": 0,
+            "activeDeadlineSeconds": deadline}
+    if custom is not None:
+        del spec["backoffLimit"]  # with backoffLimitPerIndex it defaults to "no global limit"
+        spec.update(completionMode="Indexed", backoffLimitPerIndex=custom.retries, podFailurePolicy={"rules": [
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]})
+    spec["template"] = episode_pod_template(run_id, image, runtime, custom is not None and custom.tasks)
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": JOB_NAME, "namespace": namespace, "labels": object_labels(run_id, "batch")},
+            "spec": spec}
+
 
 JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
 LOG_FETCH_WORKERS = 4  # the tutorial's concurrency, the floor for small batches

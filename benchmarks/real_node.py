@@ -12,11 +12,13 @@ Figures, per case (each case on a node of its own, so that its first batch pulls
                   container started seen, container started -> first statement, and the image
                   pull (the kubelet's Pulled event: its pull alone, ms); batch_to_all_rewards;
                   and the kubelet's own figures over the batch, from its /metrics through the
-                  API server: kubelet_pod_start_sli_duration_seconds (pod created -> every
-                  container started as its watch saw it, image pulls excluded) and
-                  kubelet_pod_start_duration_seconds (the same, pulls included), as means
-                  (sum / count over the batch's pods: the histograms' buckets are too coarse for
-                  a P50)
+                  API server (k8s.io/kubernetes v1.36.3 pkg/kubelet/metrics/metrics.go and
+                  util/pod_startup_latency_tracker.go): pod_start_total_duration (pod
+                  creationTimestamp -> every container running as the kubelet's watch saw it),
+                  pod_start_sli_duration (the same less the image pulls), and
+                  pod_start_duration (the kubelet's first sight of the pod, after scheduling,
+                  -> Running, pulls included), as means (sum / count over the batch's pods:
+                  the histograms' buckets are too coarse for a P50)
   warm N          `run --backend warm-pool --count N --runtime runc` (pool of N filled first, not
                   measured) against the Job of N on the same node: batch_to_all_rewards and
                   claim/pod -> ready P50
@@ -76,7 +78,8 @@ class Node:
         text = self.plane.kubectl("get", "--raw", "/api/v1/nodes/%s/proxy/metrics" % self.node.name).stdout
         found = {}
         for line in text.splitlines():
-            for metric in ("kubelet_pod_start_sli_duration_seconds", "kubelet_pod_start_duration_seconds"):
+            for metric in ("kubelet_pod_start_sli_duration_seconds", "kubelet_pod_start_total_duration_seconds",
+                           "kubelet_pod_start_duration_seconds"):
                 for part in ("_sum", "_count"):
                     if line.startswith(metric + part + " ") or line.startswith(metric + part + "{"):
                         value = float(line.rsplit(" ", 1)[1])
