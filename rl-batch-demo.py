@@ -3848,6 +3848,15 @@ def text_width(text, size):
     return size * max(sum(em(char) for char in text), 0.58 * len(text))
 
 
+def timeline_span_svg(span, origin, scale, left, y):
+    """One span a gate gives (Gate.timeline_spans) as a bar of the row above a run's episodes."""
+    from xml.sax.saxutils import escape
+    x0 = left + max(0.0, span["from"] - origin) * scale
+    x1 = left + max(0.0, span["to"] - origin) * scale
+    return '<rect class="%s" x="%.2f" y="%d" width="%.2f" height="8" fill="%s"><title>%s</title></rect>' % (
+        span["kind"], x0, y, max(0.0, x1 - x0), span["colour"], escape(span["title"]))
+
+
 def timeline_svg(runs):
     """One SVG stacking each run: a row per episode in creation order, a segment per phase,
     x in seconds since the run's batch was created. runs: [(label, results)]."""
@@ -3883,10 +3892,10 @@ def timeline_svg(runs):
         title = title_of(label, results)
         parts.append('<text x="%d" y="%d" font-size="13" font-weight="bold">%s</text>' % (10, y + 12, escape(title)))
         y += 22
-        spans_drawn = next((spans for spans in (gate.timeline_spans(results, origin, scale, left, y)
-                                                for gate in GATES) if spans is not None), None)
-        if spans_drawn is not None:
-            parts += spans_drawn
+        gate_spans = next((spans for spans in (gate.timeline_spans(results) for gate in GATES) if spans is not None),
+                          None)
+        if gate_spans is not None:
+            parts += [timeline_span_svg(span, origin, scale, left, y) for span in gate_spans]
             y += 12
         top = y
         every = max(1, math.ceil(10 / height))  # an episode number every few rows, where rows are thin
@@ -4051,8 +4060,9 @@ class Gate:
         return False
 
     @staticmethod
-    def timeline_spans(results, origin, scale, left, y):
-        """Its SVG spans on a run's timeline (one row above the episodes), or None."""
+    def timeline_spans(results):
+        """Its spans on a run's timeline (one row above the episodes), or None: [{"kind", "from",
+        "to" (Unix seconds), "colour", "title"}]; the timeline draws them (timeline_span_svg)."""
         return None
 
     @staticmethod
@@ -6258,29 +6268,24 @@ class KueueGate(Gate):
         return lines
 
     @staticmethod
-    def timeline_spans(results, origin, scale, left, y):
+    def timeline_spans(results):
         """The queued span(s) of a run's timeline (the Job waits suspended until Kueue admits
         it), or None for an unqueued run."""
         cycles = (results.get("queue") or {}).get("cycles")
         if not cycles:
             return None
-        parts = []
+        spans = []
         for cycle in cycles:
             if cycle.get("draining_seconds") is not None:
-                x0 = left + max(0.0, cycle["draining_since_unix"] - origin) * scale
-                x1 = left + max(0.0, cycle["queued_since_unix"] - origin) * scale
-                parts.append('<rect class="draining" x="%.2f" y="%d" width="%.2f" height="8" fill="%s"><title>'
-                             'draining (before cycle %d): %s</title></rect>' % (
-                                 x0, y, max(0.0, x1 - x0), DRAINING_COLOUR, cycle["cycle"],
-                                 format_seconds(cycle["draining_seconds"])))
+                spans.append({"kind": "draining", "from": cycle["draining_since_unix"], "to": cycle["queued_since_unix"],
+                              "colour": DRAINING_COLOUR, "title": "draining (before cycle %d): %s" % (
+                                  cycle["cycle"], format_seconds(cycle["draining_seconds"]))})
             if cycle["queued_seconds"] is None:
                 continue  # a wait the watch did not see
-            x0 = left + max(0.0, cycle["queued_since_unix"] - origin) * scale
-            x1 = left + max(0.0, cycle["admitted_at_unix"] - origin) * scale
-            parts.append('<rect class="queued" x="%.2f" y="%d" width="%.2f" height="8" fill="%s"><title>queued (cycle '
-                         '%d): %s</title></rect>' % (x0, y, max(0.0, x1 - x0), QUEUED_COLOUR, cycle["cycle"],
-                                                     format_seconds(cycle["queued_seconds"])))
-        return parts
+            spans.append({"kind": "queued", "from": cycle["queued_since_unix"], "to": cycle["admitted_at_unix"],
+                          "colour": QUEUED_COLOUR, "title": "queued (cycle %d): %s" % (
+                              cycle["cycle"], format_seconds(cycle["queued_seconds"]))})
+        return spans
 
     @staticmethod
     def timeline_legend(results_list):

@@ -40,10 +40,11 @@ def test_run_records_ownership_in_the_receipt(cluster, run_tool, tmp_path):
     namespace = cluster.get_json("namespace", receipt["namespace"])
     job = cluster.get_json("-n", receipt["namespace"], "job", "rollout")
     assert receipt == {"context": "kind-rl", "namespace": "agc-rl-" + receipt["run_id"], "run_id": receipt["run_id"],
-                       "uid": namespace["metadata"]["uid"], "job_uid": job["metadata"]["uid"],
+                       "backend": "kubernetes", "uid": namespace["metadata"]["uid"], "job_uid": job["metadata"]["uid"],
                        "jobs": {"rollout": job["metadata"]["uid"]},
                        "sent": ["Namespace/" + receipt["namespace"], "Job/rollout"]}
     assert namespace["metadata"]["labels"]["agc-demo-run"] == receipt["run_id"]
+    assert namespace["metadata"]["labels"]["agc-demo-backend"] == "kubernetes"  # on every namespace, whatever the backend
 
 
 def test_run_10_sequential_runs_one_episode_at_a_time(cluster, run_tool, tmp_path):

@@ -723,3 +723,18 @@ def test_the_state_line_of_an_evicted_workload_whose_pods_still_terminate_says_s
         "lastTransitionTime": "2026-12-02T10:00:02Z"}]})
     cycles.update(3.0, evicted)
     assert cycles.state() == "evicted (Preempted), its pods terminating: Preempted to accommodate a workload"
+
+
+def test_the_gates_timeline_spans_are_data_the_timeline_draws(tool):
+    # the gate says what its spans are; only the presentation section turns them into SVG
+    results = {"queue": {"cycles": [
+        {"cycle": 1, "queued_seconds": 2.0, "queued_since_unix": 100.0, "admitted_at_unix": 102.0},
+        {"cycle": 2, "queued_seconds": 1.0, "queued_since_unix": 105.0, "admitted_at_unix": 106.0,
+         "draining_seconds": 0.5, "draining_since_unix": 104.5}]}}
+    spans = tool.KueueGate.timeline_spans(results)
+    assert [(span["kind"], span["from"], span["to"]) for span in spans] == [
+        ("queued", 100.0, 102.0), ("draining", 104.5, 105.0), ("queued", 105.0, 106.0)]
+    assert not any("<" in str(value) for span in spans for value in span.values())
+    svg = tool.timeline_span_svg(spans[0], origin=100.0, scale=10.0, left=50, y=20)
+    assert svg.startswith('<rect class="queued" x="50.00" y="20" width="20.00" height="8"')
+    assert tool.KueueGate.timeline_spans({}) is None
