@@ -2693,10 +2693,9 @@ def episode_row(pod, ready, reward, job_created, observed, source, job_finished=
     }
 
 
-def withhold_skewed_phases(phases, notes, scheme, skew, node, bounds=None):
+def withhold_skewed_phases(phases, notes, scheme, skew, node, bounds):
     """A phase that compares a clock this episode shows skewed with another clock is not a
     duration (it can even be negative), nor a bound: null, with the skew named in its note."""
-    bounds = {} if bounds is None else bounds
     for finding in skew:
         for name, (start, end, _) in scheme.phases.items():
             clocks = {scheme.points[start][0], scheme.points[end][0]}
@@ -3028,9 +3027,10 @@ def add_kernels(rows, row_key, pods, logs, nodes, machine_kernel=None):
 # pkg/kubelet/images/image_manager.go, tests/fakecluster/ASSUMPTIONS.md "Image pulls"):
 #   Successfully pulled image "<ref>" in <pull> (<total> including waiting). Image size: <n> bytes.
 #   Container image "<ref>" already present on machine[ and can be accessed by the pod]
-# <pull> is the runtime's pull alone, <total> also the wait behind the node's other pulls of
-# it (the kubelet pulls an image once and lets the other pods wait); both are Go durations
-# truncated to the millisecond, measured on the node's monotonic clock.
+# <pull> is the runtime's pull alone, <total> also the wait behind the node's other pulls (the
+# kubelet's puller serves one at a time by default, serializeImagePulls); both are Go durations
+# truncated to the millisecond, measured on the node's monotonic clock. Every pod that found the
+# image missing says "pulled", also those whose turn came once it was there.
 PULLED_MESSAGE = re.compile(r'^Successfully pulled image "(?P<image>[^"]*)" in (?P<pull>\S+) \((?P<total>\S+) '
                             r'including waiting\)(?:\. Image size: (?P<size>\d+) bytes)?')
 CACHED_MESSAGE = re.compile(r'^Container image "(?P<image>[^"]*)" already present on machine')
@@ -3042,7 +3042,7 @@ GO_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "\u03bcs": 1e-6, "
 def go_duration_seconds(text):
     """A Go time.Duration's String() ("1m2.5s", "54ms", "0s") in seconds; None when it is not one."""
     parts = GO_DURATION_PART.findall(text or "")
-    if not parts or "".join(number + unit for number, unit in parts) != text.lstrip("-"):
+    if not parts or "".join(number + unit for number, unit in parts) != text:
         return None
     return sum(float(number) * GO_DURATION_UNITS[unit] for number, unit in parts)
 
@@ -5132,8 +5132,8 @@ class JobWatches:
             if "running" in state or "terminated" in state:
                 seen.setdefault("container_started_seen", arrival)
             when, _ = condition_time(pod, "PodReadyToStartContainers")
-            if when is not None and "sandbox_ready" not in self.observed[job_name].get(name, {}):
-                self.observed[job_name].setdefault(name, {})["sandbox_ready"] = when
+            if when is not None:
+                seen.setdefault("sandbox_ready", when)
         return bool(jobs)
 
     def stop(self):
@@ -7083,7 +7083,7 @@ def wait_for_pool(cluster, namespace, size, wait_seconds, controller_unread=None
                                     % stuck[-1].get("message"))
                 # A pod that can never start (an image its registry does not have, a container the
                 # runtime refuses) is named at once, as the Job backend names it, not at the deadline.
-                pods = cluster.read_items("-n", namespace, "get", "pods", "-l", POOL_MEMBER_LABEL)
+                pods = list_through(channel, cluster, namespace, "v1", "pods", POOL_MEMBER_LABEL)
                 blocked = blocking_reason([], pods)
                 if blocked:
                     raise DemoError("the warm pool cannot fill: %s; stopped early instead of waiting for the deadline"
