@@ -84,46 +84,198 @@ def test_cleanup_of_a_receipt_naming_an_unknown_backend_is_one_line(run_tool, tm
 
 
 def ssh_backend(tool):
-    """What a backend that runs each episode on another machine over ssh is: its section (the
-    whole contract, declared, and its launcher), nothing outside it."""
-    import sys
+    """A backend that runs its episodes on other machines over ssh (`--ssh-hosts A,B`): the
+    episode program, the probe and the tasks copied into a folder of the run's own on each host
+    (~/.rl-batch-demo/<run id>, named in the receipt before anything is copied, its .run-id file
+    the proof cleanup asks for), each episode run there with its workspace on that side, episode i
+    on host i mod N; the folders removed at the end, and by cleanup after a run that was killed.
+    Its section: the contract declared, its preflight, its EpisodeHost, its receipt, cleanup and
+    list state; nothing outside it but the registry line."""
+    import io
+    import shlex
+    import subprocess
+    import tarfile
+
+    def ssh(host, command, data=None):
+        """`ssh HOST COMMAND` through the tool's one spawner: its stdout, or one line of refusal."""
+        process = tool.CHILDREN.popen(["ssh", "-o", "BatchMode=yes", host, command], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = process.communicate(data, timeout=120)
+        if process.returncode:
+            raise tool.DemoError("ssh %s failed (exit %d): %s" % (host, process.returncode, tool.last_line(
+                err.decode("utf-8", "replace")) or "no message"))
+        return out
+
+    def folder_of(run_id):
+        return ".rl-batch-demo/%s" % run_id  # relative to the remote user's home, as ssh starts there
+
+    class SshHost(tool.EpisodeHost):
+        def __init__(self, run_id, homes):
+            super().__init__(run_id)
+            self.homes, self.hosts = homes, sorted(homes)
+            self.staged = []
+
+        def host(self, index):
+            return self.hosts[index % len(self.hosts)]
+
+        def node(self, index):
+            return "ssh:" + self.host(index)
+
+        def image(self, index):
+            return "ssh:%s python3" % self.host(index)
+
+        def path(self, index, name):
+            return "%s/%s/%s" % (self.homes[self.host(index)], folder_of(self.run_id), name)
+
+        def stage(self, files):
+            archive = io.BytesIO()
+            with tarfile.open(fileobj=archive, mode="w") as tar:
+                for name, text in dict(files, **{".run-id": self.run_id + "\n"}).items():
+                    data = text.encode()
+                    info = tarfile.TarInfo(name)
+                    info.size, info.mode = len(data), 0o644
+                    tar.addfile(info, io.BytesIO(data))
+            folder = folder_of(self.run_id)
+            for host in self.hosts:
+                # `mkdir` without -p for the run's own folder: never into one that exists already
+                ssh(host, "mkdir -p .rl-batch-demo && mkdir %s && tar -x -C %s && mkdir %s/bin && ln -s "
+                          "\"$(command -v python3)\" %s/bin/python" % ((shlex.quote(folder),) * 4), archive.getvalue())
+                self.staged.append(host)
+
+        def make_workspace(self, index, name):
+            return self.path(index, name)  # made on the host as the episode starts (no ssh call of its own)
+
+        def start(self, index, env, workspace, log):
+            command = "mkdir %s && cd %s && exec env %s PATH=%s:\"$PATH\" python3 -B %s %s" % (
+                shlex.quote(workspace), shlex.quote(workspace),
+                " ".join(shlex.quote("%s=%s" % item) for item in sorted(env.items())),
+                shlex.quote(self.path(index, "bin")), shlex.quote(self.path(index, tool.SANDBOX_PROBE_FILE)),
+                shlex.quote(self.path(index, "episode.py")))
+            return tool.CHILDREN.popen(["ssh", "-o", "BatchMode=yes", self.host(index), command], stdout=log,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+        def termination(self, index, name):
+            return ssh(self.host(index), "cat %s 2>/dev/null || true" % shlex.quote(
+                self.path(index, name + ".termination")))[-4096:]
+
+        def close(self):
+            for host in self.staged:
+                ssh(host, "rm -rf %s" % shlex.quote(folder_of(self.run_id)))
 
     class SshBackend(tool.LocalBackend):
-        """`--backend ssh`: each episode on host `worker-1`, started over ssh."""
+        """`--backend ssh`: each episode a process on one of --ssh-hosts, started over ssh."""
         name = "ssh"
         help = "each episode a process on another machine, over ssh"
         scheme = tool.LOCAL_SCHEME
         episodes_file = "pods.json"
         uses_cluster = False
-        leaves_remote_state = False
+        leaves_remote_state = True  # a killed run leaves its folders on the hosts
         api_timestamps = False
         coarse_batch_keys = ()
         takes_queue = False
         takes_parallelism = True
-        own_flags = ()
+        own_flags = (("--ssh-hosts", "ssh_hosts"),)
         batch_origin = "batch started"
         startup_label = "Episode process launched -> ready"
         timeline_origin = "batch"
         REPORT_ROWS = {}
 
-        @staticmethod
-        def episode_argv(program, workspace, env):
-            return ["ssh", "worker-1", sys.executable, "-B", str(program)]
+        @classmethod
+        def add_arguments(cls, parser):
+            parser.add_argument("--ssh-hosts", metavar="HOST,HOST", help="with --backend ssh: the machines to run on")
+
+        @classmethod
+        def check_options(cls, args, fail):
+            hosts = [host for host in (args.ssh_hosts or "").split(",") if host]
+            if not hosts:
+                fail("--backend ssh needs --ssh-hosts HOST[,HOST...]")
+            return {"ssh_hosts": hosts}
+
+        def read_facts(self, cluster):
+            # each host answers before anything is made: its home (the folder's root) and kernel
+            self.hosts = {}
+            for host in self.spec.ssh_hosts:
+                home, kernel = ssh(host, "cd && pwd && uname -r").decode().split()
+                self.hosts[host] = {"home": home, "kernel": kernel}
+            return {"hosts": self.hosts}
+
+        def episode_host(self, run_id):
+            return SshHost(run_id, {host: facts["home"] for host, facts in self.hosts.items()})
+
+        def new_receipt(self, context, namespace, run_id):
+            return {"backend": self.name, "namespace": None, "run_id": run_id, "hosts": sorted(self.hosts),
+                    "remote_folder": folder_of(run_id)}
+
+        def run(self, run):
+            # the hosts' kernels, as nodes.json names a cluster's nodes: the isolation verdict's
+            tool.write_json(run.output / "nodes.json", [{"name": "ssh:" + host, "kernel": facts["kernel"]}
+                                                        for host, facts in sorted(self.hosts.items())])
+            return super().run(run)
+
+        @classmethod
+        def describe_results(cls, output, report, observed):
+            super().describe_results(output, report, observed)
+            report.update(image="ssh python3", runtime="remote-process")
+
+        @classmethod
+        def timeline_where(cls, results):
+            return "ssh hosts"
+
+        @classmethod
+        def off_cluster_state(cls, folder, receipt):
+            return "ran on %s over ssh (its folder there: ~/%s)" % (", ".join(receipt["hosts"]),
+                                                                    receipt["remote_folder"])
+
+        @classmethod
+        def cleanup(cls, receipt, source, output, console, delete_foreign=False):
+            folder, run_id = receipt["remote_folder"], receipt["run_id"]
+            if folder != folder_of(run_id):
+                raise tool.DemoError("%s names remote folder %s, which this backend never makes for run %s; "
+                                     "refusing cleanup" % (source, folder, run_id))
+            for host in receipt["hosts"]:
+                said = ssh(host, "if [ -d %s ]; then cat %s/.run-id 2>/dev/null || echo; else echo gone; fi"
+                           % (shlex.quote(folder), shlex.quote(folder))).decode().strip()
+                if said == "gone":
+                    console.tell("%s:~/%s is already gone" % (host, folder))
+                    continue
+                if said != run_id:
+                    raise tool.DemoError("refusing cleanup: %s:~/%s/.run-id must equal %s: current value is %r"
+                                         % (host, folder, run_id, said))
+                ssh(host, "rm -rf %s" % shlex.quote(folder))
+                console.tell("Removed %s:~/%s" % (host, folder))
+            return tool.EXIT_OK
     return SshBackend
+
+
+FAKE_SSH = """#!/bin/sh
+# ssh [-o OPTION]... HOST COMMAND: COMMAND run by sh in HOST's home (hosts/HOST), as sshd runs it
+# in the remote user's; a host without a home refuses the connection, as ssh says it.
+echo "$*" >> %(calls)s
+while [ "$1" = "-o" ]; do shift 2; done
+host=$1; shift
+if [ ! -d %(hosts)s/"$host" ]; then
+    echo "ssh: connect to host $host port 22: Connection refused" >&2
+    exit 255
+fi
+cd %(hosts)s/"$host" && HOME=$PWD exec sh -c "$*"
+"""
 
 
 @pytest.fixture
 def with_ssh(tool, tmp_path, monkeypatch):
-    """The ssh backend registered (its one line), and an `ssh` on PATH that runs the command here
-    and logs each call. The tests call main() in this process, which installs its SIGTERM
-    handler: the worker's own is put back after."""
+    """The ssh backend registered (its one line), two hosts (worker-1, worker-2: a home each under
+    hosts/), and an `ssh` on PATH that runs each command in its host's home and logs each call.
+    The tests call main() in this process, which installs its SIGTERM handler: the worker's own
+    is put back after."""
     import signal
     previous = signal.getsignal(signal.SIGTERM)
     backend = ssh_backend(tool)
     monkeypatch.setitem(tool.BACKENDS, backend.name, backend)  # the registry line
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "ssh").write_text('#!/bin/sh\necho "$@" >> %s\nshift\nexec "$@"\n' % (tmp_path / "ssh-calls"))
+    for host in ("worker-1", "worker-2"):
+        (tmp_path / "hosts" / host).mkdir(parents=True)
+    (bin_dir / "ssh").write_text(FAKE_SSH % {"calls": tmp_path / "ssh-calls", "hosts": tmp_path / "hosts"})
     (bin_dir / "ssh").chmod(0o755)
     monkeypatch.setenv("PATH", "%s:%s" % (bin_dir, os.environ["PATH"]))
     monkeypatch.chdir(tmp_path)
@@ -131,24 +283,114 @@ def with_ssh(tool, tmp_path, monkeypatch):
     signal.signal(signal.SIGTERM, previous)
 
 
-def test_an_ssh_shaped_backend_declares_the_whole_contract(tool, with_ssh):
+def ssh_calls(tmp_path):
+    return (tmp_path / "ssh-calls").read_text().splitlines()
+
+
+def run_on_two_hosts(tool, count=4, *flags):
+    return tool.main(["run", "--backend", "ssh", "--ssh-hosts", "worker-1,worker-2", "--count", str(count),
+                      "--output", "out", *flags])
+
+
+def test_an_ssh_backend_declares_the_whole_contract(tool, with_ssh):
     assert [attribute for attribute in tool.Backend.CONTRACT if attribute not in vars(with_ssh)] == []
     assert not [method for method in tool.Backend.METHODS if is_stub(getattr(with_ssh, method))]
 
 
-def test_an_ssh_shaped_backend_runs_a_batch_through_its_launcher(tool, with_ssh, tmp_path, capfd):
-    assert tool.main(["run", "--backend", "ssh", "--count", "2", "--output", "out"]) == 0
+def test_an_ssh_backend_runs_each_episode_on_its_host_with_its_workspace_there(tool, with_ssh, tmp_path):
+    assert run_on_two_hosts(tool) == 0
     results = read(tmp_path / "out" / "results.json")
-    assert (results["backend"], results["successful_episodes"]) == ("ssh", 2)
-    calls = (tmp_path / "ssh-calls").read_text().splitlines()
-    assert len(calls) == 2 and all(call.startswith("worker-1 ") for call in calls)
+    assert (results["backend"], results["successful_episodes"], results["reward_sum"]) == ("ssh", 4, 4)
+    pods = read(tmp_path / "out" / "pods.json")
+    assert sorted((pod["metadata"]["name"], pod["spec"]["nodeName"]) for pod in pods) == [
+        ("local-0", "ssh:worker-1"), ("local-1", "ssh:worker-2"), ("local-2", "ssh:worker-1"),
+        ("local-3", "ssh:worker-2")]
+    run_id = read(tmp_path / "out" / "receipt.json")["run_id"]
+    home = tmp_path / "hosts" / "worker-2"
+    started = [call for call in ssh_calls(tmp_path) if "episode.py" in call and call.startswith("-o BatchMode=yes "
+                                                                                                 "worker-2 mkdir ")]
+    assert len(started) == 2 and all("%s/.rl-batch-demo/%s/local-" % (home, run_id) in call for call in started)
+    assert not (home / ".rl-batch-demo" / run_id).exists()  # the run removed its folder on each host
+
+
+def test_an_ssh_run_records_each_hosts_kernel_and_its_episodes_ran_on_it(tool, with_ssh, tmp_path):
+    assert run_on_two_hosts(tool, 2) == 0
+    assert read(tmp_path / "out" / "nodes.json")[0]["kernel"] == os.uname().release  # the fake's hosts are here
+    assert read(tmp_path / "out" / "results.json")["isolation"]["episodes_on_node_kernel"] == 2
+
+
+def test_report_of_an_ssh_run_shows_its_episodes_and_their_kernel(tool, with_ssh, tmp_path, capfd):
+    assert run_on_two_hosts(tool, 2) == 0
+    capfd.readouterr()
+    assert tool.main(["report", "out"]) == 0
+    table = capfd.readouterr().out
+    assert "| episodes passed / run | 2/2 |" in table
+    assert "| episodes on the node's kernel / their own / unknown | 2 / 0 / 0 |" in table
+
+
+def test_list_names_an_ssh_run_its_hosts_and_its_folder_there(tool, with_ssh, tmp_path, capfd):
+    assert run_on_two_hosts(tool, 2) == 0
+    run_id = read(tmp_path / "out" / "receipt.json")["run_id"]
+    capfd.readouterr()
+    tool.main(["list", "--json"])  # the context's runs cannot be listed here: a note, the folders' still are
+    listed = json.loads(capfd.readouterr().out)
+    runs = listed["runs"] if isinstance(listed, dict) else listed
+    [row] = [row for row in runs if row["backend"] == "ssh"]
+    assert row["run_id"] == run_id and (row["succeeded"], row["failed"]) == (2, 0)
+    assert row["state"] == "ran on worker-1, worker-2 over ssh (its folder there: ~/.rl-batch-demo/%s)" % run_id
+
+
+def killed_run_folders(tmp_path, run_id, marker=None):
+    """What a run killed mid-batch leaves on each host: its folder, with its .run-id."""
+    for host in ("worker-1", "worker-2"):
+        folder = tmp_path / "hosts" / host / ".rl-batch-demo" / run_id
+        (folder / "local-0").mkdir(parents=True)
+        (folder / ".run-id").write_text((marker or run_id) + "\n")
+
+
+def test_cleanup_of_an_ssh_run_removes_what_a_killed_run_left_on_each_host(tool, with_ssh, tmp_path, capfd):
+    assert run_on_two_hosts(tool, 2) == 0
+    run_id = read(tmp_path / "out" / "receipt.json")["run_id"]
+    killed_run_folders(tmp_path, run_id)
+    capfd.readouterr()
     assert tool.main(["cleanup", "out"]) == 0
-    assert "Nothing to clean up: out ran with --backend ssh" in capfd.readouterr().err
+    assert capfd.readouterr().err.splitlines() == ["Removed worker-1:~/.rl-batch-demo/%s" % run_id,
+                                                   "Removed worker-2:~/.rl-batch-demo/%s" % run_id]
+    assert not list((tmp_path / "hosts").glob("*/.rl-batch-demo/*"))
 
 
-def test_an_ssh_shaped_backend_refuses_the_cluster_only_flags(tool, with_ssh, tmp_path, capfd):
+def test_cleanup_of_an_ssh_run_whose_folders_are_gone_says_so(tool, with_ssh, tmp_path, capfd):
+    assert run_on_two_hosts(tool, 2) == 0
+    run_id = read(tmp_path / "out" / "receipt.json")["run_id"]
+    capfd.readouterr()
+    assert tool.main(["cleanup", "out"]) == 0
+    assert "worker-1:~/.rl-batch-demo/%s is already gone" % run_id in capfd.readouterr().err
+
+
+def test_cleanup_of_an_ssh_run_refuses_a_folder_another_run_owns_naming_the_key(tool, with_ssh, tmp_path, capfd):
+    assert run_on_two_hosts(tool, 2) == 0
+    run_id = read(tmp_path / "out" / "receipt.json")["run_id"]
+    killed_run_folders(tmp_path, run_id, marker="0123456789ab")
+    capfd.readouterr()
+    assert tool.main(["cleanup", "out"]) == 1
+    assert capfd.readouterr().err.strip().splitlines()[-1] == (
+        "Error: refusing cleanup: worker-1:~/.rl-batch-demo/%s/.run-id must equal %s: current value is "
+        "'0123456789ab'" % (run_id, run_id))
+    assert (tmp_path / "hosts" / "worker-1" / ".rl-batch-demo" / run_id / "local-0").is_dir()
+
+
+def test_an_ssh_host_that_cannot_be_reached_refuses_the_run_before_anything_is_made(tool, with_ssh, tmp_path,
+                                                                                     capfd):
+    assert tool.main(["run", "--backend", "ssh", "--ssh-hosts", "worker-1,worker-9", "--output", "out"]) == 1
+    assert capfd.readouterr().err.strip().splitlines()[-1] == (
+        "Error: ssh worker-9 failed (exit 255): ssh: connect to host worker-9 port 22: Connection refused")
+    assert not (tmp_path / "out").exists()
+    assert not list((tmp_path / "hosts").glob("*/.rl-batch-demo"))
+
+
+def test_an_ssh_backend_refuses_the_cluster_only_flags(tool, with_ssh, tmp_path, capfd):
     with pytest.raises(SystemExit) as refused:
-        tool.main(["run", "--backend", "ssh", "--image", "python:3.13", "--output", "out"])
+        tool.main(["run", "--backend", "ssh", "--ssh-hosts", "worker-1", "--image", "python:3.13", "--output", "out"])
     assert refused.value.code == 2
     assert "--image is for a backend on a cluster; --backend ssh runs without one" in capfd.readouterr().err
     assert not (tmp_path / "out").exists()
@@ -209,16 +451,13 @@ def bare_pod_backend(tool):
                         time.sleep(0.2)
             selector = "%s=%s" % (tool.RUN_LABEL, run.run_id)
             while True:
-                pods = run.cluster.read_items("-n", run.namespace, "get", "pods", "-l", selector)
+                pods = run.cluster.api.list(tool.PODS, run.namespace, selector)
                 if pods and all(pod["status"].get("phase") in ("Succeeded", "Failed") for pod in pods):
                     break
                 if time.time() > created + self.spec.timeout:
                     raise tool.BatchTimeout("bare pods still running at --timeout")
                 time.sleep(0.2)
-            for pod in pods:
-                name = pod["metadata"]["name"]
-                (run.output / (name + ".log")).write_bytes(run.cluster.read("-n", run.namespace, "logs", name,
-                                                                            binary=True))
+            tool.fetch_logs(run.cluster, run.namespace, run.output, [pod["metadata"]["name"] for pod in pods])
             first = min(pod["metadata"]["creationTimestamp"] for pod in pods)  # the batch's origin, API clock
             job = tool.batch_record(type(self), "BarePodBatch", "bare-pods", first, {
                 "conditions": [{"type": "Complete", "status": "True"}]}, spec={"completions": self.spec.count})
@@ -241,7 +480,7 @@ def bare_pod_backend(tool):
 
         @classmethod
         def list_objects(cls, cluster, namespace):
-            return {"pods": cluster.read_items("-n", namespace, "get", "pods")}
+            return {"pods": cluster.api.list(tool.PODS, namespace)}
 
         @classmethod
         def list_state(cls, objects):

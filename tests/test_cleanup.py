@@ -18,9 +18,9 @@ def test_cleanup_deletes_the_namespace_and_keeps_the_output(cluster, run_tool, t
     assert "Deleted the run's namespace: " + namespace in result.stderr
     assert cluster.kubectl("get", "namespace", namespace, "--ignore-not-found", "-o", "name").stdout == ""
     assert (tmp_path / "out" / "results.json").is_file()
-    deletes = [call for call in cluster.calls() if "delete" in call]
-    assert deletes[0][-4:] == ["job", "rollout", "--cascade=foreground", "--wait=false"]
-    assert deletes[1][-3:] == ["namespace", namespace, "--wait=false"]
+    # through the command's proxy: the Job (its pods with it), then the namespace
+    deletes = [request["target"] for request in cluster.requests() if request["method"] == "DELETE"]
+    assert deletes == ["/apis/batch/v1/namespaces/%s/jobs/rollout" % namespace, "/api/v1/namespaces/" + namespace]
 
 
 def test_cleanup_of_a_big_job_deletes_its_pods_itself_after_the_jobs_delete(make_cluster, run_tool, tmp_path):
@@ -385,18 +385,23 @@ def test_a_colleagues_configmap_made_moments_after_the_namespace_is_refused(clus
     assert cluster.get_json("-n", namespace, "configmap", "notes")["data"] == {"todo": "keep me"}
 
 
-def test_a_wait_that_follows_another_names_the_whole_time_waited(tool, monkeypatch):
-    # the namespace's watch failed after most of the wait; the poll that finishes it has 1 s left,
-    # and its refusal names the whole wait, not that last second
+def test_a_deletion_wait_that_runs_out_names_how_long_and_how_to_look(tool, monkeypatch):
+    # the namespace never goes (a finalizer nobody removes): the wait ends at its timeout, woken
+    # by its watch or every 2 s at most, and its refusal says how long it waited and what to run
     clock = [1000.0]
     monkeypatch.setattr(tool.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(tool.time, "sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds))
-    cluster = tool.Cluster.__new__(tool.Cluster)
-    cluster.context = "kind-rl"
-    cluster.exists = lambda *parts: True
+    waits = []
+    channel = tool.ApiChannel.__new__(tool.ApiChannel)
+    channel.cluster = type("Cluster", (), {"context": "kind-rl"})()
+    channel.get = lambda *parts: {"kind": "Namespace"}  # never gone
+    channel.watch = lambda *parts: type("Watch", (), {  # no change ever comes: each turn waits its longest
+        "drain": lambda self, timeout: waits.append(timeout) or clock.__setitem__(0, clock[0] + timeout) or [],
+        "stop": lambda self: None})()
     with pytest.raises(tool.BatchTimeout) as raised:
-        cluster.wait_until_gone("Namespace agc-rl-x", ("namespace", "agc-rl-x"), 1.0, since=1000.0 - 119)
-    assert "still terminating after 120 s" in str(raised.value)
+        channel.wait_until_gone("Namespace agc-rl-x", tool.NAMESPACES, name="agc-rl-x", timeout=120)
+    assert "Namespace agc-rl-x still terminating after 120 s" in str(raised.value)
+    assert "`kubectl --context kind-rl get namespaces agc-rl-x`" in str(raised.value)
+    assert max(waits) == 2.0
 
 
 def test_an_object_all_of_whose_owners_are_gone_is_being_collected_not_foreign(tool):

@@ -69,7 +69,7 @@ def test_an_api_server_away_for_20_s_is_waited_out_and_the_batch_collected(make_
     cluster = slow_start_cluster(make_cluster, tmp_path, apiOutage={"afterJobCreatedSeconds": 1.0, "seconds": 20})
     result = run_tool("run", "--count", "2", "--image", "slow-start:1", "--output", "out", cluster=cluster)
     assert result.code == 0, result
-    assert "the API server is not answering (The connection to the server" in result.stderr
+    assert "the API server is not answering (Unable to connect to the server: " in result.stderr
     assert "the API server answers again, after" in result.stderr
     assert read(tmp_path / "out" / "results.json")["reward_sum"] == 2
 
@@ -385,12 +385,24 @@ def test_a_create_answered_with_an_etcd_error_after_commit_is_adopted(make_clust
     assert receipt["uid"] == cluster.get_json("namespace", receipt["namespace"])["metadata"]["uid"]
 
 
-def test_transient_kubectl_failures_are_retried(make_cluster, run_tool, tmp_path):
+def test_transient_api_failures_are_retried(make_cluster, run_tool, tmp_path):
     cluster = make_cluster({"transientFailures": [{"verb": "list", "resource": "events", "times": 2}]})
     result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
     assert result.code == 0, result
-    assert "Error from server (InternalError)" in result.stderr and "retrying in" in result.stderr
+    assert "HTTP 500: an error on the server" in result.stderr and "retrying in" in result.stderr
+    assert "could not read the events" not in result.stderr
     assert read(tmp_path / "out" / "results.json")["reward_sum"] == 2
+
+
+def test_a_retry_note_names_the_whole_kubectl_command_where_the_channel_fell_back(make_cluster, run_tool, tmp_path):
+    # the fake kubectl: a `kubectl proxy` that exits at once, so every call is a kubectl process
+    cluster = make_cluster({"kubectlProxy": {"fails": "error: unknown flag: --unix-socket"},
+                            "transientFailures": [{"verb": "list", "resource": "events", "times": 1}]}, kubectl="fake")
+    result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
+    assert result.code == 0, result
+    namespace = read(tmp_path / "out" / "receipt.json")["namespace"]
+    assert re.search(r"kubectl get -n %s events -o json: Error from server \(InternalError\): .*; retrying in"
+                     % namespace, result.stderr), result.stderr
 
 
 def test_a_create_that_timed_out_after_commit_is_adopted_not_repeated(make_cluster, run_tool, tmp_path):
@@ -402,9 +414,11 @@ def test_a_create_that_timed_out_after_commit_is_adopted_not_repeated(make_clust
     jobs = cluster.get_json("-n", receipt["namespace"], "jobs")["items"]
     assert [job["metadata"]["uid"] for job in jobs] == [receipt["job_uid"]]
     calls = cluster.calls()
-    creates = [index for index, call in enumerate(calls) if "create" in call]
-    assert len(creates) == 3  # namespace, configmap, Job: never a second create of the Job
-    assert calls[creates[-1] + 1][3:6] == ["get", "-n", receipt["namespace"]]  # it looked, found it, adopted it
+    assert len([call for call in calls if "create" in call]) == 3  # namespace, configmap, Job: the Job once
+    job_requests = [(request["method"], request["target"].split("?")[0]) for request in cluster.requests()
+                    if "/jobs" in request["target"] and not request["agent"].endswith(" watch")]
+    jobs_path = "/apis/batch/v1/namespaces/%s/jobs" % receipt["namespace"]
+    assert job_requests[:2] == [("POST", jobs_path), ("GET", jobs_path + "/rollout")]  # it looked, found it, adopted it
 
 
 @pytest.mark.parametrize("resource, uid_key", [("namespaces", "uid"), ("configmaps", None), ("jobs", "job_uid")])
@@ -423,13 +437,13 @@ def test_a_create_the_server_committed_but_answered_with_a_transport_error_is_ad
     assert run_tool("cleanup", "--output", "out", cluster=cluster).code == 0
 
 
-def test_a_retry_note_names_the_whole_kubectl_command(make_cluster, run_tool, tmp_path):
+def test_a_retry_note_names_the_request_and_the_channel_it_went_through(make_cluster, run_tool, tmp_path):
     cluster = make_cluster({"transientFailures": [{"verb": "list", "resource": "events", "times": 1}]})
     result = run_tool("run", "--count", "2", "--output", "out", cluster=cluster)
     assert result.code == 0, result
     namespace = read(tmp_path / "out" / "receipt.json")["namespace"]
-    assert re.search(r"kubectl -n %s get events -o json: Error from server "
-                     r"\(InternalError\): .*; retrying in" % namespace, result.stderr), result.stderr
+    assert re.search(r"GET /api/v1/namespaces/%s/events through `kubectl proxy`: HTTP 500: an error on the server "
+                     r".*; retrying in" % namespace, result.stderr), result.stderr
 
 
 def test_a_kubelet_eviction_of_the_builtin_episode_is_named_as_such(make_cluster, run_tool, tmp_path):

@@ -374,7 +374,7 @@ class PagedPods:
     continue token it is given has expired (410, as the API server says once etcd compacted)."""
 
     def __init__(self, expire=False):
-        self.expire, self.paths = expire, []
+        self.expire, self.paths, self.closed = expire, [], False
 
     def request(self, method, path, obj=None, retry=True, headers=None):
         self.paths.append(path)
@@ -391,15 +391,15 @@ class PagedPods:
 
 
 def channel_on(tool, proxy):
-    channel = object.__new__(tool.ProxyExecChannel)  # its proxy stood in for, never started
-    channel.proxy, channel.namespace = proxy, "ns"
+    channel = object.__new__(tool.ApiChannel)  # its proxy stood in for, never started
+    channel.proxy, channel.watches = proxy, []
     return channel
 
 
 def test_a_list_through_the_proxy_is_read_a_page_at_a_time_and_kept_as_kubectl_shows_it(tool):
     # at 1,000 warm claims the lists saved at a run's end held 2,000 pods' JSON at once
     proxy = PagedPods()
-    pods = channel_on(tool, proxy).list_objects("v1", "pods", "app=x")
+    pods = channel_on(tool, proxy).list(tool.PODS, "ns", "app=x")
     assert [pod["metadata"]["name"] for pod in pods] == ["pod-%d" % index for index in range(5)]
     assert all(pod["kind"] == "Pod" and "managedFields" not in pod["metadata"] for pod in pods)
     queries = [urllib.parse.parse_qs(urllib.parse.urlsplit(path).query) for path in proxy.paths]
@@ -409,7 +409,7 @@ def test_a_list_through_the_proxy_is_read_a_page_at_a_time_and_kept_as_kubectl_s
 
 def test_a_list_whose_continue_token_expired_is_listed_again_from_the_start(tool):
     proxy = PagedPods(expire=True)
-    pods = channel_on(tool, proxy).list_objects("v1", "pods")
+    pods = channel_on(tool, proxy).list(tool.PODS, "ns")
     assert [pod["metadata"]["name"] for pod in pods] == ["pod-%d" % index for index in range(5)]
     assert ["continue=" in path for path in proxy.paths] == [False, True, False, True, True]
 
@@ -432,10 +432,10 @@ class DiscoveryFailing:
 def test_the_served_resources_are_read_past_a_group_whose_discovery_failed(tool):
     listed = "pods\nsandboxes.agents.x-k8s.io\nsandboxclaims.extensions.agents.x-k8s.io\nworkloads.kueue.x-k8s.io\n"
     cluster = tool.Cluster(DiscoveryFailing(tool, listed), "kind-rl")
-    assert cluster.served_resources("agents.x-k8s.io", "extensions.agents.x-k8s.io") == {
+    assert cluster.api.served("agents.x-k8s.io", "extensions.agents.x-k8s.io") == {
         "sandboxes.agents.x-k8s.io", "sandboxclaims.extensions.agents.x-k8s.io"}
     with pytest.raises(tool.KubectlError):  # nothing discovered: kubectl's failure is the answer
-        tool.Cluster(DiscoveryFailing(tool, ""), "kind-rl").served_resources("agents.x-k8s.io")
+        tool.Cluster(DiscoveryFailing(tool, ""), "kind-rl").api.served("agents.x-k8s.io")
 
 
 CLAIM = {"metadata": {"name": "episode-3", "creationTimestamp": "2026-11-29T10:00:01Z", "uid": "c-3"}}
@@ -680,37 +680,39 @@ def test_an_exec_into_a_pod_that_has_gone_is_an_exec_failure_not_a_refusal(sandb
         if os.environ.get(key) != value:
             monkeypatch.setenv(key, value)  # the fake kubectl, as the tool would find it
     runner = tool.Kubectl(tool.Console(quiet=True))
-    cluster = tool.Cluster(runner, "kind-rl")
-    channel = tool.ProxyExecChannel(cluster, "gone").open()
+    channel = tool.ProxyExecChannel(tool.connect(runner, "kind-rl"), "agc-rl-gone")
     try:
         result = channel.run("no-such-pod", ["true"], 10)
         assert result.code is None and 'pods "no-such-pod" not found' in result.error
         assert result.sent_at is not None and result.opened_at is None  # no stream was opened
     finally:
-        channel.close()
-        runner.stop_background()
+        runner.stop_background()  # closes the command's channel: its proxy and socket
     assert not os.path.exists(channel.socket_path)
     assert subprocess.run(["pgrep", "-f", channel.socket_path], capture_output=True).returncode == 1
 
 
-def open_channel_on(cluster, tool, monkeypatch, namespace):
-    """The tool's exec channel (a real `kubectl proxy`) on the cluster, in-process."""
+# a namespace the command's channel serves (channel_accept_paths: the tool's own prefix)
+EXEC_NAMESPACE = "agc-rl-exec-test"
+
+
+def open_channel_on(cluster, tool, monkeypatch, namespace=EXEC_NAMESPACE):
+    """The tool's exec channel (over the command's real `kubectl proxy`) on the cluster, in-process;
+    the runner's stop_background() closes it."""
     for key, value in cluster.env().items():
         if os.environ.get(key) != value:
             monkeypatch.setenv(key, value)
     runner = tool.Kubectl(tool.Console(quiet=True))
-    return runner, tool.ProxyExecChannel(tool.Cluster(runner, "kind-rl"), namespace).open()
+    return runner, tool.ProxyExecChannel(tool.connect(runner, "kind-rl"), namespace)
 
 
 def test_an_exec_the_proxy_cannot_deliver_because_the_api_server_is_down_may_be_sent_again(
         sandbox_cluster, tool, monkeypatch):
     # a real proxy answers 500 "error dialing backend: dial tcp ...: connect: connection refused"
-    runner, channel = open_channel_on(sandbox_cluster, tool, monkeypatch, "default")
+    runner, channel = open_channel_on(sandbox_cluster, tool, monkeypatch)
     try:
         sandbox_cluster.stop()  # the API server's listener is gone: connections refused
         result = channel.run("any-pod", ["true"], 10)
     finally:
-        channel.close()
         runner.stop_background()
     assert result.refused_in_passing and result.opened_at is None, result.error
     assert "connection refused" in result.error
@@ -720,7 +722,7 @@ def test_an_exec_stream_the_api_server_cuts_is_named_as_cut_not_as_refused(sandb
     # cut: the command may have run, so the run reads its exec journal rather than sending it again
     import threading
     run_a_long_pod(sandbox_cluster, tool)
-    runner, channel = open_channel_on(sandbox_cluster, tool, monkeypatch, "default")
+    runner, channel = open_channel_on(sandbox_cluster, tool, monkeypatch)
     results = []
     try:
         thread = threading.Thread(target=lambda: results.append(channel.run("long", ["sleep", "60"], 90)))
@@ -729,7 +731,6 @@ def test_an_exec_stream_the_api_server_cuts_is_named_as_cut_not_as_refused(sandb
         sandbox_cluster.stop()  # an outage: the API server's open streams are cut
         thread.join(60)
     finally:
-        channel.close()
         runner.stop_background()
     [result] = results
     assert result.code is None and result.opened_at is not None and not result.refused_in_passing
@@ -737,25 +738,28 @@ def test_an_exec_stream_the_api_server_cuts_is_named_as_cut_not_as_refused(sandb
 
 
 def run_a_long_pod(cluster, tool):
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "long", "namespace": "default"},
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "long", "namespace": EXEC_NAMESPACE},
            "spec": {"containers": [{"name": tool.CONTAINER_NAME, "image": "python:3.12-alpine",
                                     "command": ["python", "-c", "import time; time.sleep(120)"]}]}}
-    cluster.kubectl("create", "-f", "-", stdin=json.dumps(pod))
-    wait_for("the pod to run", lambda: cluster.get_json("-n", "default", "pod", "long")["status"].get(
+    cluster.kubectl("create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "Namespace",
+                                                           "metadata": {"name": EXEC_NAMESPACE}}))
+    # a new namespace's `default` ServiceAccount comes a moment later (ASSUMPTIONS.md fact 25)
+    wait_for("the pod to be admitted", lambda: cluster.kubectl(
+        "create", "-f", "-", stdin=json.dumps(pod), check=False).returncode == 0)
+    wait_for("the pod to run", lambda: cluster.get_json("-n", EXEC_NAMESPACE, "pod", "long")["status"].get(
         "phase") == "Running")
 
 
 def test_a_proxy_that_died_is_started_again_and_the_exec_it_never_carried_may_be_sent_again(
         sandbox_cluster, tool, monkeypatch):
     run_a_long_pod(sandbox_cluster, tool)
-    runner, channel = open_channel_on(sandbox_cluster, tool, monkeypatch, "default")
+    runner, channel = open_channel_on(sandbox_cluster, tool, monkeypatch)
     try:
         channel.proxy.process.kill()
         channel.proxy.process.wait()
         first = channel.run("long", ["true"], 30)
         second = channel.run("long", ["true"], 30)
     finally:
-        channel.close()
         runner.stop_background()
     assert first.refused_in_passing and first.opened_at is None and "nothing was sent" in first.error
     assert second.code == 0, second.error
@@ -794,8 +798,8 @@ def test_a_silent_exec_stream_is_pinged_every_few_seconds_as_client_go_pings(too
 
 @pytest.mark.parametrize("behaviour, line", [
     ({"fails": "error: unknown flag: --unix-socket\nSee 'kubectl proxy --help' for usage."},
-     "warning: `kubectl proxy` exited 1: error: unknown flag: --unix-socket; falling back to one `kubectl exec` "
-     "process per episode"),
+     "warning: `kubectl proxy` exited 1: error: unknown flag: --unix-socket; falling back to one kubectl process "
+     "per API call of this command (the same answers, slower at scale)"),
     ({"refuseUpgrade": True},
      "warning: the API server (through `kubectl proxy`) refused the exec stream: HTTP 400: requested protocol(s) "
      "are not supported"),
@@ -1032,17 +1036,13 @@ def test_a_sandbox_the_watch_is_late_with_is_read_through_the_proxy_not_a_kubect
     runner = tool.Kubectl(tool.Console(quiet=True))
     for key, value in sandbox_cluster.env().items():
         monkeypatch.setenv(key, value)
-    channel = tool.ProxyExecChannel(tool.Cluster(runner, "kind-rl"), namespace, [
-        "^/apis/%s/namespaces/%s/sandboxes/[^/]+$" % (tool.SANDBOX_API, namespace)]).open()
-
-    class NoKubectl:
-        def get_json(self, *parts):
-            raise AssertionError("read with kubectl: %s" % (parts,))
-    run = type("Run", (), {"channel": channel, "cluster": NoKubectl(), "namespace": namespace})()
+    cluster = tool.connect(runner, "kind-rl")
+    run = type("Run", (), {"cluster": cluster, "namespace": namespace})()
     try:
+        kubectl_calls = len(sandbox_cluster.calls())
         name = sandbox["metadata"]["name"]
         assert tool.WarmPoolRun.read_sandbox(run, name)["metadata"]["uid"] == sandbox["metadata"]["uid"]
-        assert channel.get_object(tool.SANDBOX_API, "sandboxes", "no-such-sandbox") is None
+        assert cluster.api.get(tool.SANDBOXES, "no-such-sandbox", namespace) is None
+        assert len(sandbox_cluster.calls()) == kubectl_calls  # no kubectl process for either read
     finally:
-        channel.close()
         runner.stop_background()

@@ -755,29 +755,10 @@ def serve_proxied(connection, filters, behaviour):
                                          any(r.search(host) for r in filters["--accept-hosts"]))):
             http_answer(connection, 403, "Forbidden", "Forbidden\n", "text/plain; charset=utf-8")
             return
-        collection = re.match(r"^/apis?/(?:[^/]+/)?[^/]+/namespaces/([^/]+)/([^/]+)$", path)
-        if method == "POST" and collection:
-            serve_create(connection, collection.group(1), collection.group(2), headers, request_body)
-            return
-        if method == "GET" and collection:
-            from urllib.parse import parse_qs, urlsplit
-            selector = (parse_qs(urlsplit(target).query).get("labelSelector") or [None])[0]
-            resource = ALIASES.get(collection.group(2)) or CRD_ALIASES.get(collection.group(2), collection.group(2))
-            try:
-                listed = call({"verb": "list", "resource": resource, "namespace": collection.group(1),
-                               "selector": selector}, 30)
-            except ApiFailure as failure:
-                http_answer(connection, failure.status.get("code", 500), failure.status.get("reason") or "Error",
-                            json.dumps(failure.status))
-                return
-            http_answer(connection, 200, "OK", json.dumps(listed))
-            return
         exec_path = re.match(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/exec$", path)
         if not exec_path or headers.get("upgrade", "").lower() != "websocket":
-            http_answer(connection, 404, "Not Found", json.dumps({"kind": "Status", "apiVersion": "v1", "metadata": {},
-                                                                  "status": "Failure", "message": "the fake proxy serves "
-                                                                  "only WebSocket exec", "reason": "NotFound",
-                                                                  "code": 404}))
+            # as the real proxy: any other request goes to the API server, its answer back as it comes
+            serve_forwarded(connection, raw_head, request_body)
             return
         serve_exec(connection, exec_path.group(1), exec_path.group(2), target, headers, behaviour, raw_head)
     except (OSError, ValueError):
@@ -789,21 +770,24 @@ def serve_proxied(connection, filters, behaviour):
             pass
 
 
-def serve_create(connection, namespace, resource, headers, body):
-    """A create passed through the proxy: 201 with the object, or the API's Status."""
+def serve_forwarded(connection, raw_head, body):
+    """One request passed to the simulated cluster's HTTP API (httpapi.py, the one the real kubectl
+    talks to) with `Connection: close`, and every byte of its answer relayed until the API server
+    closes the connection (a watch's stream too), as the real proxy's reverse proxy does."""
+    port = json.loads((state_dir() / "server.json").read_text())["api_port"]
+    lines = [line for line in raw_head.decode("latin-1").split("\r\n") if line
+             and not line.lower().startswith(("connection:", "host:"))]
+    head = "\r\n".join(lines[:1] + ["Host: 127.0.0.1:%d" % port, "Connection: close"] + lines[1:]) + "\r\n\r\n"
+    upstream = socket.create_connection(("127.0.0.1", port))
     try:
-        created = call({"verb": "create", "resource": ALIASES.get(resource) or CRD_ALIASES.get(resource, resource),
-                        "namespace": namespace, "body": json.loads(body or b"{}")}, 30)
-    except ApiFailure as failure:
-        http_answer(connection, failure.status.get("code", 500), failure.status.get("reason") or "Error",
-                    json.dumps(failure.status))
-        return
-    except ValueError:
-        http_answer(connection, 400, "Bad Request", json.dumps({"kind": "Status", "status": "Failure",
-                                                                "reason": "BadRequest", "code": 400,
-                                                                "message": "the body is not JSON"}))
-        return
-    http_answer(connection, 201, "Created", json.dumps(created))
+        upstream.sendall(head.encode("latin-1") + body)
+        while True:
+            chunk = upstream.recv(65536)
+            if not chunk:
+                return
+            connection.sendall(chunk)
+    finally:
+        upstream.close()
 
 
 def serve_exec(connection, namespace, name, target, headers, behaviour, raw_head):
