@@ -1457,13 +1457,20 @@ class ApiChannel:
         """The KubectlError kubectl prints for this answer."""
         reason = answer_reason(body) or http.client.responses.get(status, "HTTP %d" % status).replace(" ", "")
         message = answer_message(body)
-        where = ["(through kubectl proxy)", method, path.split("?")[0]]
         if status >= 500 and any(marker in message for marker in PROXY_BACKEND_DOWN):
             # the proxy's own word that it cannot reach the API server, not the server's answer
-            return KubectlError(where, status, "Unable to connect to the server: %s" % last_line(message))
+            return self.unreachable(method, path, status, last_line(message))
         if status == 404 and self.no_such_kind(body):
             message = "the server could not find the requested resource"  # as kubectl words it
-        return KubectlError(where, status, "Error from server (%s): %s" % (reason, message))
+        return KubectlError(["(through kubectl proxy)", method, path.split("?")[0]], status,
+                            "Error from server (%s): %s" % (reason, message))
+
+    @staticmethod
+    def unreachable(method, path, status, why):
+        """The KubectlError for a request the API server never answered (the proxy could not be
+        reached, or could not reach the server): kubectl's transient "Unable to connect"."""
+        return KubectlError(["(through kubectl proxy)", method, path.split("?")[0]], status,
+                            "Unable to connect to the server: %s" % why)
 
     def send(self, method, path, obj=None, retry=True, headers=None, timeout=KUBECTL_PROCESS_TIMEOUT_SECONDS):
         """(status, body bytes) of one request through the proxy; a proxy that could not be
@@ -1471,8 +1478,7 @@ class ApiChannel:
         try:
             return self.proxy.request(method, path, obj, retry=retry, headers=headers, timeout=timeout)
         except ProxyUnavailable as unavailable:
-            raise KubectlError(["(through kubectl proxy)", method, path.split("?")[0]], None,
-                               "Unable to connect to the server: %s" % unavailable) from None
+            raise self.unreachable(method, path, None, unavailable) from None
 
     def get(self, resource, name, namespace=None, managed_fields=False, retry=True):
         """The object as a dict, or None when it does not exist; with metadata.managedFields (who
@@ -1534,8 +1540,7 @@ class ApiChannel:
         try:
             yield from list_pages(self.proxy, path, query, headers, retry)
         except ProxyUnavailable as unavailable:
-            raise KubectlError(["(through kubectl proxy)", "GET", path], None,
-                               "Unable to connect to the server: %s" % unavailable) from None
+            raise self.unreachable("GET", path, None, unavailable) from None
 
     @staticmethod
     def shown(item, page, kind, managed_fields=False):
