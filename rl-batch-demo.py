@@ -1289,7 +1289,7 @@ class ProxyAnswer(Exception):
 LIST_PAGE_SIZE = 500  # objects a page of every list through a proxy (list_pages), as kubectl's --chunk-size
 
 
-def list_pages(proxy, path, query=None, headers=None, retry=True):
+def list_pages(proxy, path, query=None, headers=None, retry=True, decode=json.loads):
     """The collection at `path` (with `query`: selectors) through `proxy`, a decoded page at a
     time, LIST_PAGE_SIZE objects each, as kubectl lists: one page's raw answer is held at once,
     never the whole collection's (2,000 Sandboxes and 2,000 pods at 1,000 warm claims, in a
@@ -1303,7 +1303,7 @@ def list_pages(proxy, path, query=None, headers=None, retry=True):
                                      headers=headers)
         if status != 200:
             raise ProxyAnswer(status, body)
-        page = json.loads(body)
+        page = decode(body)
         del body
         yield page
         token = (page.get("metadata") or {}).get("continue")
@@ -1528,17 +1528,18 @@ class ApiChannel:
         for tries_left in reversed(range(3)):
             items = []
             try:
-                for page in self.pages(path, query, retry=retry):
+                for page in self.pages(path, query, retry=retry,
+                                       decode=json.loads if managed_fields else API_OBJECTS.decode):
                     items += [self.shown(item, page, resource.kind, managed_fields) for item in page.get("items") or []]
                 return items
             except ProxyAnswer as answer:
                 if answer.status != 410 or not tries_left:
                     raise self.refusal("GET", path, answer.status, answer.body) from None
 
-    def pages(self, path, query=None, headers=None, retry=True):
+    def pages(self, path, query=None, headers=None, retry=True, decode=json.loads):
         """list_pages through the proxy, its transport failures raised as kubectl's."""
         try:
-            yield from list_pages(self.proxy, path, query, headers, retry)
+            yield from list_pages(self.proxy, path, query, headers, retry, decode)
         except ProxyUnavailable as unavailable:
             raise self.unreachable("GET", path, None, unavailable) from None
 
@@ -1735,7 +1736,7 @@ class ObjectWatch:
         version = None
         try:
             for page in list_pages(proxy, self.resource.path(self.namespace), self.selectors,
-                                   {"User-Agent": WATCH_USER_AGENT}, retry=False):
+                                   {"User-Agent": WATCH_USER_AGENT}, retry=False, decode=API_OBJECTS.decode):
                 version = version or (page.get("metadata") or {}).get("resourceVersion")
                 for item in page.get("items") or []:
                     self.put(dict({"kind": self.resource.kind, "apiVersion": page.get("apiVersion")}, **item))
@@ -1763,7 +1764,7 @@ class ObjectWatch:
                     return  # the server ended the watch: again from the last resourceVersion
                 if not line.strip():
                     continue
-                event = json.loads(line)
+                event = API_OBJECTS.decode(line)
                 obj = event.get("object") or {}
                 if event.get("type") == "ERROR":
                     self.resource_version = None  # 410 Expired and the like: list again
@@ -1790,7 +1791,7 @@ class ObjectWatch:
             lines.append(line)
             if line.rstrip("\n") == "}":
                 try:
-                    obj = load_json("".join(lines))
+                    obj = API_OBJECTS.decode("".join(lines))
                 except ValueError:
                     continue
                 lines = []
@@ -2208,16 +2209,26 @@ class PrefixedConsole(Console):
 
 def write_json(path, obj):
     """Write atomically, so an interrupted write never leaves half a receipt. A list of
-    objects (pods.json) is written one object a line: greppable, and quick at 10,000 pods.
-    Written as it is encoded: 10,000 pods never sit in memory a second time as text."""
+    objects (pods.json) is written one object a line, and so is each such list among an
+    object's top-level values (results.json's per-episode rows): greppable, and quick at 10,000
+    episodes (a line is encoded by json's C encoder; an indented document only by its Python one,
+    2.8 s for the rows of 10,000). Written as it is encoded: 10,000 pods never sit in memory a
+    second time as text."""
     partial = path.with_name(path.name + ".partial")
     try:
         with open(partial, "w") as out:
-            if isinstance(obj, list) and obj and all(isinstance(item, dict) for item in obj):
-                out.write("[\n")
-                for number, item in enumerate(obj):
-                    out.write((",\n" if number else "") + json.dumps(item))
-                out.write("\n]\n")
+            if is_object_list(obj):
+                write_object_lines(out, obj, "")
+                out.write("\n")
+            elif isinstance(obj, dict) and any(is_object_list(value) for value in obj.values()):
+                out.write("{")
+                for number, (key, value) in enumerate(obj.items()):
+                    out.write((",\n  " if number else "\n  ") + json.dumps(key) + ": ")
+                    if is_object_list(value):
+                        write_object_lines(out, value, "  ")
+                    else:
+                        out.write(json.dumps(value, indent=2).replace("\n", "\n  "))
+                out.write("\n}\n")
             else:
                 json.dump(obj, out, indent=2)
                 out.write("\n")
@@ -2230,6 +2241,18 @@ def write_json(path, obj):
         if error.filename is None:  # a failed write() names no file: say which one it was
             raise OSError(error.errno, error.strerror, str(path)) from None
         raise
+
+
+def is_object_list(value):
+    return isinstance(value, list) and bool(value) and all(isinstance(item, dict) for item in value)
+
+
+def write_object_lines(out, objects, indent):
+    """A list of objects as JSON, one object a line."""
+    out.write("[\n")
+    for number, item in enumerate(objects):
+        out.write((",\n" if number else "") + indent + "  " + json.dumps(item))
+    out.write("\n%s]" % indent)
 
 
 def shared_strings(pairs):
@@ -2249,11 +2272,85 @@ def load_json(text):
     return COMPACT_JSON.decode(text)
 
 
-def read_json(path, what, keys=(), shape=dict):
+SHARED_PARTS_KEPT = 4096  # the parts a SharedParts remembers at once, twice over (two generations)
+
+
+class SharedParts:
+    """A JSON decoder for the API objects the tool holds by the thousand (the pods, Sandboxes and
+    claims its watches and lists deliver, and pods.json read back): equal parts of different
+    objects are one object in memory. A Job's pods repeat their spec's containers, volumes and
+    tolerations, their labels and owner, a node's addresses and many a condition; kept once,
+    a pod costs about a third of what it does parsed alone (benchmarks/README.md, "10,000
+    episodes on the real control plane"). Keys and short strings are interned, as by load_json.
+
+    What it returns is for reading only: a part changed in place would change every object that
+    shares it. So the keys in `drop` (metadata.managedFields, which kubectl hides: the one thing
+    the tool used to take out of an API object after parsing) are left out while parsing, never
+    popped later. The parts are remembered in two generations of SHARED_PARTS_KEPT: a part
+    seen again moves to the young one, so the parts every pod has stay, and a pod's own parts
+    are forgotten soon. A part is remembered by its keys and values, its objects and lists by
+    identity; the object remembered holds those, so an identity is never that of another."""
+
+    def __init__(self, drop=()):
+        self.drop = frozenset(drop)
+        self.young, self.old = {}, {}
+        self.lock = threading.Lock()  # watches decode in their own threads
+        self.decoder = json.JSONDecoder(object_pairs_hook=self.shared_object)
+
+    def decode(self, text):
+        if isinstance(text, (bytes, bytearray)):
+            text = text.decode("utf-8")
+        with self.lock:
+            return self.decoder.decode(text)
+
+    def shared_object(self, pairs):
+        held, key = [], []
+        for name, value in pairs:
+            if name in self.drop:
+                continue
+            name = sys.intern(name)
+            if value.__class__ is list:
+                value = self.shared_list(value)
+            elif value.__class__ is str and len(value) <= 64:
+                value = sys.intern(value)
+            held.append((name, value))
+            key += (name, part_key(value))
+        return self.remembered(tuple(key), dict(held))
+
+    def shared_list(self, items):
+        return self.remembered((list,) + tuple(part_key(item) for item in items), items)
+
+    def remembered(self, key, part):
+        found = self.young.get(key)
+        if found is None:
+            found = self.old.get(key, part)
+            self.young[key] = found
+            if len(self.young) > SHARED_PARTS_KEPT:
+                self.old, self.young = self.young, {}
+        return found
+
+
+def part_key(value):
+    """A value as a SharedParts key holds it: a string or None as itself, an object or list by
+    its identity (an int), a number or bool with its type (1, 1.0 and True are equal in Python)."""
+    cls = value.__class__
+    if cls is str or value is None:
+        return value
+    if cls is dict or cls is list:
+        return id(value)
+    return (cls, value)
+
+
+# API objects as the watches, lists and saved pod files deliver them, without managedFields
+API_OBJECTS = SharedParts(drop=("managedFields",))
+
+
+def read_json(path, what, keys=(), shape=dict, decode=load_json):
     """A JSON object (or list) from a file of the output folder; one clear error when it is
-    missing, unreadable, of another shape, or lacks one of `keys`."""
+    missing, unreadable, of another shape, or lacks one of `keys`. `decode`: API_OBJECTS.decode
+    for objects held by the thousand and only read (SharedParts)."""
     try:
-        obj = load_json(path.read_text())
+        obj = decode(path.read_text())
     except FileNotFoundError:
         raise DemoError("no %s in %s" % (path.name, path.parent)) from None
     except (OSError, ValueError) as error:
@@ -3652,7 +3749,9 @@ def results_from_folder(output):
                             for number in range(1, run_info["rounds"] + 1)], run_info)
     backend = backend_named(run_info.get("backend"), str(output / "run.json"))
     job = read_json(output / "job.json", "the saved Job")
-    records = pods = read_json(output / backend.episodes_file, "the saved episodes", shape=list)
+    # held once for all the results' reading (10,000 pods' equal parts shared): read, never changed
+    records = pods = read_json(output / backend.episodes_file, "the saved episodes", shape=list,
+                               decode=API_OBJECTS.decode)
     # None: no log was saved (the pod was gone from the API before it could be read)
     logs = [log_text((output / (pod["metadata"]["name"] + ".log")).read_bytes())
             if (output / (pod["metadata"]["name"] + ".log")).exists() else None for pod in pods]
@@ -5014,6 +5113,12 @@ def read_log_through_proxy(proxy, namespace, folder, name, follow_seconds=None):
     return data
 
 
+def log_saved_through_proxy(proxy, namespace, folder, name, follow_seconds=None):
+    """read_log_through_proxy for the LogArchive: whether the log is saved, not its bytes (the
+    archive reads thousands of logs and keeps none in memory; its file has them)."""
+    return read_log_through_proxy(proxy, namespace, folder, name, follow_seconds) is not None
+
+
 def pod_log_later(cluster, namespace, name):
     """One pod's log (bytes) read in a BackgroundCall: through the command's proxy, else `kubectl
     logs POD`; a refusal raised as kubectl's KubectlError."""
@@ -5052,7 +5157,7 @@ class LogArchive:
         self.enabled = cluster.api.serves
         self.proxy, self.threads = cluster.api.proxy, None
         self.finished = set()  # the pods offered finished: each is looked at once
-        self.reads = {}  # pod name -> Future of its read (bytes, or None when not had)
+        self.reads = {}  # pod name -> Future of its read: True once saved, False when not had
         self.recorded = set()  # the pods whose source settle() wrote into logs.json
         self.followed = set()  # the pods seen deleted while running: their logs followed
         self.exited = set()  # followed pods last seen Succeeded or Failed: their streams are ending
@@ -5074,7 +5179,7 @@ class LogArchive:
             if not (self.folder / (name + ".log")).exists():
                 grace = pod["metadata"].get("deletionGracePeriodSeconds") or pod["spec"].get(
                     "terminationGracePeriodSeconds", 30)
-                self.reads[name] = self.pool.submit(read_log_through_proxy, self.proxy, self.namespace, self.folder,
+                self.reads[name] = self.pool.submit(log_saved_through_proxy, self.proxy, self.namespace, self.folder,
                                                     name, grace + KUBECTL_PROCESS_TIMEOUT_SECONDS)
         if not self.enabled:
             return
@@ -5084,7 +5189,7 @@ class LogArchive:
             self.finished.add(name)
             if name in self.reads or (self.folder / (name + ".log")).exists():  # followed, or the stream saved it
                 continue
-            self.reads[name] = self.pool.submit(read_log_through_proxy, self.proxy, self.namespace, self.folder, name)
+            self.reads[name] = self.pool.submit(log_saved_through_proxy, self.proxy, self.namespace, self.folder, name)
 
     @property
     def pool(self):
@@ -5101,7 +5206,7 @@ class LogArchive:
         # 30 s by default) is not waited for: the end reads what the API has of it now.
         wanted = [name for name in wanted if name not in self.followed or name in self.exited
                   or self.reads[name].done()]
-        saved = [name for name in wanted if not self.reads[name].cancelled() and self.result_of(name) is not None]
+        saved = [name for name in wanted if not self.reads[name].cancelled() and self.result_of(name)]
         new = [name for name in saved if name not in self.recorded]
         if new:
             record_log_sources(self.folder, {name: LOGS_SOURCE_FOLLOWED if name in self.followed else LOGS_SOURCE_PROXY
@@ -5110,8 +5215,8 @@ class LogArchive:
         return saved
 
     def result_of(self, name):
-        """A read's bytes (None when not had); a followed stream whose container has exited gets
-        FOLLOW_DRAIN_SECONDS to end."""
+        """Whether a read saved its log (None: not yet); a followed stream whose container has
+        exited gets FOLLOW_DRAIN_SECONDS to end."""
         try:
             return self.reads[name].result(timeout=FOLLOW_DRAIN_SECONDS if name in self.followed else None)
         except concurrent.futures.TimeoutError:

@@ -12,7 +12,9 @@ Figures, per case:
                command's exit; kubectl processes the command started (a counting wrapper named
                by KUBECTL: every process, however short); peak resident MB of the command alone
                and with its kubectl children (/proc every 50 ms); logs archived;
-               batch_to_all_rewards_seconds and client_job_complete_seconds from results.json
+               batch_to_all_rewards_seconds and client_job_complete_seconds from results.json;
+               after Complete, when each file the run writes last was first and last written
+               (polled every 20 ms): where complete->exit goes
   warm N       `run --backend warm-pool --count N` (pool of N filled first, not measured):
                batch_to_all_rewards_seconds, client_job_complete_seconds, kubectl processes,
                peak MB; then `cleanup` of its N claims, its pool and namespace: seconds
@@ -24,13 +26,12 @@ Figures, per case:
                tool's watch delivered it); `pool down` at the end
 
 Usage: python3 benchmarks/real_control_plane.py [--job 200 1000] [--warm 200 1000] [--kept 64 512]
-                                                [--episode-seconds 1.0]
+                                                [--episode-seconds 1.0] [--large-cluster-rates]
 Prints one line per case and, at the end, a JSON document of every figure."""
 
 import argparse
 import collections
 import json
-import os
 import signal
 from pathlib import Path
 import subprocess
@@ -103,6 +104,25 @@ class Measured:
             time.sleep(0.05)
 
 
+# the files a Job run writes after Complete, in the order it writes them: when each was first
+# and last written tells where the time from Complete to exit goes
+END_FILES = ("observed.json", "pods.json", "events.json", "results.json", "logs.json")
+
+
+def watch_end_files(output, seen):
+    """Each of END_FILES' first and last modification time (client clock, polled every 20 ms)."""
+    times = seen.setdefault("end_files", {})
+    while not seen.get("stop"):
+        for name in END_FILES:
+            try:
+                mtime = (Path(output) / name).stat().st_mtime
+            except OSError:
+                continue
+            first, last = times.get(name, (mtime, mtime))
+            times[name] = (min(first, mtime), max(last, mtime))
+        time.sleep(0.02)
+
+
 def watch_complete(api, output, seen):
     """The client time the Job `rollout` of the run writing `output` is first seen Complete."""
     receipt = Path(output) / "receipt.json"
@@ -130,10 +150,19 @@ def timed_cleanup(plane, workdir, output):
     return {"cleanup_seconds": round(time.monotonic() - started, 2)}
 
 
+# --large-cluster-rates: the controller manager's and scheduler's client rates of Kubernetes' own
+# 5,000-node scalability validation (kubernetes/sig-release releases/release-1.9/
+# scalability_validation_report.md: SCHEDULER_TEST_ARGS, CONTROLLER_MANAGER_TEST_ARGS); by default
+# both run at their defaults (the controller manager 20 requests a second, burst 30)
+LARGE_CLUSTER_RATES = {"kube-controller-manager": [("kube-api-qps", "100"), ("kube-api-burst", "100")],
+                       "kube-scheduler": [("kube-api-qps", "100")]}
+RATES = {}  # the rates of this run's planes: main() sets them from the flag
+
+
 def plane_for(size, workdir, seconds, parts=()):
     nodes = max(2, -(-size // 100) + 1)  # kwok's default node holds 110 pods
     plane = ControlPlane(Path(workdir) / "plane", build.ensure_built(), nodes=nodes, parts=parts,
-                         synthetic_seconds=seconds)
+                         synthetic_seconds=seconds, component_flags=RATES)
     return plane.start()
 
 
@@ -143,16 +172,24 @@ def job_case(size, workdir, seconds):
         api, seen, output = Api(plane.kubectl_program, str(plane.kubeconfig)), {}, Path(workdir) / "job-out"
         watcher = threading.Thread(target=watch_complete, args=(api, output, seen), daemon=True)
         watcher.start()
+        files = threading.Thread(target=watch_end_files, args=(output, seen), daemon=True)
+        files.start()
         run = Measured(plane, workdir, "run", "--allow-large", "--quiet", "--count", str(size), "--output",
                        str(output), *TIMEOUT)
         seen["stop"] = True
+        files.join()
         results = json.loads((output / "results.json").read_text())
+        complete = seen.get("complete_at")
+        # seconds after Complete each file was first and last written (Complete -> exit's parts)
+        end_files = {name: [round(first - complete, 2), round(last - complete, 2)]
+                     for name, (first, last) in seen.get("end_files", {}).items()} if complete else {}
         assert results["successful_episodes"] == size, results["successful_episodes"]
         logs = len(list(output.glob("rollout-*.log")))
         figures = {"case": "job", "size": size, "complete_to_exit_seconds": run.exited - seen["complete_at"]
                    if "complete_at" in seen else None, "kubectl_processes": run.kubectl_processes, "kubectl_verbs": run.kubectl_verbs,
                    "peak_mb_with_kubectl": round(run.peak[0], 1), "peak_mb_tool": round(run.peak[1], 1),
                    "logs_archived": logs, "run_seconds": round(run.seconds, 2),
+                   "after_complete_first_last_written": end_files,
                    "batch_to_all_rewards_seconds": results["batch_to_all_rewards_seconds"],
                    "client_job_complete_seconds": results["client_job_complete_seconds"]}
         figures.update(timed_cleanup(plane, workdir, output))
@@ -224,7 +261,11 @@ def main():
     parser.add_argument("--warm", type=int, nargs="*", default=[200, 1000])
     parser.add_argument("--kept", type=int, nargs="*", default=[64, 512])
     parser.add_argument("--episode-seconds", type=float, default=1.0)
+    parser.add_argument("--large-cluster-rates", action="store_true",
+                        help="the controller manager and scheduler at 100 requests a second, as Kubernetes' "
+                             "5,000-node validation ran them (default: their default rates)")
     args = parser.parse_args()
+    RATES.update(LARGE_CLUSTER_RATES if args.large_cluster_rates else {})
     # `timeout` or a CI runner ends a long benchmark with SIGTERM: each case's plane is stopped by
     # its `finally` (its parts run in sessions of their own, so nothing else stops them)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -241,7 +282,7 @@ def main():
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     print(json.dumps({"commit": commit, "cluster": "real control plane: Kubernetes v1.36.3, etcd v3.6.13, kwok "
-                      "v0.8.0, agent-sandbox v0.5.6; kubectl v1.32.4", "figures": every}, indent=1))
+                      "v0.8.0, agent-sandbox v0.5.6; kubectl v1.32.4", "component_flags": RATES, "figures": every}, indent=1))
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ def machine_kubectl():
     return REAL_KUBECTL
 
 
-def kwokctl_configuration(pki):
+def kwokctl_configuration(pki, component_flags=None):
     """kwokctl's own configuration: kwok-controller manages only the nodes `kwokctl scale node` made
     (their annotation kwok.x-k8s.io/node=fake: kwokctl's binary runtime otherwise passes
     --manage-all-nodes=true, and kwok would fight a real kubelet for its node), and the API server
@@ -68,21 +68,24 @@ def kwokctl_configuration(pki):
     client flags). The address order stays the API server's default, Hostname first: a kwok node's
     Hostname is `localhost`, its InternalIP a documentation address (192.0.2.x) that must never be
     dialled, and a real node is named by its own bridge address (realnode.node). kwok v0.8.0's
-    pkg/kwokctl/components/kwok_controller.go."""
-    def args(pairs):
-        return [{"key": key, "value": value} for key, value in pairs]
+    pkg/kwokctl/components/kwok_controller.go. `component_flags` adds flags to a part by its
+    kwokctl name ("kube-controller-manager": [("kube-api-qps", "100")]): a benchmark's raised rates."""
+    flags = {"kwok-controller": [("manage-all-nodes", "false"),
+                                 ("manage-nodes-with-annotation-selector", "kwok.x-k8s.io/node=fake")],
+             "kube-apiserver": [("kubelet-client-certificate", str(pki / "admin.crt")),
+                                ("kubelet-client-key", str(pki / "admin.key"))]}
+    for name, pairs in (component_flags or {}).items():
+        flags[name] = flags.get(name, []) + list(pairs)
     return {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokctlConfiguration", "componentsPatches": [
-        {"name": "kwok-controller", "extraArgs": args([("manage-all-nodes", "false"),
-                                                        ("manage-nodes-with-annotation-selector",
-                                                         "kwok.x-k8s.io/node=fake")])},
-        {"name": "kube-apiserver", "extraArgs": args([("kubelet-client-certificate", str(pki / "admin.crt")),
-                                                       ("kubelet-client-key", str(pki / "admin.key"))])}]}
+        {"name": name, "extraArgs": [{"key": key, "value": value} for key, value in pairs]}
+        for name, pairs in flags.items()]}
 
 
 class ControlPlane:
     def __init__(self, root, built, nodes=2, kubectl=None, parts=(), synthetic_seconds=None, episode_runtime=True,
-                 runtime_classes=None):
+                 runtime_classes=None, component_flags=None):
         self.root, self.built = Path(root), Path(built)
+        self.component_flags = dict(component_flags or {})  # kwokctl part name -> [(flag, value)]
         self.bin = self.built / "bin"
         self.name = "rl%d" % os.getpid() + "-" + os.urandom(3).hex()
         self.workdir = self.root / "kwok"
@@ -119,7 +122,7 @@ class ControlPlane:
         config.write_text("\n---\n".join([(share / stage).read_text() for stage in KWOK_STAGES] +
                                           [pod_ready_when_running((share / POD_READY_STAGE).read_text()),
                                            (HERE / "stages" / "pod-complete.yaml").read_text(),
-                                           json.dumps(kwokctl_configuration(self.pki))]))
+                                           json.dumps(kwokctl_configuration(self.pki, self.component_flags))]))
         b = self.bin
         with ports_lock():  # no other plane's part is down meanwhile, its port free for this one to take
             done = self.kwokctl(
