@@ -1513,11 +1513,14 @@ class ApiChannel:
                  "-o", "json")
         return BackgroundCall(lambda started: load_json(self.cluster.kubectl(*parts, on_start=started) or "null"))
 
-    def list(self, resource, namespace=None, selector=None, fields=None, managed_fields=False, retry=True):
+    def list(self, resource, namespace=None, selector=None, fields=None, managed_fields=False, retry=True,
+             metadata_only=False):
         """The objects of `resource` (of label `selector`, field `fields`) now, each with its kind
         and apiVersion as `kubectl get -o json` shows them (the API's list leaves them out), a page
         at a time; an expired continue token (410) lists again from the start, twice at most.
-        Without `retry`, as get()."""
+        Without `retry`, as get(). `metadata_only`: through the proxy, each object's metadata alone
+        (PartialObjectMetadata, for which objects exist: 10,000 pods' names without their specs
+        and statuses); the fallback's are whole."""
         if not self.serves:
             parts = ("get", *resource.kubectl_where(namespace), resource.kubectl_name,
                      *(("-l", selector) if selector else ()), *(("--field-selector", fields) if fields else ()),
@@ -1528,7 +1531,7 @@ class ApiChannel:
         for tries_left in reversed(range(3)):
             items = []
             try:
-                for page in self.pages(path, query, retry=retry,
+                for page in self.pages(path, query, {"Accept": METADATA_ONLY} if metadata_only else None, retry=retry,
                                        decode=json.loads if managed_fields else API_OBJECTS.decode):
                     items += [self.shown(item, page, resource.kind, managed_fields) for item in page.get("items") or []]
                 return items
@@ -5863,7 +5866,8 @@ class JobRound:
         """Which pods the API no longer has (their last state is the watch's), in run.json."""
         if self.gone is not None:
             return self.gone
-        names = {pod["metadata"]["name"] for pod in self.cluster.api.list(PODS, self.namespace, "job-name=" + self.name)}
+        names = {pod["metadata"]["name"] for pod in self.cluster.api.list(PODS, self.namespace, "job-name=" + self.name,
+                                                                          metadata_only=True)}
         self.gone = sorted(name for name in self.pod_names() if name not in names)
         self.run_info["pods_seen_only_by_watch"] = self.gone
         write_json(self.folder / "run.json", self.run_info)
@@ -9244,11 +9248,14 @@ def list_namespace_through_proxy(cluster, namespace):
                           if resource.get("namespaced") and "/" not in resource["name"]
                           and "list" in (resource.get("verbs") or []) and resource["kind"] not in RECORD_KINDS]
 
+            # the listing's equal parts (10,000 pods' labels, owner, managers) held once: only read
+            parts = SharedParts()
+
             def list_kind(kind):
                 path, resource, kind_name, api_version = kind
                 return [dict(item, kind=kind_name, apiVersion=api_version)
                         for page in list_pages(proxy, "%s/namespaces/%s/%s" % (path, namespace, resource),
-                                               headers={"Accept": METADATA_ONLY})
+                                               headers={"Accept": METADATA_ONLY}, decode=parts.decode)
                         for item in page.get("items") or []], None
             items, unlisted, resources = [], [], {}
             for kind, outcome in zip(kinds, pool.map(lambda kind: catching(list_kind, kind), kinds)):
