@@ -280,3 +280,40 @@ def test_skew_within_the_api_resolution_is_not_reported(tool):
 def test_pod_scheduled_is_on_the_api_server_clock(tool):
     definition = tool.phase_definition("scheduling")
     assert (definition["clocks"], definition["mixed_clocks"]) == (["api-server"], False)
+
+
+# --- API objects held by the thousand, and the files they are written to ---------------------
+
+POD_A = {"metadata": {"name": "a", "managedFields": [{"manager": "kubelet"}], "labels": {"job-name": "rollout"}},
+         "spec": {"containers": [{"image": "python:3.12", "command": ["python", "-B"]}], "nodeName": "n1"}}
+POD_B = {"metadata": {"name": "b", "labels": {"job-name": "rollout"}},
+         "spec": {"containers": [{"image": "python:3.12", "command": ["python", "-B"]}], "nodeName": "n2"}}
+
+
+def test_shared_parts_decodes_what_json_loads_does_without_managed_fields(tool):
+    decoded = tool.SharedParts(drop=("managedFields",)).decode(json.dumps(POD_A).encode())
+    expected = json.loads(json.dumps(POD_A))
+    del expected["metadata"]["managedFields"]
+    assert decoded == expected
+
+
+def test_shared_parts_holds_the_equal_parts_of_two_objects_once(tool):
+    parts = tool.SharedParts()
+    a, b = parts.decode(json.dumps(POD_A)), parts.decode(json.dumps(POD_B))
+    assert a["spec"]["containers"] is b["spec"]["containers"]
+    assert a["metadata"]["labels"] is b["metadata"]["labels"]
+    assert a["spec"] is not b["spec"]  # their nodeName differs
+
+
+def test_shared_parts_keeps_one_true_and_one_point_zero_apart(tool):
+    parts = tool.SharedParts()
+    values = [parts.decode(json.dumps({"v": value}))["v"] for value in (1, True, 1.0)]
+    assert [type(value) for value in values] == [int, bool, float]
+
+
+def test_write_json_writes_an_objects_rows_one_a_line(tool, tmp_path):
+    report = {"episodes": 2, "pods": [{"pod": "a", "reward": 1}, {"pod": "b", "reward": 1}], "nodes": ["n1"]}
+    tool.write_json(tmp_path / "results.json", report)
+    text = (tmp_path / "results.json").read_text()
+    assert json.loads(text) == report
+    assert '    {"pod": "a", "reward": 1},' in text.splitlines()
