@@ -1219,7 +1219,8 @@ class ApiProxy:
                 time.sleep(delay)
                 continue
             delay = None
-            if retry and refusal_passes(status, answer_message(body), path, answer_reason(body)):
+            # only a refusal's body is read for its words: a 200's may be a page of 500 pods or a log
+            if retry and status >= 429 and refusal_passes(status, answer_message(body), path, answer_reason(body)):
                 delay = tries.again("%s %s through `kubectl proxy`" % (method, path.split("?")[0]),
                                     "HTTP %d: %s" % (status, last_line(answer_message(body))),
                                     retry_after=retry_after_seconds(wait) if status == 429 else None)
@@ -2348,12 +2349,40 @@ def part_key(value):
 API_OBJECTS = SharedParts(drop=("managedFields",))
 
 
+def decode_file(path, decode, keep=None):
+    """A JSON file's value, decoded by `decode`; of a list, only the items `keep` is true of
+    (when given). A list written one object a line (write_json's pods.json, events.json) is
+    decoded a line at a time, so that 10,000 pods' 45 MB of text are never held at once beside
+    what they decode to, nor the items not kept; any other layout is decoded whole, and so is a
+    file whose lines are not that layout after all (then the whole text says what is wrong)."""
+    with open(path, encoding="utf-8") as source:
+        if source.readline().strip() == "[":
+            items, more = [], True  # more: the last element ended with a comma
+            for line in source:
+                line = line.strip()
+                if line == "]" and not more:
+                    if not source.read().strip():
+                        return items
+                    break
+                if not more or not line:
+                    break
+                more = line.endswith(",")
+                try:
+                    item = decode(line[:-1] if more else line)
+                except ValueError:
+                    break
+                if keep is None or keep(item):
+                    items.append(item)
+    value = decode(path.read_text(encoding="utf-8"))
+    return [item for item in value if keep(item)] if keep is not None and isinstance(value, list) else value
+
+
 def read_json(path, what, keys=(), shape=dict, decode=load_json):
     """A JSON object (or list) from a file of the output folder; one clear error when it is
     missing, unreadable, of another shape, or lacks one of `keys`. `decode`: API_OBJECTS.decode
     for objects held by the thousand and only read (SharedParts)."""
     try:
-        obj = decode(path.read_text())
+        obj = decode_file(path, decode)
     except FileNotFoundError:
         raise DemoError("no %s in %s" % (path.name, path.parent)) from None
     except (OSError, ValueError) as error:
@@ -2368,8 +2397,8 @@ def read_json(path, what, keys=(), shape=dict, decode=load_json):
     return obj
 
 
-def read_saved(path):
-    return load_json(path.read_text()) if path.exists() else None
+def read_saved(path, decode=load_json, keep=None):
+    return decode_file(path, decode, keep) if path.exists() else None
 
 
 def program_name():
@@ -3343,6 +3372,12 @@ def events_table(events):
     return "\n".join(lines) + "\n"
 
 
+def is_image_event(event):
+    """An event the image pulls are read from: the kubelet's Pulling or Pulled of a pod (of the
+    10,011 events of a 10,000-episode Job, none on kwok's nodes, two a pod on a real one)."""
+    return event.get("reason") in ("Pulling", "Pulled") and (event.get("involvedObject") or {}).get("kind") == "Pod"
+
+
 def image_pulls_by_pod(events):
     """{pod name: what the kubelet said of its image}: `pulled` (with the pull's own seconds, the
     seconds including the wait behind other pulls, and the image's size) or `cached` (already on
@@ -3710,6 +3745,56 @@ def preflight(parallelism, runtime_class, nodes):
     return fit, "; ".join(lines)
 
 
+# How the kubelet names an image in a node's status.images, and how a task's reference is made
+# comparable with it (tests/fakecluster/ASSUMPTIONS.md, "Images on a node"): distribution/
+# reference's ParseDockerRef, the normalization the kubelet and containerd apply.
+DOCKER_HUB = "docker.io"
+DOCKER_HUB_ALIASES = ("index.docker.io",)
+NODE_STATUS_MAX_IMAGES = 50  # the kubelet's default nodeStatusMaxImages: the largest 50 images only
+
+
+def normalized_image(reference):
+    """An image reference as a node's status.images names it: "python:3.12" ->
+    "docker.io/library/python:3.12", "ghcr.io/o/r" -> "ghcr.io/o/r:latest"; a digest wins over
+    a tag (name@sha256:...)."""
+    first, slash, rest = reference.partition("/")
+    if not slash:
+        domain, remote = DOCKER_HUB, "library/" + reference
+    elif first == "localhost" or any(ch in first for ch in ".:") or first.lower() != first:
+        domain, remote = (DOCKER_HUB if first in DOCKER_HUB_ALIASES else first), rest
+    else:
+        domain, remote = DOCKER_HUB, reference
+    if domain == DOCKER_HUB and "/" not in remote:
+        remote = "library/" + remote
+    name, at, digest = remote.partition("@")
+    last = name.rsplit("/", 1)[-1]
+    if at:
+        name = name[:len(name) - len(last)] + last.split(":", 1)[0]
+        return "%s/%s@%s" % (domain, name, digest)
+    return "%s/%s%s" % (domain, name, "" if ":" in last else ":latest")
+
+
+def image_holders(images, nodes):
+    """{image: [names of the nodes whose status.images lists it]}, for each image of the batch.
+    A node lists its NODE_STATUS_MAX_IMAGES largest images only: a node with that many may hold
+    an image it does not list (image_holders_note)."""
+    names_by_node = {node["metadata"]["name"]: {name for image in node.get("status", {}).get("images") or []
+                                                for name in image.get("names") or []} for node in nodes}
+    return {image: sorted(node for node, names in names_by_node.items() if normalized_image(image) in names)
+            for image in images}
+
+
+def image_holders_note(nodes):
+    """What a node not listing an image may still mean, when a node lists as many as it reports."""
+    full = sorted(node["metadata"]["name"] for node in nodes
+                  if len(node.get("status", {}).get("images") or []) >= NODE_STATUS_MAX_IMAGES)
+    if not full:
+        return None
+    return ("node(s) %s list %d images, as many as a kubelet reports by default: they may hold an image they do not "
+            "list" % (", ".join(full[:5]) + (" and %d more" % (len(full) - 5) if len(full) > 5 else ""),
+                      NODE_STATUS_MAX_IMAGES))
+
+
 # ============================================================================
 # The results folder: results.json from the saved files, and nothing else
 # ============================================================================
@@ -3734,6 +3819,7 @@ def run_metadata(run_info, version, runtime_class, nodes):
         "nodes": nodes if isinstance(nodes, list) else None,
         "nodes_note": unknown(nodes if isinstance(nodes, dict) else None, "nodes"),
         "preflight": run_info.get("preflight"),
+        "images": run_info.get("images"),
         "cache_state": {"state": "uncontrolled",
                         "detail": "no pre-pull or prewarm; whether the image was cached on each node is not known"},
     }
@@ -3780,7 +3866,7 @@ def results_from_folder(output):
                 run_info.get("machine_kernel"))
     report["isolation"] = isolation_summary(report["pods"], flags["runtime"])
     if backend.uses_cluster:
-        add_image_pulls(report["pods"], read_saved(output / "events.json"))
+        add_image_pulls(report["pods"], read_saved(output / "events.json", API_OBJECTS.decode, is_image_event))
         report["image_pulls"] = image_pull_summary(report["pods"])
     if "round" in run_info:
         report["round"] = run_info["round"]
@@ -3914,7 +4000,7 @@ SHARED_REPORT_ROWS = {
     "count": [("episodes passed / run", "count", "passed"), ("reward sum", "count", "reward_sum"),
               ("infrastructure failures", "count", "infrastructure_failures"),
               # which kernel the episodes ran on (isolation_summary), and how their pods got the image
-              ("sandbox kernel", "text", "isolation.verdict"),
+              ("sandbox kernel", "text", "isolation.verdict"), ("image", "text", "image"),
               ("episodes on the node's kernel / their own / unknown", "counts",
                ("isolation", ("episodes_on_node_kernel", "episodes_on_own_kernel", "episodes_unknown"))),
               ("image pulled / cached / unknown", "counts", ("image_pulls", ("pulled", "cached", "unknown"))),
@@ -4416,6 +4502,18 @@ class RunSpec:
         return CustomEpisodes(self.retries, self.tasks_list is not None) if self.episode else None
 
     @property
+    def task_images(self):
+        """Each episode's image, in task order: a task's own "image", else --image."""
+        if self.tasks_list is None:
+            return (self.image,) * (self.count or 0)
+        return tuple(task_image(task, self.image) for task in self.tasks_list)
+
+    @property
+    def images(self):
+        """The batch's distinct images, in the order their first task comes."""
+        return tuple(dict.fromkeys(self.task_images))
+
+    @property
     def runtime_class(self):
         """The RuntimeClass the pods name; None: the nodes' default runtime."""
         return None if self.no_runtime_class else self.runtime
@@ -4471,6 +4569,8 @@ class Run:
             info["episode_sha256"] = hashlib.sha256(self.spec.program.encode()).hexdigest()
         if not backend.uses_cluster:  # its episodes' node is this machine: the kernel they share
             info["machine_kernel"] = os.uname().release
+        if self.facts.get("images") is not None:
+            info["images"] = self.facts["images"]  # each image, and the nodes holding it at the preflight
         return info
 
     def write_facts(self, run_info):
@@ -4635,7 +4735,8 @@ class ClusterBackend(Backend):
     def new_receipt(self, context, namespace, run_id):
         """receipt.json before any change: what `cleanup` needs to find and prove the run, and
         which backend made it (cleanup and list act as that backend)."""
-        return {"context": context, "namespace": namespace, "run_id": run_id, "backend": self.name}
+        return {"context": context, "namespace": namespace, "run_id": run_id, "backend": self.name,
+                "images": list(self.spec.images)}
 
     def check_server(self, cluster, facts):
         """Read-only checks of the server before the RuntimeClass is read (add-ons, versions)."""
@@ -4704,7 +4805,37 @@ class ClusterBackend(Backend):
             elif fit < at_once:
                 self.console.warn(self.capacity_warning(fit, at_once, arithmetic))
             facts["preflight"] = {"pods_that_fit_at_once": fit, "parallelism": at_once, "arithmetic": arithmetic}
+        facts["images"] = self.images_on_nodes(facts["nodes"], facts["runtime_class"])
         return facts
+
+    def images_on_nodes(self, nodes, runtime_class):
+        """run.json's `images`: each image of the batch, its episodes, and which usable nodes
+        already hold it (their status.images), each said in one preflight line."""
+        counts = collections.Counter(normalized_image(image) for image in self.spec.task_images)
+        usable = usable_nodes(nodes, runtime_class) if nodes is not None else None
+        reporting = [node for node in usable or () if node.get("status", {}).get("images")]
+        holders = image_holders(self.spec.images, reporting)
+        images = []
+        for image in self.spec.images:
+            entry = {"image": image, "episodes": counts[normalized_image(image)]}
+            if usable is None:
+                entry["nodes_holding"], entry["note"] = None, "the nodes could not be listed"
+            elif not reporting:
+                entry["nodes_holding"], entry["note"] = None, "no usable node reports its images (status.images)"
+            else:
+                entry["nodes_holding"], entry["note"] = holders[image], image_holders_note(reporting)
+            images.append(entry)
+            if entry["nodes_holding"] is None:
+                where = "which nodes hold it is unknown: %s" % entry["note"]
+            elif entry["nodes_holding"]:
+                where = "on %d of %d usable node(s) already (%s)" % (
+                    len(entry["nodes_holding"]), len(usable), ", ".join(entry["nodes_holding"][:5]) +
+                    (" and %d more" % (len(entry["nodes_holding"]) - 5) if len(entry["nodes_holding"]) > 5 else ""))
+            else:
+                where = "on none of the %d usable node(s) yet: the first episode on each node pulls it%s" % (
+                    len(usable), " (%s)" % entry["note"] if entry["note"] else "")
+            self.console.note("preflight: image %s (%d episode(s)): %s" % (image, entry["episodes"], where))
+        return images
 
     @classmethod
     def timeline_where(cls, results):
@@ -5182,8 +5313,7 @@ class LogArchive:
             if not (self.folder / (name + ".log")).exists():
                 grace = pod["metadata"].get("deletionGracePeriodSeconds") or pod["spec"].get(
                     "terminationGracePeriodSeconds", 30)
-                self.reads[name] = self.pool.submit(log_saved_through_proxy, self.proxy, self.namespace, self.folder,
-                                                    name, grace + KUBECTL_PROCESS_TIMEOUT_SECONDS)
+                self.read(name, grace + KUBECTL_PROCESS_TIMEOUT_SECONDS)
         if not self.enabled:
             return
         for name, pod in pods.items():
@@ -5192,7 +5322,15 @@ class LogArchive:
             self.finished.add(name)
             if name in self.reads or (self.folder / (name + ".log")).exists():  # followed, or the stream saved it
                 continue
-            self.reads[name] = self.pool.submit(log_saved_through_proxy, self.proxy, self.namespace, self.folder, name)
+            self.read(name)
+
+    def read(self, name, follow_seconds=None):
+        """Read (or follow) one pod's log in the pool. A finished read leaves its outcome in
+        `reads`, not its Future: 10,000 Futures held to the end were about 10 MB."""
+        self.reads[name] = future = self.pool.submit(log_saved_through_proxy, self.proxy, self.namespace,
+                                                     self.folder, name, follow_seconds)
+        # replacing a value never resizes the dict, so the caller's thread may iterate it meanwhile
+        future.add_done_callback(lambda done: self.reads.__setitem__(name, SettledRead.of(done)))
 
     @property
     def pool(self):
@@ -5231,6 +5369,36 @@ class LogArchive:
         if self.threads is not None:
             self.threads.shutdown(wait=False, cancel_futures=True)
             self.threads.shutdown(wait=True)
+
+
+class SettledRead:
+    """A finished log read as LogArchive keeps it: what its Future answered, without the Future."""
+
+    def __init__(self, saved, cancelled=False, error=None):
+        self.saved, self.was_cancelled, self.error = saved, cancelled, error
+
+    @classmethod
+    def of(cls, future):
+        if future.cancelled():
+            return READ_CANCELLED
+        error = future.exception()
+        if error is not None:
+            return cls(None, error=error)
+        return READ_SAVED if future.result() else READ_NOT_SAVED
+
+    def done(self):
+        return True
+
+    def cancelled(self):
+        return self.was_cancelled
+
+    def result(self, timeout=None):
+        if self.error is not None:
+            raise self.error
+        return self.saved
+
+
+READ_SAVED, READ_NOT_SAVED, READ_CANCELLED = SettledRead(True), SettledRead(False), SettledRead(None, cancelled=True)
 
 
 def record_log_sources(folder, sources):
@@ -5807,6 +5975,12 @@ class JobRound:
         # and a failed attempt's log says why it failed.
         needed = [pod["metadata"]["name"] for pod in self.pods if episode_events(pod, "")[1] == "log"
                   or pod.get("status", {}).get("phase") != "Succeeded"]
+        # From here on only the pods' names are needed: results.json is computed from pods.json,
+        # and the watch's copy held beside the events and the results would double the tool's
+        # memory (10,000 pods: 37 MB beside 17 MB of events).
+        del settled
+        self.pods = self.pod_names()
+        self.progress.pods.clear()
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as side:
             # the events say how each pod got its image (results.json's image_pulls): read beside the logs
             events = side.submit(save_events, self.cluster, self.namespace, folder)
@@ -5821,11 +5995,6 @@ class JobRound:
                 self.events_saved = True
             except DemoError as error:  # the results do not wait for them: their pulls are unknown
                 self.console.warn("could not read the events, so the image pulls are unknown: %s" % error)
-        # From here on only the pods' names are needed: results.json is computed from pods.json,
-        # and the watch's copy held beside it would double the tool's memory.
-        del settled
-        self.pods = self.pod_names()
-        self.progress.pods.clear()
         report = write_results(folder, where, before_failing=self.archive)
         if self.measured:
             self.run.stream.finish(report)  # the episodes only the end decided, before the archive
@@ -8422,6 +8591,10 @@ def kept_pool_options(args, fail):
         fail("the kept pool in %s runs the built-in episode, which takes no --tasks: bring up a pool with `pool up "
              "--episode %s`" % (folder, args.episode or "FILE.py"))
     for index, task in enumerate(args.tasks_list or ()):
+        image = task.get(TASK_IMAGE_KEY) if isinstance(task, dict) else None
+        if image is not None and normalized_image(image) != normalized_image(record["image"]):
+            fail("task %d names the image %s, and the kept pool in %s holds sandboxes of %s: bring up a pool of that "
+                 "image, or leave the task's \"%s\" out" % (index, image, folder, record["image"], TASK_IMAGE_KEY))
         if len(json.dumps(task)) > MAX_STEP_TASK_BYTES:
             fail("task %d is over %d bytes of JSON: a kept pool's task travels on the exec command line; shrink it "
                  "(or run the batch without --pool)" % (index, MAX_STEP_TASK_BYTES))
@@ -10465,6 +10638,10 @@ def read_episode_inputs(args, fail):
                     tasks.append(json.loads(line))
                 except ValueError as error:
                     fail("--tasks %s line %d is not JSON: %s" % (args.tasks, number, error))
+                image = tasks[-1].get(TASK_IMAGE_KEY) if isinstance(tasks[-1], dict) else None
+                if image is not None and not is_image_reference(image):
+                    fail('--tasks %s line %d: "%s" must be an image reference such as %s, got %s'
+                         % (args.tasks, number, TASK_IMAGE_KEY, DEFAULT_IMAGE, json.dumps(image)))
         if not tasks:
             fail("--tasks %s holds no task" % args.tasks)
         size = configmap_bytes(tasks_data(tasks))
@@ -10476,6 +10653,21 @@ def read_episode_inputs(args, fail):
                  % (args.count, len(tasks), args.tasks))
         tasks = tuple(tasks)
     return program, tasks
+
+
+TASK_IMAGE_KEY = "image"  # a --tasks line's own image; a task without one runs --image
+
+
+def is_image_reference(value):
+    """Whether a task's "image" can name an image: a string without spaces or control characters
+    (the registry, not this tool, says whether it exists)."""
+    return isinstance(value, str) and bool(value) and len(value) <= 4096 and \
+        not any(ch.isspace() or ord(ch) < 32 for ch in value)
+
+
+def task_image(task, default):
+    """The image a task's episode runs: its own "image", else the batch's --image."""
+    return (task.get(TASK_IMAGE_KEY) if isinstance(task, dict) else None) or default
 
 
 class RecordingGroup:
@@ -10520,6 +10712,28 @@ def check_shared_bounds(args, fail):
     return parallelism
 
 
+def batch_image(args, tasks, backend, default, fail):
+    """The one image of the batch: --image (or its default), or the one image its tasks name.
+    Tasks across several images are refused until a backend runs them; a backend without a
+    cluster runs no image, so tasks naming one are refused there too."""
+    named = [(number, task[TASK_IMAGE_KEY]) for number, task in enumerate(tasks or (), 1)
+             if isinstance(task, dict) and task.get(TASK_IMAGE_KEY) is not None]
+    if not named:
+        return default
+    if not backend.uses_cluster:
+        fail('--backend %s runs no image, and task %d of %s names one (%s): run the tasks on a cluster backend, '
+             'or leave "%s" out of them' % (backend.name, named[0][0], args.tasks, named[0][1], TASK_IMAGE_KEY))
+    distinct = {}  # normalized -> the first task's spelling, in task order
+    for task in tasks:
+        distinct.setdefault(normalized_image(task_image(task, default)), task_image(task, default))
+    images = list(distinct.values())
+    if len(images) > 1:
+        fail("--tasks %s names %d images (%s%s); a batch across images is not built yet: run one batch per image, "
+             "or give every task the same one" % (args.tasks, len(images), ", ".join(images[:3]),
+                                                  ", ..." if len(images) > 3 else ""))
+    return images[0]
+
+
 def run_spec(args):
     """The RunSpec of `run`, checked once: every refusal is one usage line (exit 2)."""
     fail = args.subparser.error
@@ -10553,6 +10767,7 @@ def run_spec(args):
                      "another --backend)" % (flag, backend.name, flag.split()[0]))
     if backend.uses_cluster:
         fields.update(image=args.image or DEFAULT_IMAGE, runtime=args.runtime or DEFAULT_RUNTIME)
+    fields.update(image=batch_image(args, tasks, backend, fields.get("image"), fail))
     fields.update(backend.check_options(args, fail))
     if args.timeout is None:
         fields["timeout"] = default_deadline(args.count, fields["parallelism"])

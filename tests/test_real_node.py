@@ -3,6 +3,7 @@ runc and gVisor's runsc, registered with the real control plane beside its kwok 
 pulled from a registry on a loopback port. Run the tier alone with `python3 -m pytest -m realnode`."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -361,3 +362,26 @@ def test_the_registry_stopped_mid_batch_leaves_the_rest_to_the_nodes_cached_imag
         plane.stop()
         registry.stop()
     assert node.leftovers() == []
+
+
+def test_the_preflight_names_the_real_node_once_it_holds_a_tasks_image(real_node, tmp_path):
+    plane, node = real_node
+    image = python_image()
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": 0, "reward": 1, "image": image}])
+    first = run_tool_on(plane, tmp_path, "run", "--episode", EPISODE, "--tasks", tasks, "--runtime", "runc",
+                        "--output", "first")
+    assert first.code == 0, first
+    assert read(tmp_path / "first" / "results.json")["image"] == image  # the task's, not --image's default
+
+    def listed():  # the kubelet writes what it pulled into its node's status.images
+        status = plane.get_json("node", node.name)["status"]
+        return any(image in entry.get("names", []) for entry in status.get("images") or [])
+    wait_for("the kubelet to list the image in its node's status", listed)
+    second = run_tool_on(plane, tmp_path, "run", "--episode", EPISODE, "--tasks", tasks, "--runtime", "runc",
+                         "--output", "second")
+    assert second.code == 0, second
+    assert re.search(r"preflight: image %s \(1 episode\(s\)\): on 1 of \d+ usable node\(s\) already \(%s\)"
+                     % (re.escape(image), re.escape(node.name)), second.stderr), second.stderr
+    assert read(tmp_path / "second" / "run.json")["images"][0]["nodes_holding"] == [node.name]
+    for folder in ("first", "second"):
+        assert run_tool_on(plane, tmp_path, "cleanup", folder).code == 0

@@ -317,3 +317,48 @@ def test_write_json_writes_an_objects_rows_one_a_line(tool, tmp_path):
     text = (tmp_path / "results.json").read_text()
     assert json.loads(text) == report
     assert '    {"pod": "a", "reward": 1},' in text.splitlines()
+
+
+def counting_decoder(calls):
+    def decode(text):
+        calls.append(text)
+        return json.loads(text)
+    return decode
+
+
+def test_a_list_written_one_object_a_line_is_read_a_line_at_a_time(tool, tmp_path):
+    pods = [POD_A, POD_B, {"metadata": {"name": "c,"}}]
+    tool.write_json(tmp_path / "pods.json", pods)
+    calls = []
+    assert tool.decode_file(tmp_path / "pods.json", counting_decoder(calls)) == json.loads(json.dumps(pods))
+    assert len(calls) == 3  # one object a call, never the whole text
+
+
+def test_an_indented_list_is_read_whole_and_equal(tool, tmp_path):
+    pods = [POD_A, {"list": [1, 2]}, "text", 3]
+    (tmp_path / "pods.json").write_text(json.dumps(pods, indent=2))
+    calls = []
+    assert tool.decode_file(tmp_path / "pods.json", counting_decoder(calls)) == pods
+    assert calls[-1] == json.dumps(pods, indent=2)
+
+
+def test_lines_without_their_commas_are_not_taken_for_a_list(tool, tmp_path):
+    (tmp_path / "pods.json").write_text('[\n  {"a": 1}\n  {"b": 2}\n]\n')
+    with pytest.raises(ValueError):
+        tool.decode_file(tmp_path / "pods.json", json.loads)
+
+
+def test_a_list_cut_short_is_refused_in_one_line(tool, tmp_path):
+    tool.write_json(tmp_path / "pods.json", [POD_A, POD_B])
+    text = (tmp_path / "pods.json").read_text()
+    (tmp_path / "pods.json").write_text(text[:text.rindex("]")])
+    with pytest.raises(tool.DemoError, match="cannot read the saved episodes"):
+        tool.read_json(tmp_path / "pods.json", "the saved episodes", shape=list)
+
+
+def test_only_the_kept_items_are_read_in_either_layout(tool, tmp_path):
+    events = [{"reason": "Scheduled"}, {"reason": "Pulled", "involvedObject": {"kind": "Pod"}}]
+    tool.write_json(tmp_path / "events.json", events)
+    (tmp_path / "indented.json").write_text(json.dumps(events, indent=2))
+    for name in ("events.json", "indented.json"):
+        assert tool.decode_file(tmp_path / name, json.loads, tool.is_image_event) == events[1:]
