@@ -2980,6 +2980,7 @@ def episode_row(pod, ready, reward, job_created, observed, source, job_finished=
     return {
         **scheme.identity(pod),
         "node": pod["spec"].get("nodeName"),
+        "image": (pod["spec"].get("containers") or [{}])[0].get("image"),  # as the pod asked for it
         "image_id": status.get("imageID"),
         "reward": float(reward["reward"]),  # one type for every episode (the built-in one emits 1)
         # The tutorial's metrics (seconds; api-server clock, whole seconds, vs episode clock),
@@ -3409,11 +3410,42 @@ def add_image_pulls(rows, events):
             else "the folder has no events.json"}
 
 
-def image_pull_summary(rows):
+def image_pull_summary(rows, startup_key="pod_to_ready_seconds"):
     """results.json's `image_pulls`: how many episodes' pods pulled their image, found it cached
-    or cannot say, and P50/P95 of the pulls (the kubelet's own figures, ms precision)."""
+    or cannot say, and P50/P95 of the pulls (the kubelet's own figures, ms precision); per image,
+    the same with the nodes that pulled it and the startup (`startup_key`) of pulled and cached
+    episodes apart; and, when the batch's startup figures mix pulled and cached episodes, a
+    sentence that says so."""
+    summary = image_pull_counts(rows, startup_key)
+    by_image = collections.OrderedDict()
+    for row in rows:
+        by_image.setdefault(row.get("image") or (row.get("image_pull") or {}).get("image") or "unknown", []).append(row)
+    summary["by_image"] = {image: image_pull_counts(group, startup_key, per_image=True)
+                           for image, group in by_image.items()}
+    pulled, cached = summary["pulled"], summary["cached"]
+    summary["mixed_startup"] = None if not (pulled and cached) else (
+        "%s's figures mix %d episode(s) that pulled their image with %d that found it cached: by_image has each "
+        "apart" % (startup_key.replace("_seconds", ""), pulled, cached))
+    summary["definition"]["by_image"] = (
+        "per image, as the episode's pod names it: its episodes, pulled / cached / unknown, the nodes that pulled "
+        "it, pull_seconds, and startup_seconds: %s of the pulled and of the cached episodes apart" % startup_key)
+    return summary
+
+
+def image_pull_counts(rows, startup_key, per_image=False):
+    """The image_pulls figures of a set of rows (the batch's, or one image's)."""
     pulls = [row.get("image_pull") or {} for row in rows]
     pulled = [pull for pull in pulls if pull.get("state") == "pulled"]
+    if per_image:
+        startups = {state: batch_stats([row.get(startup_key) for row in rows if (row.get("image_pull") or {}).get(
+            "state") == state and row.get(startup_key) is not None]) for state in ("pulled", "cached")}
+        return {"episodes": len(rows), "pulled": len(pulled),
+                "cached": sum(pull.get("state") == "cached" for pull in pulls),
+                "unknown": sum(pull.get("state") not in ("pulled", "cached") for pull in pulls),
+                "pulled_on_nodes": sorted({row.get("node") for row in rows
+                                           if (row.get("image_pull") or {}).get("state") == "pulled"} - {None}),
+                "pull_seconds": batch_stats([p["pull_seconds"] for p in pulled if p.get("pull_seconds") is not None]),
+                "startup_seconds": startups}
     return {"pulled": len(pulled), "cached": sum(pull.get("state") == "cached" for pull in pulls),
             "unknown": sum(pull.get("state") not in ("pulled", "cached") for pull in pulls),
             "images": sorted({pull["image"] for pull in pulls if pull.get("image")}),
@@ -3867,7 +3899,7 @@ def results_from_folder(output):
     report["isolation"] = isolation_summary(report["pods"], flags["runtime"])
     if backend.uses_cluster:
         add_image_pulls(report["pods"], read_saved(output / "events.json", API_OBJECTS.decode, is_image_event))
-        report["image_pulls"] = image_pull_summary(report["pods"])
+        report["image_pulls"] = image_pull_summary(report["pods"], backend.scheme.startup_metric + "_seconds")
     if "round" in run_info:
         report["round"] = run_info["round"]
     backend.describe_results(output, report, observed)
@@ -3916,7 +3948,7 @@ def pool_rounds(rounds, run_info):
         pooled["cost"] = cost_summary(shares, pooled["successful_episodes"], run_prices(run_info.get("flags", {})))
     pooled["isolation"] = isolation_summary(rows, first["runtime"])
     if "image_pulls" in first:
-        pooled["image_pulls"] = image_pull_summary(rows)
+        pooled["image_pulls"] = image_pull_summary(rows, backend_of(first).scheme.startup_metric + "_seconds")
     pooled["pods"] = rows
     return pooled
 
@@ -3934,6 +3966,8 @@ def summary_view(report):
     view["phase_p50_seconds"] = {name: phase["p50"] for name, phase in report["phases"].items()}
     if "infrastructure_failures" in report:
         view["infrastructure_failures"] = len(report["infrastructure_failures"])
+    if (report.get("image_pulls") or {}).get("mixed_startup"):
+        view["startup_note"] = report["image_pulls"]["mixed_startup"]  # beside the figures it qualifies
     for part in (*GATES, backend):
         view.update(part.summary_view(report))
     return view

@@ -46,3 +46,32 @@ def test_a_folder_without_events_says_so(tool):
     rows = [{"pod": "a"}]
     tool.add_image_pulls(rows, None)
     assert rows[0]["image_pull"] == {"state": "unknown", "why": "the folder has no events.json"}
+
+
+def pull_rows(tool, *specs):
+    """Rows of (pod, image, node, startup seconds, Pulled message) with their image_pull filled in."""
+    rows = [{"pod": pod, "image": image, "node": node, "pod_to_ready_seconds": startup}
+            for pod, image, node, startup, _ in specs]
+    tool.add_image_pulls(rows, [event(pod, "Pulled", message) for pod, _, _, _, message in specs])
+    return rows
+
+
+def test_each_image_has_its_pulls_its_nodes_and_its_pulled_and_cached_startups_apart(tool):
+    other = PULLED.replace("python:3.11", "task-2:v1")
+    rows = pull_rows(tool, ("a", "rlbd.test/python:3.11", "n1", 3.0, PULLED),
+                     ("b", "rlbd.test/python:3.11", "n1", 1.0, CACHED), ("c", "rlbd.test/python:3.11", "n2", 5.0, PULLED),
+                     ("d", "rlbd.test/task-2:v1", "n2", 7.0, other))
+    by_image = tool.image_pull_summary(rows)["by_image"]
+    assert list(by_image) == ["rlbd.test/python:3.11", "rlbd.test/task-2:v1"]
+    python = by_image["rlbd.test/python:3.11"]
+    assert (python["episodes"], python["pulled"], python["cached"], python["pulled_on_nodes"]) == (3, 2, 1, ["n1", "n2"])
+    assert (python["startup_seconds"]["pulled"]["max"], python["startup_seconds"]["cached"]["max"]) == (5.0, 1.0)
+    assert by_image["rlbd.test/task-2:v1"]["startup_seconds"]["cached"]["count"] == 0
+
+
+def test_startup_figures_that_mix_pulled_and_cached_episodes_say_so(tool):
+    mixed = tool.image_pull_summary(pull_rows(tool, ("a", "i", "n1", 3.0, PULLED), ("b", "i", "n1", 1.0, CACHED)))
+    assert mixed["mixed_startup"] == ("pod_to_ready's figures mix 1 episode(s) that pulled their image with 1 that "
+                                      "found it cached: by_image has each apart")
+    cached = tool.image_pull_summary(pull_rows(tool, ("a", "i", "n1", 1.0, CACHED), ("b", "i", "n1", 1.0, CACHED)))
+    assert cached["mixed_startup"] is None

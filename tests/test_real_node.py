@@ -383,5 +383,7 @@ def test_the_preflight_names_the_real_node_once_it_holds_a_tasks_image(real_node
     assert re.search(r"preflight: image %s \(1 episode\(s\)\): on 1 of \d+ usable node\(s\) already \(%s\)"
                      % (re.escape(image), re.escape(node.name)), second.stderr), second.stderr
     assert read(tmp_path / "second" / "run.json")["images"][0]["nodes_holding"] == [node.name]
+    pulls = read(tmp_path / "second" / "results.json")["image_pulls"]
+    assert (pulls["by_image"][image]["cached"], pulls["mixed_startup"]) == (1, None), pulls
     for folder in ("first", "second"):
         assert run_tool_on(plane, tmp_path, "cleanup", folder).code == 0

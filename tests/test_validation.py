@@ -362,3 +362,10 @@ def test_only_the_kept_items_are_read_in_either_layout(tool, tmp_path):
     (tmp_path / "indented.json").write_text(json.dumps(events, indent=2))
     for name in ("events.json", "indented.json"):
         assert tool.decode_file(tmp_path / name, json.loads, tool.is_image_event) == events[1:]
+
+
+def test_the_run_summary_says_when_its_startup_figures_mix_pulled_and_cached_episodes(tool):
+    report = dict(phased_result(tool), backend="kubernetes")
+    assert "startup_note" not in tool.summary_view(report)
+    report["image_pulls"] = {"mixed_startup": "pod_to_ready's figures mix 1 episode(s) that pulled ..."}
+    assert tool.summary_view(report)["startup_note"].startswith("pod_to_ready's figures mix")
