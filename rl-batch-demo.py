@@ -4544,8 +4544,16 @@ class RunSpec:
 
     @property
     def images(self):
-        """The batch's distinct images, in the order their first task comes."""
-        return tuple(dict.fromkeys(self.task_images))
+        """The batch's distinct images (one however spelt), in the order their first task comes."""
+        distinct = {}
+        for image in self.task_images:
+            distinct.setdefault(normalized_image(image), image)
+        return tuple(distinct.values())
+
+    @property
+    def images_from_tasks(self):
+        """Whether a task named its own image."""
+        return any(isinstance(task, dict) and task.get(TASK_IMAGE_KEY) is not None for task in self.tasks_list or ())
 
     @property
     def runtime_class(self):
@@ -4855,10 +4863,12 @@ class ClusterBackend(Backend):
             if usable is None:
                 entry["nodes_holding"], entry["note"] = None, "the nodes could not be listed"
             elif not reporting:
-                entry["nodes_holding"], entry["note"] = None, "no usable node reports its images (status.images)"
+                entry["nodes_holding"], entry["note"] = None, "the usable nodes report no images (status.images)"
             else:
                 entry["nodes_holding"], entry["note"] = holders[image], image_holders_note(reporting)
             images.append(entry)
+            if entry["nodes_holding"] is None and not self.spec.images_from_tasks:
+                continue  # kept in run.json; a line only when it says something or the tasks chose the image
             if entry["nodes_holding"] is None:
                 where = "which nodes hold it is unknown: %s" % entry["note"]
             elif entry["nodes_holding"]:

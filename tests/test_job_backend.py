@@ -41,7 +41,8 @@ def test_run_records_ownership_in_the_receipt(cluster, run_tool, tmp_path):
     namespace = cluster.get_json("namespace", receipt["namespace"])
     job = cluster.get_json("-n", receipt["namespace"], "job", "rollout")
     assert receipt == {"context": "kind-rl", "namespace": "agc-rl-" + receipt["run_id"], "run_id": receipt["run_id"],
-                       "backend": "kubernetes", "uid": namespace["metadata"]["uid"], "job_uid": job["metadata"]["uid"],
+                       "backend": "kubernetes", "images": ["python:3.12-alpine"], "uid": namespace["metadata"]["uid"],
+                       "job_uid": job["metadata"]["uid"],
                        "jobs": {"rollout": job["metadata"]["uid"]},
                        "sent": ["Namespace/" + receipt["namespace"], "Job/rollout"]}
     assert namespace["metadata"]["labels"]["agc-demo-run"] == receipt["run_id"]

@@ -89,7 +89,7 @@ def test_the_one_image_the_tasks_name_is_the_batchs_and_the_preflight_names_it(m
     # the simulated nodes report no status.images: which of them hold it is unknown, and said so
     assert read(tmp_path / "out" / "run.json")["images"] == [
         {"image": "example.test/sweb/task-1:v1", "episodes": 2, "nodes_holding": None,
-         "note": "no usable node reports its images (status.images)"}]
+         "note": "the usable nodes report no images (status.images)"}]
     assert "preflight: image example.test/sweb/task-1:v1 (2 episode(s)): which nodes hold it is unknown" \
         in result.stderr
     results = read(tmp_path / "out" / "results.json")
