@@ -5539,9 +5539,23 @@ def blocking_reason(events, pods):
                     pod["metadata"]["name"], waiting["reason"], waiting.get("message"))
             if waiting.get("reason") in PULL_FAILURES and any(
                     marker in (waiting.get("message") or "") for marker in IMAGE_NOT_FOUND):
-                return "the image %s does not exist in its registry: pod %s cannot pull it (%s: %s); check --image" % (
-                    status.get("image") or "?", pod["metadata"]["name"], waiting["reason"], waiting.get("message"))
+                needing = tasks_of_image(pods, status.get("image"))
+                return "the image %s does not exist in its registry: pod %s cannot pull it (%s: %s)%s; check %s" % (
+                    status.get("image") or "?", pod["metadata"]["name"], waiting["reason"], waiting.get("message"),
+                    needing, "the tasks' \"image\" or --image" if needing else "--image")
     return None
+
+
+def tasks_of_image(pods, image):
+    """"; tasks 0, 3 and 5 need it": the task indexes (custom episodes of an Indexed Job) of the
+    pods that wait for `image`, or "" when the pods carry no index."""
+    indexes = sorted({pod_index(pod) for pod in pods if pod_index(pod) is not None and any(
+        status.get("image") == image for status in pod.get("status", {}).get("containerStatuses") or [])})
+    if not indexes:
+        return ""
+    shown = ", ".join(str(index) for index in indexes[:10]) + (" and %d more" % (len(indexes) - 10)
+                                                             if len(indexes) > 10 else "")
+    return "; task%s %s need%s it" % ("s" if len(indexes) > 1 else "", shown, "" if len(indexes) > 1 else "s")
 
 
 def why_not_started(pods, events=()):

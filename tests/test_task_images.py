@@ -95,3 +95,17 @@ def test_the_one_image_the_tasks_name_is_the_batchs_and_the_preflight_names_it(m
     results = read(tmp_path / "out" / "results.json")
     assert results["image"] == "example.test/sweb/task-1:v1"
     assert results["run"]["images"][0]["episodes"] == 2
+
+
+def waiting_pod(name, index, image, message="rpc error: code = NotFound desc = failed to resolve image: x: not found"):
+    return {"metadata": {"name": name, "creationTimestamp": "2026-12-06T00:00:00Z",
+                         "annotations": {"batch.kubernetes.io/job-completion-index": str(index)}},
+            "status": {"containerStatuses": [{"image": image, "state": {"waiting": {
+                "reason": "ErrImagePull", "message": message}}}]}}
+
+
+def test_an_image_missing_from_its_registry_is_named_with_the_tasks_that_need_it(tool):
+    pods = [waiting_pod("p0", 0, "r/task:1"), waiting_pod("p2", 2, "r/task:1"), waiting_pod("p1", 1, "r/other:1")]
+    reason = tool.blocking_reason([], pods)
+    assert reason.startswith("the image r/task:1 does not exist in its registry: pod p0 cannot pull it")
+    assert reason.endswith('; tasks 0, 2 need it; check the tasks\' "image" or --image')
