@@ -10674,6 +10674,8 @@ def read_episode_inputs(args, fail):
     if args.retries < 0:
         fail("--retries must be 0 or more, got %d" % args.retries)
     program, tasks = EPISODE_PROGRAM, None
+    backend = BACKENDS.get(getattr(args, "backend", None))
+    in_configmap = backend is None or backend.uses_cluster  # a backend without a cluster ships no ConfigMap
     if args.episode:
         try:
             program = Path(args.episode).read_text()
@@ -10681,7 +10683,7 @@ def read_episode_inputs(args, fail):
             fail("cannot read --episode %s: %s" % (args.episode, getattr(error, "strerror", None) or error))
         size = configmap_bytes({"episode.py": program, EXEC_JOURNAL_FILE: EXEC_JOURNAL_PROGRAM,
                                 SANDBOX_PROBE_FILE: SANDBOX_PROBE_PROGRAM})
-        if size > CONFIGMAP_MAX_BYTES:
+        if size > CONFIGMAP_MAX_BYTES and in_configmap:
             fail("--episode %s is %d bytes; a ConfigMap holds at most %d: ship a smaller program (or put it in "
                  "the image)" % (args.episode, size, CONFIGMAP_MAX_BYTES))
     if args.tasks:
@@ -10696,6 +10698,9 @@ def read_episode_inputs(args, fail):
                     tasks.append(json.loads(line))
                 except ValueError as error:
                     fail("--tasks %s line %d is not JSON: %s" % (args.tasks, number, error))
+                if isinstance(tasks[-1], list):
+                    fail("--tasks %s line %d is a JSON array, not a task: write one task a line (JSON Lines), "
+                         "each an object such as {\"id\": 0}" % (args.tasks, number))
                 image = tasks[-1].get(TASK_IMAGE_KEY) if isinstance(tasks[-1], dict) else None
                 if image is not None and not is_image_reference(image):
                     fail('--tasks %s line %d: "%s" must be an image reference such as %s, got %s'
@@ -10703,7 +10708,7 @@ def read_episode_inputs(args, fail):
         if not tasks:
             fail("--tasks %s holds no task" % args.tasks)
         size = configmap_bytes(tasks_data(tasks))
-        if size > CONFIGMAP_MAX_BYTES:
+        if size > CONFIGMAP_MAX_BYTES and in_configmap:
             fail("--tasks %s makes a ConfigMap of %d bytes, over Kubernetes' limit of %d (1 MiB): split the tasks "
                  "over several runs, or shrink them" % (args.tasks, size, CONFIGMAP_MAX_BYTES))
         if args.count is not None and args.count != len(tasks):

@@ -108,6 +108,23 @@ def test_an_oversized_task_file_is_refused_before_any_change(cluster, run_tool, 
     assert cluster.calls() == []
 
 
+def test_a_task_file_over_a_configmaps_limit_runs_on_the_local_backend(run_tool, tmp_path):
+    # the limit is Kubernetes' (the tasks travel in a ConfigMap); local episodes read files
+    big = write_tasks(tmp_path / "tasks.jsonl", [{"id": i, "reward": 1, "blob": "x" * 100000} for i in range(11)])
+    result = run_tool("run", "--backend", "local", "--episode", EPISODE, "--tasks", big, "--allow-large",
+                      "--output", "out")
+    assert result.code == 0, result
+    assert read(tmp_path / "out" / "results.json")["reward_sum"] == 11
+
+
+def test_a_task_file_holding_one_json_array_is_refused_with_what_to_write(run_tool, tmp_path):
+    (tmp_path / "tasks.json").write_text(json.dumps([{"id": 0}, {"id": 1}]) + "\n")
+    result = run_tool("run", "--backend", "local", "--episode", EPISODE, "--tasks", "tasks.json", "--output", "out")
+    assert result.code == 2
+    assert "--tasks tasks.json line 1 is a JSON array, not a task: write one task a line (JSON Lines)" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--tasks", "t.jsonl"], "--tasks needs --episode"),
     (["--retries", "2"], "--retries needs --episode"),
