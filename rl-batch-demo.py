@@ -11011,9 +11011,9 @@ class BatchStream:
     once the iteration ends, `result` holds the BatchResult. Leaving a `with` block stops a
     batch still running and cleans up."""
 
-    def __init__(self, options):
+    def __init__(self, options, caller="stream_batch"):
         if "output" not in options:
-            raise TypeError("stream_batch() needs output=DIR: the new folder the run keeps its receipt and results in")
+            raise TypeError("%s() needs output=DIR: the new folder the run keeps its receipt and results in" % caller)
         self.output = Path(options["output"])
         argv, self.scratch = run_arguments(options)
         try:
@@ -11131,7 +11131,7 @@ def run_batch(**options):
     backend="local", episode="my_episode.py", tasks=[...] or "tasks.jsonl", count=..., ...)
     and return its BatchResult, rewards in task order. Raises RunFailed (or RunInterrupted)
     with the command's one line and exit code when the run produced no results."""
-    batch = BatchStream(options)
+    batch = BatchStream(options, caller="run_batch")
     for _ in batch:
         pass
     return batch.result

@@ -211,3 +211,9 @@ def test_the_readmes_stream_from_a_shell_prints_each_episode_then_the_summary(tm
     lines = done.stdout.splitlines()
     assert sorted(lines[:4]) == ["episode 0 1.0", "episode 1 0.0", "episode 2 1.0", "episode 3 0.0"]
     assert lines[4] == "summary None None"
+
+
+@pytest.mark.parametrize("call", ["run_batch", "stream_batch"])
+def test_a_batch_without_an_output_folder_names_the_function_called(tool, call):
+    with pytest.raises(TypeError, match=r"^%s\(\) needs output=DIR" % call):
+        getattr(tool, call)(backend="local", count=2)
