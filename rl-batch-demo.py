@@ -9382,6 +9382,12 @@ def cleanup_one(output, console, delete_foreign=False):
     """Delete one run's objects and namespace, after proving each is the one the receipt names."""
     if not output.is_dir():
         raise NoSuchFolder("no such folder: %s (give the output folder of a run, or --receipt FILE)" % output)
+    if not (output / "receipt.json").exists() and (output / COMPARE_FILE).exists():
+        batches = sorted(str(receipt.parent) for receipt in output.glob("*/round-*/receipt.json"))
+        raise DemoError("%s is a comparison's folder, with no receipt of its own: `compare` cleans up each of its "
+                        "batches once it ran (ARM/round-N/)%s" % (output, "; to finish one an interrupted comparison "
+                        "may have left, give its folder: %s cleanup %s" % (invocation(), " ".join(
+                            shlex.quote(batch) for batch in batches)) if batches else ""))
     return cleanup_receipt(read_json(output / "receipt.json", "the receipt"), output / "receipt.json", output,
                            console, delete_foreign)
 

@@ -422,3 +422,14 @@ def test_an_object_all_of_whose_owners_are_gone_is_being_collected_not_foreign(t
 def test_cleanup_waits_longer_for_a_deletion_that_takes_more_objects_with_it(tool):
     assert tool.cleanup_wait_seconds(0) == tool.CLEANUP_WAIT_SECONDS
     assert tool.cleanup_wait_seconds(1000) >= 2 * tool.CLEANUP_WAIT_SECONDS + 100
+
+
+def test_cleanup_of_a_comparisons_folder_says_compare_cleans_its_batches_and_names_them(run_tool, tmp_path):
+    (tmp_path / "cmp" / "a" / "round-1").mkdir(parents=True)
+    (tmp_path / "cmp" / "compare.json").write_text("{}")
+    (tmp_path / "cmp" / "a" / "round-1" / "receipt.json").write_text("{}")
+    done = run_tool("cleanup", "cmp")
+    assert done.code == 1
+    assert done.stderr.startswith("Error: cmp is a comparison's folder, with no receipt of its own: `compare` "
+                                  "cleans up each of its batches once it ran"), done.stderr
+    assert done.stderr.rstrip().endswith("cleanup cmp/a/round-1")
