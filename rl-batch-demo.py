@@ -1094,6 +1094,12 @@ def connected(console, context, also_serves=()):
     proxy are closed on every way out."""
     runner = Kubectl(console)
     try:
+        try:
+            # the context comes from a receipt or a pool's record: the run was made on it
+            runner.existing_context(context)
+        except DemoError as error:
+            raise DemoError("%s, which the run was made on; point KUBECONFIG at the kubeconfig that has it, then run "
+                            "this again" % str(error).split("; list them")[0]) from None
         yield connect(runner, context, also_serves)
     finally:
         runner.stop_background()

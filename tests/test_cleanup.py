@@ -433,3 +433,13 @@ def test_cleanup_of_a_comparisons_folder_says_compare_cleans_its_batches_and_nam
     assert done.stderr.startswith("Error: cmp is a comparison's folder, with no receipt of its own: `compare` "
                                   "cleans up each of its batches once it ran"), done.stderr
     assert done.stderr.rstrip().endswith("cleanup cmp/a/round-1")
+
+
+def test_cleanup_of_a_receipt_whose_context_the_kubeconfig_lacks_says_what_to_do(cluster, run_tool, tmp_path):
+    (tmp_path / "receipt.json").write_text(json.dumps({"context": "nosuch", "namespace": "agc-rl-0123456789ab",
+                                                       "run_id": "0123456789ab", "backend": "kubernetes"}))
+    done = run_tool("cleanup", "--receipt", "receipt.json", cluster=cluster)
+    assert done.code == 1
+    assert done.stderr.startswith("Error: context nosuch does not exist in the kubeconfig (error: context nosuch "
+                                  "not found), which the run was made on"), done.stderr
+    assert "point KUBECONFIG at the kubeconfig that has it" in done.stderr
