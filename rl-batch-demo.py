@@ -9863,10 +9863,11 @@ RESULT_KEYS = ("episodes", "successful_episodes", "reward_sum", "phases", "pods"
 RECEIPT_SEARCH_DEPTH = 4  # `list --search DIR`: DIR and its subfolders this many levels down
 
 
-def find_receipts(folders):
+def find_receipts(folders, skipped=None):
     """({namespace: (folder, receipt)}, [(folder, receipt) of runs of backends without a cluster])
     for every receipt.json in the folders and their subfolders (RECEIPT_SEARCH_DEPTH levels down,
-    hidden folders skipped: a training loop's steps/step-N)."""
+    hidden folders skipped: a training loop's steps/step-N). A receipt.json that is not a run's
+    receipt is appended to `skipped` as (path, why)."""
     found, off_cluster = {}, []
     for folder in folders:
         folder = Path(folder)
@@ -9883,8 +9884,11 @@ def find_receipts(folders):
                     off_cluster.append((path.parent, receipt))
                     continue
                 found[receipt["namespace"]] = (path.parent, receipt)
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
-                continue
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+                if skipped is not None:
+                    skipped.append((path, getattr(error, "strerror", None) or (
+                        "no %s" % error if isinstance(error, KeyError) else
+                        "not JSON" if isinstance(error, ValueError) else "not a receipt's JSON object")))
     return found, off_cluster
 
 
@@ -9946,7 +9950,10 @@ def cmd_list(args, console):
     """The runs of this tool: those on the context (their namespaces, through kubectl), and the
     runs of backends without a cluster whose receipts the search finds (no kubectl needed: when
     kubectl cannot serve, those are still listed, with a note)."""
-    receipts, off_cluster = find_receipts(args.search or ["."])
+    skipped = []
+    receipts, off_cluster = find_receipts(args.search or ["."], skipped)
+    for path, why in skipped:
+        console.warn("skipped %s: not a receipt of %s (%s)" % (path, TOOL_NAME, why))
     now = time.time()
     rows = [off_cluster_row(folder, receipt, now) for folder, receipt in off_cluster]
     context, runner = None, Kubectl(console)

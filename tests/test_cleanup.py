@@ -443,3 +443,11 @@ def test_cleanup_of_a_receipt_whose_context_the_kubeconfig_lacks_says_what_to_do
     assert done.stderr.startswith("Error: context nosuch does not exist in the kubeconfig (error: context nosuch "
                                   "not found), which the run was made on"), done.stderr
     assert "point KUBECONFIG at the kubeconfig that has it" in done.stderr
+
+
+def test_list_names_a_receipt_it_cannot_read_instead_of_skipping_it_silently(cluster, run_tool, tmp_path):
+    (tmp_path / "runs" / "broken").mkdir(parents=True)
+    (tmp_path / "runs" / "broken" / "receipt.json").write_text("{not json")
+    listed = run_tool("list", "--search", "runs", cluster=cluster)
+    assert listed.code == 0, listed
+    assert "warning: skipped runs/broken/receipt.json: not a receipt of rl-batch-demo (not JSON)" in listed.stderr
