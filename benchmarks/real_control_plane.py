@@ -256,11 +256,17 @@ def kept_case(size, workdir, seconds, steps=3):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--job", type=int, nargs="*", default=[200, 1000])
-    parser.add_argument("--warm", type=int, nargs="*", default=[200, 1000])
-    parser.add_argument("--kept", type=int, nargs="*", default=[64, 512])
-    parser.add_argument("--episode-seconds", type=float, default=1.0)
+    # the whole docstring: its first line alone stopped mid-sentence
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\nUsage:")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--job", type=int, nargs="*", default=[200, 1000], metavar="N",
+                        help="Job batches of these sizes (none: --job alone)")
+    parser.add_argument("--warm", type=int, nargs="*", default=[200, 1000], metavar="N",
+                        help="warm-pool batches of these sizes, each from a pool of its size")
+    parser.add_argument("--kept", type=int, nargs="*", default=[64, 512], metavar="M",
+                        help="kept pools of these sizes, three steps each")
+    parser.add_argument("--episode-seconds", type=float, default=1.0,
+                        help="how long each synthetic episode runs (default 1.0)")
     parser.add_argument("--large-cluster-rates", action="store_true",
                         help="the controller manager and scheduler at 100 requests a second, as Kubernetes' "
                              "5,000-node validation ran them (default: their default rates)")

@@ -229,3 +229,11 @@ def test_every_flag_the_readme_names_exists(tool):
 
 def test_the_readme_is_a_guide_a_newcomer_reads_in_ten_minutes():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 300  # the rest is in docs/reference.md
+
+
+def test_the_real_control_plane_benchmarks_help_says_what_it_measures_whole():
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "real_control_plane.py"), "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Figures, per case:" in done.stdout and "complete->exit" in done.stdout
+    assert "--episode-seconds" in done.stdout and "how long each synthetic episode runs" in done.stdout
