@@ -10473,11 +10473,18 @@ def cmd_compare(args, console):
                                                               " ".join(args.arms[arm] + args.shared) or "defaults"))
         process = CHILDREN.popen([sys.executable, script, "run", *args.arms[arm], *args.shared, "--output",
                                   str(folder), "--quiet"], stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True, bufsize=1,
                                  start_new_session=True)  # a Ctrl-C reaches it once, from here
+        stopping = threading.Event()
+        passing = threading.Thread(target=pass_batch_stderr, args=(process, stopping), daemon=True)
+        passing.start()
         try:
             returned = process.wait()
+            passing.join()
         except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (Terminated)
+            stopping.set()
             stop_batch(process)  # one SIGINT: what it saw is saved, its cleanup printed
+            passing.join(timeout=5)
             record["status"] = "interrupted"
             failure = "%s during round %d of arm %s (%s)" % (
                 "terminated" if isinstance(interrupt, Terminated) else "interrupted", number, arm, folder)
@@ -11125,6 +11132,16 @@ class BatchStream:
         if (self.output / "receipt.json").exists():
             cleanup_output(self.output)
         return False
+
+
+def pass_batch_stderr(process, stopping):
+    """A compare batch's stderr passed on line by line, but for its own `Error: interrupted` once
+    the comparison stopped it: the comparison's line says it, with the round and the folder."""
+    for line in process.stderr:
+        if stopping.is_set() and line.strip() in ("Error: interrupted", "Error: terminated"):
+            continue
+        sys.stderr.write(line)
+        sys.stderr.flush()
 
 
 def stop_batch(process):

@@ -124,6 +124,8 @@ def test_ctrl_c_stops_the_comparison_and_keeps_the_record(tmp_path):
     _, stderr = process.communicate(timeout=120)  # an episode of an hour: stopped, not waited for
     assert process.returncode == 130, stderr
     assert "Error: comparison interrupted: interrupted during round 1 of arm" in stderr
+    # one line says it: the batch's own "Error: interrupted" is not repeated before it
+    assert [line for line in stderr.splitlines() if line.startswith("Error:")] == [stderr.strip().splitlines()[-1]]
     record = read(tmp_path / "cmp" / "compare.json")
     assert record["status"] == "interrupted" and record["completed"] == []
 
