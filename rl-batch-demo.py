@@ -10467,7 +10467,10 @@ def cmd_compare(args, console):
                         % (error.filename or output / COMPARE_FILE, error.strerror or error)) from None
     script = str(Path(__file__).resolve())
     failure, code = None, EXIT_OK
+    successes = collections.Counter()  # arm -> successful episodes in its batches so far
     for number, arm in order:
+        if number > 1 and any(not successes[ran] for ran in args.arms):
+            break  # an arm measured nothing in the first round: said now (below), not after every round
         folder = output / arm / ("round-%d" % number)
         console.note("compare: round %d of %d, arm %s (%s)" % (number, args.rounds, arm,
                                                               " ".join(args.arms[arm] + args.shared) or "defaults"))
@@ -10496,6 +10499,7 @@ def cmd_compare(args, console):
                 CHILDREN.popen([sys.executable, script, "cleanup", "--output", str(folder)],
                                stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL).wait()
         if returned in (EXIT_OK, EXIT_INFRA_FAILURES) and (folder / "results.json").exists():
+            successes[arm] += read_json(folder / "results.json", "the results").get("successful_episodes") or 0
             record["completed"].append([number, arm])
             write_json(output / COMPARE_FILE, record)
             continue

@@ -186,12 +186,22 @@ def test_an_arm_without_a_successful_episode_fails_the_comparison_and_the_other_
                     EPISODE, "--backend", "local", "--rounds", "2", "--output", "cmp")
     assert done.code == 4, done
     assert done.stderr.strip().splitlines()[-1].startswith(
-        "Error: comparison no samples: arm broken measured nothing: no successful episode in its 2 batch(es) (first: "
+        "Error: comparison no samples: arm broken measured nothing: no successful episode in its 1 batch(es) (first: "
         "episode 0: crashed: exit code 3")
     assert "  good: batch all rewards " in done.stdout  # the healthy arm's figures
-    assert "  broken: no figures: no successful episode in its 2 batch(es)" in done.stdout
+    assert "  broken: no figures: no successful episode in its 1 batch(es)" in done.stdout
     arms = read(tmp_path / "cmp" / "comparison.json")["arms"]
     assert "batch_to_all_rewards_seconds" in arms["good"] and "no_samples" in arms["broken"]
+
+
+def test_an_arm_that_measured_nothing_in_the_first_round_stops_the_comparison_there(run_tool, tmp_path):
+    write_tasks(tmp_path / "ok.jsonl", [{"mode": "ok", "reward": 1}])
+    write_tasks(tmp_path / "crash.jsonl", [{"mode": "crash"}])
+    done = run_tool("compare", "--arm", "good=--tasks ok.jsonl", "--arm", "broken=--tasks crash.jsonl", "--episode",
+                    EPISODE, "--backend", "local", "--rounds", "3", "--output", "cmp")
+    assert done.code == 4, done
+    assert sorted(str(path.relative_to(tmp_path / "cmp")) for path in (tmp_path / "cmp").glob("*/round-*")) == [
+        "broken/round-1", "good/round-1"]  # not rounds 2 and 3 of a comparison already lost
 
 
 def test_a_batch_that_fails_before_making_its_folder_is_not_named_by_a_folder(cluster, run_tool, tmp_path):
