@@ -3045,7 +3045,8 @@ def attempt_failure(pod, log, cut_short=None, explained=()):
     if "terminated" in state:
         code = state["terminated"].get("exitCode")
         if cut_short and (pod["metadata"].get("deletionTimestamp") or code in (128 + 9, 128 + 15)):
-            return "%s (exit code %s at its deletion)" % (cut_short, code)  # SIGTERM or SIGKILL, as its pod went
+            # SIGTERM or SIGKILL, as its pod went (a Job's) or its process was killed (the local backend's)
+            return "%s (exit code %s: killed at the deadline)" % (cut_short, code)
         detail = last_line(log)
         said = kubelet_reason(state["terminated"])
         if said:
@@ -3137,9 +3138,12 @@ def index_verdict(index, tried, job_created, job_finished, observed, scheme, cut
     return sample, reasons
 
 
-def no_sample(index, reasons):
-    """An episode with no sample: an infrastructure failure, its last attempt's reason first."""
-    return {"index": index, "reason": reasons[-1]["reason"] if reasons else
+def no_sample(index, reasons, deadline=None):
+    """An episode with no sample: an infrastructure failure, its last attempt's reason first; one
+    that never started is named so, with the deadline that came first when there was one."""
+    if reasons:
+        return {"index": index, "reason": reasons[-1]["reason"], "attempts": reasons}
+    return {"index": index, "reason": "never started: the deadline came first (%s)" % deadline if deadline else
             "no pod ran for this episode (see events.txt)", "attempts": reasons}
 
 
@@ -3153,11 +3157,12 @@ def collect_samples(pods, logs, job, count, observed=None, scheme=None):
     scheme = scheme or POD_SCHEME
     job_created = parse_k8s_time(job["metadata"]["creationTimestamp"])
     job_finished = job_finished_time(job)
-    cut_short = None
+    cut_short = deadline = None
     # FailureTarget comes first (the Job controller then ends the pods, and only then sets Failed)
     if "DeadlineExceeded" in (job_condition(job, "Failed").get("reason"), job_condition(job, "FailureTarget").get("reason")):
-        cut_short = "cut short by the deadline (the Job's activeDeadlineSeconds, %s s, from --timeout)" % (
-            job.get("spec", {}).get("activeDeadlineSeconds"))
+        deadline = "%s, %s s, from --timeout" % ("the Job's activeDeadlineSeconds" if job.get("kind", "Job") == "Job"
+                                                 else "the batch's", job.get("spec", {}).get("activeDeadlineSeconds"))
+        cut_short = "cut short by the deadline (%s)" % deadline
     attempts = collections.defaultdict(list)
     for position, (pod, log) in enumerate(zip(pods, logs)):
         index = pod_index(pod)
@@ -3169,7 +3174,7 @@ def collect_samples(pods, logs, job, count, observed=None, scheme=None):
         if sample is not None:
             samples.append(sample)
         else:
-            failures.append(no_sample(index, reasons))
+            failures.append(no_sample(index, reasons, deadline))
     rewards = [row["reward"] for row in samples]
     return {"episodes": count, "successful_episodes": len(samples), "reward_sum": sum(rewards),
             "rewards": reward_stats(rewards), "infrastructure_failures": failures,
@@ -5099,9 +5104,13 @@ def conclude(report, run):
                      "results.json: they compare the episode clock with the API server's, and %s"
                      % report["clock_skew"]["headline_withheld"])
     if failures:
+        by_deadline = sum(failure["reason"].startswith(("cut short by the deadline", "never started: the deadline"))
+                          for failure in failures)
         console.warn("%d of %d episodes are infrastructure failures, not samples (listed in results.json); "
-                     "first: episode %d: %s" % (len(failures), report["episodes"], failures[0]["index"],
-                                                failures[0]["reason"]))
+                     "first: episode %d: %s%s" % (len(failures), report["episodes"], failures[0]["index"],
+                                                  failures[0]["reason"], "; %d of them ended by the deadline: raise "
+                                                  "--timeout if the episodes need longer" % by_deadline
+                                                  if by_deadline else ""))
     if isolation.get("finding"):
         console.warn(isolation["finding"])
     if not_isolated:
@@ -9112,6 +9121,7 @@ class LocalBatch:
         self.records, self.running = [], set()  # pod-shaped records; episode processes alive
         self.lock, self.stopping = threading.Lock(), threading.Event()  # stopping: set on Ctrl-C or SIGTERM
         self.created = self.deadline = None
+        self.not_started = []  # indexes whose turn came after the deadline
 
     def run(self, run_info):
         spec, folder = self.spec, self.folder
@@ -9132,23 +9142,31 @@ class LocalBatch:
             self.host.close()
         records = sorted(self.records, key=by_creation)
         failed = [r for r in records if r["status"]["phase"] != "Succeeded"]
-        timed_out = any(r["status"].get("reason") == "DeadlineExceeded" for r in records)
+        # past the deadline: an episode was killed at it, or one never started before it
+        timed_out = any(r["status"].get("reason") == "DeadlineExceeded" for r in records) or self.not_started
         condition = {"type": "Complete", "status": "True", "reason": "CompletionsReached"}
-        if failed and not spec.episode:
-            condition = {"type": "Failed", "status": "True",
-                         "reason": "DeadlineExceeded" if timed_out else "EpisodeFailed",
-                         "message": "an episode was killed at --timeout" if timed_out else "an episode failed"}
+        if timed_out:  # a custom episode's batch too: its episodes are named by what ended them
+            condition = {"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
+                         "message": "the batch's --timeout of %d s passed: %d episode(s) killed at it, %d never "
+                                    "started" % (spec.timeout, sum(r["status"].get("reason") == "DeadlineExceeded"
+                                                                   for r in records), len(self.not_started))}
+        elif failed and not spec.episode:
+            condition = {"type": "Failed", "status": "True", "reason": "EpisodeFailed",
+                         "message": "an episode failed"}
         job = batch_record(self.backend, "LocalBatch", "local", iso_micro(self.created), {"conditions": [condition]},
-                           spec={"completions": spec.count, "parallelism": spec.parallelism})
+                           spec={"completions": spec.count, "parallelism": spec.parallelism,
+                                 "activeDeadlineSeconds": spec.timeout})
         run_info["client_job_complete_seconds"] = time.time() - self.created
         write_json(folder / "run.json", run_info)
         write_state(folder, job, records)
         where = "diagnostics saved in %s (job.json, pods.json, episode logs)" % folder
-        if condition["type"] == "Failed":
+        if condition["type"] == "Failed" and not spec.episode:
             logs = [log_text((folder / (r["metadata"]["name"] + ".log")).read_bytes()) for r in records]
             details = describe_failed_pods(records, logs)
-            error_type = BatchTimeout if timed_out else BatchFailed
-            raise error_type("local batch failed: %s; %s" % ("; ".join(details[:3]), where))
+            if timed_out:
+                raise BatchTimeout("local batch timed out: %s; raise --timeout if the episodes need longer; %s"
+                                   % (condition["message"], where))
+            raise BatchFailed("local batch failed: %s; %s" % ("; ".join(details[:3]), where))
         return write_results(folder, where)
 
     def run_index(self, index):
@@ -9165,6 +9183,11 @@ class LocalBatch:
             if spec.tasks_list is not None:
                 env.update(TASK_INDEX=str(index), TASK_FILE=host.path(index, "task-%d.json" % index))
             created, timed_out = time.time(), False
+            if created >= self.deadline:  # its turn came after the deadline: not started, not killed at once
+                if not attempt:
+                    with self.lock:
+                        self.not_started.append(index)
+                return
             with open(self.folder / (name + ".log"), "w") as log:
                 with self.lock:
                     if self.stopping.is_set():

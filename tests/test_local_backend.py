@@ -109,3 +109,30 @@ def test_list_shows_a_local_run_without_kubectl(run_tool, tmp_path):
     assert "runs on a cluster not listed: " in done.stderr
     rows = json.loads(run_tool("list", "--json", env={"KUBECTL": "/nonexistent/kubectl"}).stdout)
     assert [(r["backend"], r["namespace"], r["succeeded"]) for r in rows] == [("local", None, 2)]
+
+
+# --- the deadline (--timeout): episodes named by what ended them ------------------------------
+
+def run_past_the_deadline(run_tool, tmp_path, count, parallelism):
+    from conftest import EPISODE, write_tasks
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok", "sleep": 3600}] * count)
+    result = run_tool("run", "--backend", "local", "--episode", EPISODE, "--tasks", tasks, "--parallelism",
+                      str(parallelism), "--timeout", "2", "--output", "out")
+    return result, read(tmp_path / "out" / "results.json")["infrastructure_failures"]
+
+
+def test_an_episode_killed_at_the_deadline_is_named_so_not_crashed(run_tool, tmp_path):
+    result, failures = run_past_the_deadline(run_tool, tmp_path, 2, 2)
+    assert result.code == 5, result
+    assert [failure["reason"] for failure in failures] == [
+        "cut short by the deadline (the batch's, 2 s, from --timeout) (exit code 137: killed at the deadline)"] * 2
+    assert "2 of them ended by the deadline: raise --timeout if the episodes need longer" in result.stderr
+    assert read(tmp_path / "out" / "job.json")["status"]["conditions"][0]["reason"] == "DeadlineExceeded"
+
+
+def test_an_episode_whose_turn_came_after_the_deadline_never_starts_and_is_named_so(run_tool, tmp_path):
+    result, failures = run_past_the_deadline(run_tool, tmp_path, 3, 1)
+    assert result.code == 5, result
+    assert [failure["reason"] for failure in failures[1:]] == [
+        "never started: the deadline came first (the batch's, 2 s, from --timeout)"] * 2
+    assert not (tmp_path / "out" / "local-1.log").exists()  # not spawned to be killed at once
