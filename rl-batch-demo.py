@@ -898,15 +898,14 @@ class Kubectl:
         for process in list(self.background):
             self.stop_process(process)
 
-    def existing_context(self, name):
+    def existing_context(self, name, advice="; list them with `kubectl config get-contexts`"):
         """`name`, once the kubeconfig is shown to have it: a --context that does not exist is refused
-        in one line before anything is read, created or written."""
+        in one line before anything is read, created or written, ending with `advice`."""
         try:
             self.run(["config", "get-contexts", name, "-o", "name"])
         except KubectlError as error:
-            raise DemoError("context %s does not exist in the kubeconfig (%s); list them with `kubectl config "
-                            "get-contexts`" % (name, meaningful_line(error.stderr) or "kubectl exited %s"
-                                               % error.returncode)) from None
+            raise DemoError("context %s does not exist in the kubeconfig (%s)%s" % (
+                name, meaningful_line(error.stderr) or "kubectl exited %s" % error.returncode, advice)) from None
         return name
 
     def current_context(self):
@@ -1094,12 +1093,9 @@ def connected(console, context, also_serves=()):
     proxy are closed on every way out."""
     runner = Kubectl(console)
     try:
-        try:
-            # the context comes from a receipt or a pool's record: the run was made on it
-            runner.existing_context(context)
-        except DemoError as error:
-            raise DemoError("%s, which the run was made on; point KUBECONFIG at the kubeconfig that has it, then run "
-                            "this again" % str(error).split("; list them")[0]) from None
+        # the context comes from a receipt or a pool's record: the run was made on it
+        runner.existing_context(context, ", which the run was made on; point KUBECONFIG at the kubeconfig that has "
+                                         "it, then run this again")
         yield connect(runner, context, also_serves)
     finally:
         runner.stop_background()
@@ -2426,6 +2422,12 @@ def utc_now():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def some_of(names, shown=5):
+    """"a, b, c and 2 more": the first `shown` of `names` and how many others, for one line."""
+    names = [str(name) for name in names]
+    return ", ".join(names[:shown]) + (" and %d more" % (len(names) - shown) if len(names) > shown else "")
+
+
 def iso_micro(unix_seconds):
     return datetime.datetime.fromtimestamp(unix_seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -3138,12 +3140,21 @@ def index_verdict(index, tried, job_created, job_finished, observed, scheme, cut
     return sample, reasons
 
 
+CUT_SHORT_BY_DEADLINE = "cut short by the deadline"  # an attempt the deadline ended
+NEVER_STARTED_BY_DEADLINE = "never started: the deadline came first"  # an episode whose turn came after it
+
+
+def ended_by_deadline(failure):
+    """Whether an infrastructure failure (no_sample's) is the deadline's doing."""
+    return failure["reason"].startswith((CUT_SHORT_BY_DEADLINE, NEVER_STARTED_BY_DEADLINE))
+
+
 def no_sample(index, reasons, deadline=None):
     """An episode with no sample: an infrastructure failure, its last attempt's reason first; one
     that never started is named so, with the deadline that came first when there was one."""
     if reasons:
         return {"index": index, "reason": reasons[-1]["reason"], "attempts": reasons}
-    return {"index": index, "reason": "never started: the deadline came first (%s)" % deadline if deadline else
+    return {"index": index, "reason": "%s (%s)" % (NEVER_STARTED_BY_DEADLINE, deadline) if deadline else
             "no pod ran for this episode (see events.txt)", "attempts": reasons}
 
 
@@ -3162,7 +3173,7 @@ def collect_samples(pods, logs, job, count, observed=None, scheme=None):
     if "DeadlineExceeded" in (job_condition(job, "Failed").get("reason"), job_condition(job, "FailureTarget").get("reason")):
         deadline = "%s, %s s, from --timeout" % ("the Job's activeDeadlineSeconds" if job.get("kind", "Job") == "Job"
                                                  else "the batch's", job.get("spec", {}).get("activeDeadlineSeconds"))
-        cut_short = "cut short by the deadline (%s)" % deadline
+        cut_short = "%s (%s)" % (CUT_SHORT_BY_DEADLINE, deadline)
     attempts = collections.defaultdict(list)
     for position, (pod, log) in enumerate(zip(pods, logs)):
         index = pod_index(pod)
@@ -3427,48 +3438,49 @@ def image_pull_summary(rows, startup_key="pod_to_ready_seconds"):
     the same with the nodes that pulled it and the startup (`startup_key`) of pulled and cached
     episodes apart; and, when the batch's startup figures mix pulled and cached episodes, a
     sentence that says so."""
-    summary = image_pull_counts(rows, startup_key)
-    by_image = collections.OrderedDict()
+    pulls = [row.get("image_pull") or {} for row in rows]
+    pulled = [pull for pull in pulls if pull.get("state") == "pulled"]
+    by_image = {}
     for row in rows:
         by_image.setdefault(row.get("image") or (row.get("image_pull") or {}).get("image") or "unknown", []).append(row)
-    summary["by_image"] = {image: image_pull_counts(group, startup_key, per_image=True)
-                           for image, group in by_image.items()}
-    pulled, cached = summary["pulled"], summary["cached"]
-    summary["mixed_startup"] = None if not (pulled and cached) else (
+    summary = dict(pull_counts(pulls), images=sorted({pull["image"] for pull in pulls if pull.get("image")}),
+                   pull_seconds=batch_stats([p["pull_seconds"] for p in pulled if p.get("pull_seconds") is not None]),
+                   pull_seconds_including_waiting=batch_stats([p["pull_seconds_including_waiting"] for p in pulled
+                                                               if p.get("pull_seconds_including_waiting") is not None]),
+                   by_image={image: image_pulls_of(group, startup_key) for image, group in by_image.items()})
+    summary["mixed_startup"] = None if not (summary["pulled"] and summary["cached"]) else (
         "%s's figures mix %d episode(s) that pulled their image with %d that found it cached: by_image has each "
-        "apart" % (startup_key.replace("_seconds", ""), pulled, cached))
-    summary["definition"]["by_image"] = (
-        "per image, as the episode's pod names it: its episodes, pulled / cached / unknown, the nodes that pulled "
-        "it, pull_seconds, and startup_seconds: %s of the pulled and of the cached episodes apart" % startup_key)
+        "apart" % (startup_key.replace("_seconds", ""), summary["pulled"], summary["cached"]))
+    summary["definition"] = {
+        "source": "the kubelet's Pulled event of each episode's pod", "clock": "kubelet (monotonic)",
+        "resolution_seconds": 0.001, "unit": "seconds", "pull_seconds": "the container runtime's pull of the image",
+        "pull_seconds_including_waiting": "from the kubelet's pull request to the image being there, including the "
+                                          "wait behind the node's other pulls of it",
+        "by_image": "per image, as the episode's pod names it: its episodes, pulled / cached / unknown, the nodes "
+                    "that pulled it, pull_seconds, and startup_seconds: %s of the pulled and of the cached episodes "
+                    "apart" % startup_key}
     return summary
 
 
-def image_pull_counts(rows, startup_key, per_image=False):
-    """The image_pulls figures of a set of rows (the batch's, or one image's)."""
+def pull_counts(pulls):
+    """{"pulled", "cached", "unknown"}: how many of these image_pull records are each."""
+    states = collections.Counter(pull.get("state") for pull in pulls)
+    return {"pulled": states["pulled"], "cached": states["cached"],
+            "unknown": len(pulls) - states["pulled"] - states["cached"]}
+
+
+def image_pulls_of(rows, startup_key):
+    """image_pulls.by_image's entry for one image's rows."""
+    def state(row):
+        return (row.get("image_pull") or {}).get("state")
     pulls = [row.get("image_pull") or {} for row in rows]
-    pulled = [pull for pull in pulls if pull.get("state") == "pulled"]
-    if per_image:
-        startups = {state: batch_stats([row.get(startup_key) for row in rows if (row.get("image_pull") or {}).get(
-            "state") == state and row.get(startup_key) is not None]) for state in ("pulled", "cached")}
-        return {"episodes": len(rows), "pulled": len(pulled),
-                "cached": sum(pull.get("state") == "cached" for pull in pulls),
-                "unknown": sum(pull.get("state") not in ("pulled", "cached") for pull in pulls),
-                "pulled_on_nodes": sorted({row.get("node") for row in rows
-                                           if (row.get("image_pull") or {}).get("state") == "pulled"} - {None}),
-                "pull_seconds": batch_stats([p["pull_seconds"] for p in pulled if p.get("pull_seconds") is not None]),
-                "startup_seconds": startups}
-    return {"pulled": len(pulled), "cached": sum(pull.get("state") == "cached" for pull in pulls),
-            "unknown": sum(pull.get("state") not in ("pulled", "cached") for pull in pulls),
-            "images": sorted({pull["image"] for pull in pulls if pull.get("image")}),
-            "pull_seconds": batch_stats([p["pull_seconds"] for p in pulled if p.get("pull_seconds") is not None]),
-            "pull_seconds_including_waiting": batch_stats([
-                p["pull_seconds_including_waiting"] for p in pulled if p.get("pull_seconds_including_waiting") is not None]),
-            "definition": {"source": "the kubelet's Pulled event of each episode's pod", "clock": "kubelet (monotonic)",
-                           "resolution_seconds": 0.001, "unit": "seconds",
-                           "pull_seconds": "the container runtime's pull of the image",
-                           "pull_seconds_including_waiting": "from the kubelet's pull request to the image being "
-                                                             "there, including the wait behind the node's other "
-                                                             "pulls of it"}}
+    return dict(episodes=len(rows), **pull_counts(pulls),
+                pulled_on_nodes=sorted({row.get("node") for row in rows if state(row) == "pulled"} - {None}),
+                pull_seconds=batch_stats([pull["pull_seconds"] for pull in pulls if pull.get("state") == "pulled"
+                                          and pull.get("pull_seconds") is not None]),
+                startup_seconds={wanted: batch_stats([row[startup_key] for row in rows if state(row) == wanted
+                                                      and row.get(startup_key) is not None])
+                                 for wanted in ("pulled", "cached")})
 
 
 def node_summary(node):
@@ -3834,8 +3846,7 @@ def image_holders_note(nodes):
     if not full:
         return None
     return ("node(s) %s list %d images, as many as a kubelet reports by default: they may hold an image they do not "
-            "list" % (", ".join(full[:5]) + (" and %d more" % (len(full) - 5) if len(full) > 5 else ""),
-                      NODE_STATUS_MAX_IMAGES))
+            "list" % (some_of(full), NODE_STATUS_MAX_IMAGES))
 
 
 # ============================================================================
@@ -4556,15 +4567,12 @@ class RunSpec:
     @property
     def images(self):
         """The batch's distinct images (one however spelt), in the order their first task comes."""
-        distinct = {}
-        for image in self.task_images:
-            distinct.setdefault(normalized_image(image), image)
-        return tuple(distinct.values())
+        return tuple(distinct_images(self.task_images))
 
     @property
     def images_from_tasks(self):
         """Whether a task named its own image."""
-        return any(isinstance(task, dict) and task.get(TASK_IMAGE_KEY) is not None for task in self.tasks_list or ())
+        return any(own_image(task) is not None for task in self.tasks_list or ())
 
     @property
     def runtime_class(self):
@@ -4884,8 +4892,7 @@ class ClusterBackend(Backend):
                 where = "which nodes hold it is unknown: %s" % entry["note"]
             elif entry["nodes_holding"]:
                 where = "on %d of %d usable node(s) already (%s)" % (
-                    len(entry["nodes_holding"]), len(usable), ", ".join(entry["nodes_holding"][:5]) +
-                    (" and %d more" % (len(entry["nodes_holding"]) - 5) if len(entry["nodes_holding"]) > 5 else ""))
+                    len(entry["nodes_holding"]), len(usable), some_of(entry["nodes_holding"]))
             else:
                 where = "on none of the %d usable node(s) yet: the first episode on each node pulls it%s" % (
                     len(usable), " (%s)" % entry["note"] if entry["note"] else "")
@@ -5104,8 +5111,7 @@ def conclude(report, run):
                      "results.json: they compare the episode clock with the API server's, and %s"
                      % report["clock_skew"]["headline_withheld"])
     if failures:
-        by_deadline = sum(failure["reason"].startswith(("cut short by the deadline", "never started: the deadline"))
-                          for failure in failures)
+        by_deadline = sum(ended_by_deadline(failure) for failure in failures)
         console.warn("%d of %d episodes are infrastructure failures, not samples (listed in results.json); "
                      "first: episode %d: %s%s" % (len(failures), report["episodes"], failures[0]["index"],
                                                   failures[0]["reason"], "; %d of them ended by the deadline: raise "
@@ -5568,9 +5574,8 @@ def tasks_of_image(pods, image):
         status.get("image") == image for status in pod.get("status", {}).get("containerStatuses") or [])})
     if not indexes:
         return ""
-    shown = ", ".join(str(index) for index in indexes[:10]) + (" and %d more" % (len(indexes) - 10)
-                                                             if len(indexes) > 10 else "")
-    return "; task%s %s need%s it" % ("s" if len(indexes) > 1 else "", shown, "" if len(indexes) > 1 else "s")
+    return "; task%s %s need%s it" % ("s" if len(indexes) > 1 else "", some_of(indexes, 10),
+                                      "" if len(indexes) > 1 else "s")
 
 
 def why_not_started(pods, events=()):
@@ -8664,7 +8669,7 @@ def kept_pool_options(args, fail):
         fail("the kept pool in %s runs the built-in episode, which takes no --tasks: bring up a pool with `pool up "
              "--episode %s`" % (folder, args.episode or "FILE.py"))
     for index, task in enumerate(args.tasks_list or ()):
-        image = task.get(TASK_IMAGE_KEY) if isinstance(task, dict) else None
+        image = own_image(task)
         if image is not None and normalized_image(image) != normalized_image(record["image"]):
             fail("task %d names the image %s, and the kept pool in %s holds sandboxes of %s: bring up a pool of that "
                  "image, or leave the task's \"%s\" out" % (index, image, folder, record["image"], TASK_IMAGE_KEY))
@@ -9590,9 +9595,7 @@ def made_by_the_cluster(kind, meta):
 
 def foreign_refusal(context, namespace, foreign):
     """The line that stops a cleanup: each foreign object, and the two ways forward."""
-    named = ", ".join("%s %s" % (kind, name) for kind, name, _ in foreign[:5])
-    if len(foreign) > 5:
-        named += " and %d more" % (len(foreign) - 5)
+    named = some_of(["%s %s" % (kind, name) for kind, name, _ in foreign])
     kind, name, resource = foreign[0]
     return ("namespace %s holds %d object(s) this run did not create: %s; deleting the namespace would delete "
             "them too, so cleanup refuses. Move or delete them yourself (e.g. `kubectl --context %s -n %s delete "
@@ -10754,7 +10757,7 @@ def read_episode_inputs(args, fail):
                 if isinstance(tasks[-1], list):
                     fail("--tasks %s line %d is a JSON array, not a task: write one task a line (JSON Lines), "
                          "each an object such as {\"id\": 0}" % (args.tasks, number))
-                image = tasks[-1].get(TASK_IMAGE_KEY) if isinstance(tasks[-1], dict) else None
+                image = own_image(tasks[-1])
                 if image is not None and not is_image_reference(image):
                     fail('--tasks %s line %d: "%s" must be an image reference such as %s, got %s'
                          % (args.tasks, number, TASK_IMAGE_KEY, DEFAULT_IMAGE, json.dumps(image)))
@@ -10781,9 +10784,22 @@ def is_image_reference(value):
         not any(ch.isspace() or ord(ch) < 32 for ch in value)
 
 
+def own_image(task):
+    """A task's own "image", or None."""
+    return task.get(TASK_IMAGE_KEY) if isinstance(task, dict) else None
+
+
 def task_image(task, default):
     """The image a task's episode runs: its own "image", else the batch's --image."""
-    return (task.get(TASK_IMAGE_KEY) if isinstance(task, dict) else None) or default
+    return own_image(task) or default
+
+
+def distinct_images(images):
+    """The distinct images (one however spelt: normalized_image), each as first spelt, in order."""
+    distinct = {}
+    for image in images:
+        distinct.setdefault(normalized_image(image), image)
+    return list(distinct.values())
 
 
 class RecordingGroup:
@@ -10832,17 +10848,13 @@ def batch_image(args, tasks, backend, default, fail):
     """The one image of the batch: --image (or its default), or the one image its tasks name.
     Tasks across several images are refused until a backend runs them; a backend without a
     cluster runs no image, so tasks naming one are refused there too."""
-    named = [(number, task[TASK_IMAGE_KEY]) for number, task in enumerate(tasks or (), 1)
-             if isinstance(task, dict) and task.get(TASK_IMAGE_KEY) is not None]
+    named = [(number, own_image(task)) for number, task in enumerate(tasks or (), 1) if own_image(task) is not None]
     if not named:
         return default
     if not backend.uses_cluster:
         fail('--backend %s runs no image, and task %d of %s names one (%s): run the tasks on a cluster backend, '
              'or leave "%s" out of them' % (backend.name, named[0][0], args.tasks, named[0][1], TASK_IMAGE_KEY))
-    distinct = {}  # normalized -> the first task's spelling, in task order
-    for task in tasks:
-        distinct.setdefault(normalized_image(task_image(task, default)), task_image(task, default))
-    images = list(distinct.values())
+    images = distinct_images(task_image(task, default) for task in tasks)
     if len(images) > 1:
         fail("--tasks %s names %d images (%s%s); a batch across images is not built yet: run one batch per image, "
              "or give every task the same one" % (args.tasks, len(images), ", ".join(images[:3]),
