@@ -3134,10 +3134,22 @@ def index_verdict(index, tried, job_created, job_finished, observed, scheme, cut
                     sample["reward_fields"] = {k: v for k, v in reward.items()
                                                if k not in ("event", "at", "episode_id", "reward")}
                 continue
-        reasons.append({"pod": pod["metadata"]["name"], "reason": reason})
+        reasons.append({"pod": pod["metadata"]["name"], "reason": reason, **attempt_span(pod)})
     if sample is not None:
         sample["failed_attempts"] = reasons
     return sample, reasons
+
+
+def attempt_span(pod):
+    """When an attempt that gave no sample was created and when its container ended (Unix seconds,
+    the API server's and the kubelet's clocks: whole seconds on a cluster; None when not known, as
+    for a pod still running when it was saved): the timeline draws the attempt from them."""
+    ended = pod["metadata"].get("deletionTimestamp")
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        ended = ((status.get("state") or {}).get("terminated") or {}).get("finishedAt") or ended
+    created = pod["metadata"].get("creationTimestamp")
+    return {"created_at": parse_k8s_time(created) if created else None,
+            "ended_at": parse_k8s_time(ended) if ended else None}
 
 
 CUT_SHORT_BY_DEADLINE = "cut short by the deadline"  # an attempt the deadline ended
@@ -3168,12 +3180,17 @@ def collect_samples(pods, logs, job, count, observed=None, scheme=None):
     scheme = scheme or POD_SCHEME
     job_created = parse_k8s_time(job["metadata"]["creationTimestamp"])
     job_finished = job_finished_time(job)
-    cut_short = deadline = None
+    cut_short = deadline = exceeded = None
     # FailureTarget comes first (the Job controller then ends the pods, and only then sets Failed)
-    if "DeadlineExceeded" in (job_condition(job, "Failed").get("reason"), job_condition(job, "FailureTarget").get("reason")):
+    condition = next((c for c in (job_condition(job, "FailureTarget"), job_condition(job, "Failed"))
+                      if c.get("reason") == "DeadlineExceeded"), None)
+    if condition is not None:
+        seconds = job.get("spec", {}).get("activeDeadlineSeconds")
         deadline = "%s, %s s, from --timeout" % ("the Job's activeDeadlineSeconds" if job.get("kind", "Job") == "Job"
-                                                 else "the batch's", job.get("spec", {}).get("activeDeadlineSeconds"))
+                                                 else "the batch's", seconds)
         cut_short = "%s (%s)" % (CUT_SHORT_BY_DEADLINE, deadline)
+        exceeded = {"seconds": seconds, "at": parse_k8s_time(condition["lastTransitionTime"])
+                    if condition.get("lastTransitionTime") else None}
     attempts = collections.defaultdict(list)
     for position, (pod, log) in enumerate(zip(pods, logs)):
         index = pod_index(pod)
@@ -3188,7 +3205,7 @@ def collect_samples(pods, logs, job, count, observed=None, scheme=None):
             failures.append(no_sample(index, reasons, deadline))
     rewards = [row["reward"] for row in samples]
     return {"episodes": count, "successful_episodes": len(samples), "reward_sum": sum(rewards),
-            "rewards": reward_stats(rewards), "infrastructure_failures": failures,
+            "rewards": reward_stats(rewards), "infrastructure_failures": failures, "deadline_exceeded": exceeded,
             **batch_summary(samples, scheme), "pods": samples}
 
 
@@ -4016,7 +4033,7 @@ def write_results(folder, where, before_failing=lambda: None):
         raise BatchFailed("validation failed, no results.json written: %s%s; %s"
                           % (problems[0], more, where)) from None
     write_json(folder / "results.json", report)
-    if report["pods"]:
+    if timeline_drawable(report):
         (folder / "timeline.svg").write_text(timeline_svg([(folder.name, report)]))
     return report
 
@@ -4034,7 +4051,9 @@ def pool_round_folders(output, run_info, rounds):
     write_json(output / "run.json", run_info)
     report = results_from_folder(output)
     write_json(output / "results.json", report)
-    (output / "timeline.svg").write_text(timeline_svg([("round %d" % r["round"], r) for r in rounds if r["pods"]]))
+    drawable = [("round %d" % r["round"], r) for r in rounds if timeline_drawable(r)]
+    if drawable:
+        (output / "timeline.svg").write_text(timeline_svg(drawable))
     return report
 
 
@@ -4231,12 +4250,71 @@ DRAINING_COLOUR = "#d37295"  # an evicted cycle's pods terminating before Kueue 
 
 def batch_origin(results):
     """When the batch was created (Unix seconds), from an episode's ready time and its
-    batch_to_ready; with every such row withheld (a skewed episode clock), the earliest creation."""
+    batch_to_ready; with every such row withheld (a skewed episode clock), the earliest creation
+    of an episode or of an attempt that gave no sample."""
     for row in results["pods"]:
         if row.get("batch_to_ready_seconds") is not None and row["times"].get("ready") is not None:
             return row["times"]["ready"] - row["batch_to_ready_seconds"]
     scheme = backend_of(results).scheme
-    return min(row["times"][scheme.created_point] for row in results["pods"])
+    return min([row["times"][scheme.created_point] for row in results["pods"]
+                if row["times"].get(scheme.created_point) is not None] +
+               [attempt["created_at"] for attempt in unsampled_attempts(results) if attempt.get("created_at")])
+
+
+def unsampled_attempts(results):
+    """Every attempt that gave no sample: a failed episode's, and a retried sample's earlier ones."""
+    return [attempt for entry in (results.get("infrastructure_failures") or []) + results["pods"]
+            for attempt in entry.get("attempts") or entry.get("failed_attempts") or []]
+
+
+def timeline_drawable(results):
+    """Whether a run has anything the timeline can draw: an episode, or an attempt that ran."""
+    return bool(results["pods"]) or any(attempt.get("created_at") for attempt in unsampled_attempts(results))
+
+
+def timeline_rows(results, scheme):
+    """The timeline's rows, one per episode: [(number, sample row or None, failure or None)] in the
+    order the episodes were first created (their first attempt's creation; episodes that never
+    started last), numbered by the episode's index (a custom episode's task index), else from 0
+    in that order."""
+    failures = {failure["index"]: failure for failure in results.get("infrastructure_failures") or []}
+    entries = [(row, None) for row in results["pods"]] + [(None, failure) for failure in failures.values()]
+
+    def first_created(entry):
+        row, failure = entry
+        times = [attempt["created_at"] for attempt in (failure or row).get("attempts") or
+                 (row or {}).get("failed_attempts") or [] if attempt.get("created_at") is not None]
+        if row is not None and row["times"].get(scheme.created_point) is not None:
+            times.append(row["times"][scheme.created_point])
+        return (not times, min(times, default=0.0), (row or failure).get("index", -1),
+                row[scheme.row_key] if row else "")
+    ordered = sorted(entries, key=first_created)
+    return [((row or failure).get("index", position), row, failure) for position, (row, failure) in enumerate(ordered)]
+
+
+# The marks of the timeline for what gave no sample: an attempt's bar and the deadline's line
+CUT_SHORT_COLOUR = "#c0392b"
+NO_SAMPLE_COLOUR = "#8c8c8c"
+CUT_SHORT_LABEL = "an attempt cut short by the deadline (--timeout)"
+NO_SAMPLE_LABEL = "an attempt that gave no sample (crashed, evicted, malformed)"
+DEADLINE_LABEL = "the deadline (--timeout): dashed line"
+
+
+def timeline_attempt_svg(attempt, number, origin, scale, left, y, height, end_of_batch):
+    """One attempt that gave no sample as a bar from its creation to its end (the batch's end when
+    its end is not known), coloured by what ended it; returns (svg, legend label)."""
+    from xml.sax.saxutils import escape
+    start = attempt.get("created_at")
+    if start is None:
+        return "", None
+    end = attempt.get("ended_at") or end_of_batch
+    cut_short = attempt["reason"].startswith(CUT_SHORT_BY_DEADLINE)
+    colour, label = (CUT_SHORT_COLOUR, CUT_SHORT_LABEL) if cut_short else (NO_SAMPLE_COLOUR, NO_SAMPLE_LABEL)
+    x0, x1 = left + (start - origin) * scale, left + (max(start, end) - origin) * scale
+    return ('<rect class="attempt" x="%.2f" y="%d" width="%.2f" height="%d" fill="%s" fill-opacity="0.75">'
+            '<title>episode %s, %s: %s</title></rect>' % (x0, y, max(1.0, x1 - x0), max(1, height - 1), colour,
+                                                         number, escape(attempt["pod"]), escape(attempt["reason"])),
+            label)
 
 
 def timeline_legend(results_list, drawn=None):
@@ -4294,20 +4372,26 @@ def timeline_svg(runs):
     left, right = 40, 10  # the left margin holds the episode numbers
     plot = width - left - right
     drawn = set()  # (scheme, phase) drawn at least once: the legend shows only those
+    marks = {}  # {label: colour} of the failure marks drawn
     spans = []
     for _, results in runs:
         origin = batch_origin(results)
         ends = [value for row in results["pods"] for value in row["times"].values() if value]
+        ends += [value for attempt in unsampled_attempts(results)
+                 for value in (attempt.get("created_at"), attempt.get("ended_at")) if value]
+        if (results.get("deadline_exceeded") or {}).get("at"):
+            ends.append(results["deadline_exceeded"]["at"])
         spans.append((origin, max(ends) - origin))
     horizon = max(span for _, span in spans) or 1.0
     step = next(s for s in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
                 if horizon / s <= 12)
     scale = plot / (math.ceil(horizon / step) * step)
     parts, y = [], 10
-    for (label, results), (origin, _) in zip(runs, spans):
+    for (label, results), (origin, extent) in zip(runs, spans):
         backend = backend_of(results)
         scheme = backend.scheme
-        rows = sorted(results["pods"], key=lambda row: (row["times"].get(scheme.created_point), row[scheme.row_key]))
+        rows = timeline_rows(results, scheme)
+        end_of_batch = origin + extent  # where the bar of an attempt whose end is not known stops
         height = max(2, min(14, 600 // max(1, len(rows))))
         title = title_of(label, results)
         parts.append('<text x="%d" y="%d" font-size="13" font-weight="bold">%s</text>' % (10, y + 12, escape(title)))
@@ -4319,14 +4403,34 @@ def timeline_svg(runs):
             y += 12
         top = y
         every = max(1, math.ceil(10 / height))  # an episode number every few rows, where rows are thin
-        for number, row in enumerate(rows, 1):
-            name = row[scheme.row_key]
-            if number == 1 or number % every == 0:
+        for position, (number, row, failure) in enumerate(rows):
+            if position == 0 or (position + 1) % every == 0:
                 parts.append('<text x="%d" y="%d" font-size="%d" text-anchor="end" fill="#555">%d</text>' % (
                     left - 4, y + min(height, 10), min(10, max(7, height)), number))
-            parts.append('<g class="episode" data-%s="%s"%s>' % (scheme.row_key, escape(name), "".join(
-                ' data-%s="%s"' % (key.replace("_", "-"), escape(str(row[key])))
-                for key in scheme.timeline_attributes if key in row)))
+            entry = row or failure
+            attempts = (failure or {}).get("attempts") or (row or {}).get("failed_attempts") or []
+            if row is None:
+                parts.append('<g class="episode failed" data-index="%s" data-reason="%s">' % (
+                    number, escape(failure["reason"])))
+            else:
+                parts.append('<g class="episode" data-%s="%s"%s>' % (scheme.row_key, escape(row[scheme.row_key]), "".join(
+                    ' data-%s="%s"' % (key.replace("_", "-"), escape(str(row[key])))
+                    for key in scheme.timeline_attributes if key in row)))
+            for attempt in attempts:
+                svg, label = timeline_attempt_svg(attempt, number, origin, scale, left, y, height, end_of_batch)
+                if svg:
+                    parts.append(svg)
+                    marks[label] = CUT_SHORT_COLOUR if label == CUT_SHORT_LABEL else NO_SAMPLE_COLOUR
+            if row is None:
+                if not any(attempt.get("created_at") for attempt in attempts):
+                    parts.append('<text x="%d" y="%d" font-size="%d" fill="#555">%s</text>' % (
+                        left + 2, y + min(height, 10), min(10, max(7, height)),
+                        escape("never started" if failure["reason"].startswith(NEVER_STARTED_BY_DEADLINE)
+                               else failure["reason"][:80])))
+                parts.append("</g>")
+                y += height
+                continue
+            name = entry[scheme.row_key]
             times = row["times"]
             for phase, colour in scheme.timeline_colours.items():
                 start, end, _ = scheme.phases[phase]
@@ -4348,12 +4452,19 @@ def timeline_svg(runs):
             ticks.append('<line x1="%.2f" y1="%d" x2="%.2f" y2="%d" stroke="#e0e0e0"/>' % (x, top, x, y))
             ticks.append('<text x="%.2f" y="%d" font-size="10" text-anchor="middle">%g</text>' % (x, y + 12, index * step))
         parts.extend(ticks)
+        exceeded = results.get("deadline_exceeded") or {}
+        if exceeded.get("at"):
+            x = left + (exceeded["at"] - origin) * scale
+            parts.append('<line class="deadline" x1="%.2f" y1="%d" x2="%.2f" y2="%d" stroke="%s" stroke-width="1.5" '
+                         'stroke-dasharray="4 3"><title>the deadline: %s s (--timeout)</title></line>' % (
+                             x, top - 4, x, y, CUT_SHORT_COLOUR, exceeded.get("seconds")))
+            marks[DEADLINE_LABEL] = CUT_SHORT_COLOUR
         parts.append('<text x="%d" y="%d" font-size="10">seconds since the %s was created%s; rows: episodes in '
-                     'creation order, numbered on the left</text>'
+                     'creation order, numbered on the left by episode (from 0)</text>'
                      % (left, y + 26, backend.timeline_origin,
                         " (API times are whole seconds)" if backend.api_timestamps else ""))
         y += 40
-    legend = timeline_legend([results for _, results in runs], drawn)
+    legend = dict(timeline_legend([results for _, results in runs], drawn), **marks)
     # columns as wide as the longest label (11 px text, about 6.2 px a character), as many as fit
     column_width = max(330, 30 + int(6.2 * max([len(text) for text in legend] or [0])))
     columns = max(1, (width - 20) // column_width)
@@ -9152,6 +9263,7 @@ class LocalBatch:
         condition = {"type": "Complete", "status": "True", "reason": "CompletionsReached"}
         if timed_out:  # a custom episode's batch too: its episodes are named by what ended them
             condition = {"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
+                         "lastTransitionTime": iso_micro(self.deadline),
                          "message": "the batch's --timeout of %d s passed: %d episode(s) killed at it, %d never "
                                     "started" % (spec.timeout, sum(r["status"].get("reason") == "DeadlineExceeded"
                                                                    for r in records), len(self.not_started))}
@@ -9875,8 +9987,11 @@ def cmd_report(args, console):
             raise DemoError("%s is not the results of rl-batch-demo: its pods or phases have the wrong shape" % path)
     table = report_table(columns)
     if args.timeline:
+        drawable = [(label, results) for label, results in columns if timeline_drawable(results)]
+        if not drawable:
+            raise DemoError("no episode of these runs ran, so --timeline has nothing to draw: leave it out")
         try:
-            Path(args.timeline).write_text(timeline_svg(columns))
+            Path(args.timeline).write_text(timeline_svg(drawable))
         except OSError as error:
             raise DemoError("cannot write the timeline to %s: %s" % (args.timeline, error.strerror or error)) from None
     console.say(json.dumps(table, indent=2) if args.json else report_markdown(table), end="" if not args.json else "\n")

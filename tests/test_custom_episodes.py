@@ -254,7 +254,9 @@ def test_collect_samples_keeps_a_retried_index_once_and_lists_its_failed_attempt
     assert (result["successful_episodes"], result["reward_sum"]) == (2, 0.5)
     first = next(row for row in result["pods"] if row["index"] == 0)
     assert first["pod"] == "rollout-0-bbb" and first["reward_fields"] == {"passed": 3}
-    assert first["failed_attempts"] == [{"pod": "rollout-0-aaa", "reason": "crashed: exit code 1 (boom)"}]
+    # when it ran, for the timeline: its creation (the API server's whole seconds); no end its pod said
+    assert first["failed_attempts"] == [{"pod": "rollout-0-aaa", "reason": "crashed: exit code 1 (boom)",
+                                         "created_at": tool.parse_k8s_time("2026-11-29T10:00:01Z"), "ended_at": None}]
     assert result["infrastructure_failures"] == []
 
 

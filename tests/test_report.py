@@ -410,7 +410,51 @@ def test_the_timeline_names_a_run_without_runtime_class_and_numbers_its_rows(mak
     svg = (tmp_path / "out" / "timeline.svg").read_text()
     assert "None" not in svg and "no RuntimeClass (the nodes' default runtime)" in svg
     numbers = [t.text for t in ET.fromstring(svg).iter(SVG + "text") if t.get("text-anchor") == "end"]
-    assert numbers == ["1", "2", "3"]
+    assert numbers == ["0", "1", "2"]  # as the episodes are numbered everywhere else
+
+
+# --- episodes that gave no sample: a row each, what ended them, the deadline -----------------
+
+def test_a_timeline_has_a_row_for_every_episode_and_marks_the_deadline_and_what_it_ended(run_tool, tmp_path):
+    from conftest import EPISODE, write_tasks
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok"}, {"mode": "ok", "sleep": 3600},
+                                                    {"mode": "ok", "sleep": 3600}, {"mode": "ok"}])
+    done = run_tool("run", "--backend", "local", "--episode", EPISODE, "--tasks", tasks, "--parallelism", "2",
+                    "--timeout", "2", "--output", "out")
+    assert done.code == 5, done
+    root = ET.parse(str(tmp_path / "out" / "timeline.svg")).getroot()
+    groups = [g for g in root.iter(SVG + "g") if "episode" in (g.get("class") or "").split()]
+    assert len(groups) == 4
+    failed = {g.get("data-index"): g for g in groups if g.get("class") == "episode failed"}
+    # 0 gave its sample; 1 and 2 were killed at the deadline; 3's turn came after it
+    assert sorted(failed) == ["1", "2", "3"]
+    killed = [rect for index in ("1", "2") for rect in failed[index] if rect.get("class") == "attempt"]
+    assert len(killed) == 2 and all("cut short by the deadline" in rect.find(SVG + "title").text for rect in killed)
+    assert [t.text for t in failed["3"].iter(SVG + "text")] == ["never started"]
+    deadline = [line for line in root.iter(SVG + "line") if line.get("class") == "deadline"]
+    assert len(deadline) == 1 and "2 s (--timeout)" in deadline[0].find(SVG + "title").text
+    legend = {t.text for t in root.iter(SVG + "text") if t.get("font-size") == "11"}
+    assert {"an attempt cut short by the deadline (--timeout)", "the deadline (--timeout): dashed line"} <= legend
+
+
+def test_a_retried_episodes_failed_attempt_is_drawn_in_its_row_before_its_sample(tool):
+    row = dict(timeline_row("rollout-0-b", T0 + 3), index=0, failed_attempts=[
+        {"pod": "rollout-0-a", "reason": "crashed: exit code 1 (boom)", "created_at": T0, "ended_at": T0 + 2}])
+    svg = tool.timeline_svg([("run", results(pods=[row], infrastructure_failures=[]))])
+    [group] = [g for g in ET.fromstring(svg.encode()).iter(SVG + "g")]
+    attempt = next(rect for rect in group if rect.get("class") == "attempt")
+    assert attempt.find(SVG + "title").text == "episode 0, rollout-0-a: crashed: exit code 1 (boom)"
+    assert float(attempt.get("x")) < min(float(rect.get("x")) for rect in group if rect.get("class") != "attempt")
+    assert "an attempt that gave no sample (crashed, evicted, malformed)" in svg
+
+
+def test_a_batch_whose_every_episode_failed_still_draws_its_attempts(tool):
+    failure = {"index": 0, "reason": "crashed: exit code 3 (x)", "attempts": [
+        {"pod": "local-0", "reason": "crashed: exit code 3 (x)", "created_at": T0, "ended_at": T0 + 1}]}
+    run = results("local", pods=[], infrastructure_failures=[failure], successful_episodes=0)
+    assert tool.timeline_drawable(run)
+    assert 'class="episode failed" data-index="0"' in tool.timeline_svg([("run", run)])
+    assert not tool.timeline_drawable(dict(run, infrastructure_failures=[dict(failure, attempts=[])]))
 
 
 def test_every_phase_a_combined_timeline_shows_has_a_colour_of_its_own(tool):
