@@ -4803,6 +4803,7 @@ class Backend:
         "batch_origin": "what its batch times count from, for people",
         "startup_label": "the human summary's name for its startup metric",
         "timeline_origin": "what the timeline's seconds count from (\"seconds since the <it> was created\")",
+        "phase_words": "{words of its scheme's phase labels: what it calls them} for people (phase_label)",
         "REPORT_ROWS": "slot -> [(label, kind, key)]: its rows of the comparison table",
     }
     METHODS = ("read_facts", "run", "new_receipt", "describe_results", "cost", "timeline_where")
@@ -6335,6 +6336,7 @@ class JobBackend(ClusterBackend):
     batch_origin = "Job was created"
     startup_label = "Pod created -> ready"
     timeline_origin = "Job"
+    phase_words = {}
     REPORT_ROWS = {}
 
     @classmethod
@@ -8281,6 +8283,7 @@ class WarmPoolBackend(ClusterBackend):
     batch_origin = "first claim was created"
     startup_label = "Claim created -> ready"
     timeline_origin = "first claim"
+    phase_words = {}
     REPORT_ROWS = {
         "setup": [("launch types warm / cold", "counts", ("launch_types", ("warm", "cold"))),
                   ("warm pool fill (setup, not measured in the batch)", "batch", "pool.fill_seconds")],
@@ -9381,6 +9384,9 @@ class LocalBackend(Backend):
     batch_origin = "batch started"
     startup_label = "Episode process launched -> ready"
     timeline_origin = "batch"
+    # its "pod" is a process this machine spawned, which is its container too
+    phase_words = {"pod created": "process launched", "container started": "process launched",
+                   "container finished": "process exited"}
     REPORT_ROWS = {}
 
     def episode_host(self, run_id):
@@ -9461,6 +9467,16 @@ def backend_named(name, source="the record"):
 def backend_of(results):
     """The backend a results.json came from."""
     return backend_named(results.get("backend"), "results.json")
+
+
+def phase_label(results, name):
+    """A phase's label for people, in its backend's words (Backend.phase_words): a local run's
+    pod_to_ready is "process launched -> ready"."""
+    backend = backend_of(results)
+    label = backend.scheme.phases[name][2]
+    for words, own in backend.phase_words.items():
+        label = label.replace(words, own)
+    return label
 
 
 # ============================================================================
@@ -10178,10 +10194,16 @@ def comparison_metrics(arms):
 
     every = [results for rounds in arms.values() for results in rounds]
     startups = sorted({backend_of(results).scheme.startup_metric for results in every})
-    labels = {arm: backend_of(rounds[0]).scheme.phases[backend_of(rounds[0]).scheme.startup_metric][2]
-              for arm, rounds in arms.items() if rounds}
-    startup = next(iter(labels.values())) if len(set(labels.values())) == 1 else "startup (%s)" % "; ".join(
-        "%s: %s" % item for item in labels.items())
+
+    def label_of(name, kind=None):
+        """The arms' label of a phase (`name`, or each arm's startup metric): one when they agree, else
+        each arm's after `kind` ("startup (local: process launched -> ready; job: pod created -> ready)")."""
+        labels = {arm: phase_label(rounds[0], name or backend_of(rounds[0]).scheme.startup_metric)
+                  for arm, rounds in arms.items() if rounds}
+        if len(set(labels.values())) == 1:
+            return next(iter(labels.values()))
+        return "%s (%s)" % (kind or name, "; ".join("%s: %s" % item for item in labels.items()))
+    startup = label_of(None, "startup")
     for q in (0.5, 0.95):
         add("startup_p%d" % round(q * 100), "%s P%d" % (startup, round(q * 100)), "episode", q,
             max(startup_resolution(r) for r in every),
@@ -10194,7 +10216,7 @@ def comparison_metrics(arms):
                                            else 1e-6 for r in every), lambda results, key=key: results.get(key))
     shared = set.intersection(*(set(r.get("phases") or {}) for r in every))
     for phase in sorted(shared - set(startups), key=lambda name: list(every[0]["phases"]).index(name)):
-        add("phase." + phase, "%s P50" % phase, "episode", 0.5,
+        add("phase." + phase, "%s P50" % label_of(phase), "episode", 0.5,
             max(r["phases"][phase].get("resolution_seconds") or 1e-6 for r in every),
             lambda results, phase=phase: [row["phases"][phase] for row in results["pods"]
                                           if isinstance((row.get("phases") or {}).get(phase), (int, float))])
@@ -10420,9 +10442,9 @@ def comparison_axes(ticks, x_of, plot_top, base, left, right):
         y = base - share * (base - plot_top)
         parts.append('<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="%s"/>' % (
             left, y, right, y, "#555" if share == 0 else "#e3e3e3"))
-        label = {0.0: "0%", 0.5: "50% (P50)", 0.95: "95% (P95)"}.get(share)  # 100% too near 95% to be named
-        if label:
-            parts.append('<text x="%d" y="%.1f" font-size="10" text-anchor="end">%s</text>' % (left - 4, y + 3, label))
+        # 95% and 100% lie 8.5 px apart: 100% sits on its line, 95% just under its own
+        label, shift = {0.0: ("0%", 3), 0.5: ("50% (P50)", 3), 0.95: ("95% (P95)", 8), 1.0: ("100%", 1)}[share]
+        parts.append('<text x="%d" y="%.1f" font-size="10" text-anchor="end">%s</text>' % (left - 4, y + shift, label))
     parts.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#555"/>' % (left, base, left, plot_top))
     for tick in ticks:
         parts.append('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#555"/>'

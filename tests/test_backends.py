@@ -178,6 +178,7 @@ def ssh_backend(tool):
         batch_origin = "batch started"
         startup_label = "Episode process launched -> ready"
         timeline_origin = "batch"
+        phase_words = tool.LocalBackend.phase_words  # processes too, on other machines
         REPORT_ROWS = {}
 
         @classmethod
@@ -420,6 +421,7 @@ def bare_pod_backend(tool):
         batch_origin = "first pod was created"
         startup_label = "Pod created -> ready"
         timeline_origin = "batch"
+        phase_words = {}
         REPORT_ROWS = {}
 
         def pods_at_once(self):

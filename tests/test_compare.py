@@ -7,6 +7,7 @@ import random
 import signal
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 
 from conftest import EPISODE, SCRIPT, read, wait_for, write_tasks
 
@@ -283,6 +284,38 @@ def test_the_legend_sits_above_every_panel_and_the_axes_name_their_quantities(to
     assert "seconds" in [t.text for t in texts] and "share of episodes" in svg
     ticks = [t.text for t in texts if t.get("text-anchor") == "middle" and t.text not in ("seconds", "share of episodes")]
     assert ticks == ["0", "0.05", "0.1", "0.15", "0.2"]  # round numbers, the largest value inside
+
+
+def test_the_share_axis_names_100_percent_clear_of_95(tool):
+    root, _ = picture(tool, [panel({"a": [1.0, 2.0], "b": [2.0, 3.0]},
+                                   {"a": {0.5: figure(1.5, 1.0, 2.0)}, "b": {0.5: figure(2.5, 2.0, 3.0)}})])
+    shares = {t.text: float(t.get("y")) for t in root.iter() if tag(t) == "text" and t.get("text-anchor") == "end"}
+    assert set(shares) == {"0%", "50% (P50)", "95% (P95)", "100%"}
+    assert shares["95% (P95)"] - shares["100%"] >= 10  # more than a 10 px line apart: never drawn over each other
+
+
+def test_a_local_comparisons_panels_name_phases_in_words_and_its_episodes_as_processes(run_tool, tmp_path):
+    done = run_tool("compare", "--arm", "a=", "--arm", "b=--parallelism 1", "--backend", "local", "--count", "3",
+                    "--rounds", "2", "--output", "cmp", "--seed", "3")
+    assert done.code == 0, done
+    root = ET.fromstring((tmp_path / "cmp" / "comparison.svg").read_text())
+    panels = [t.text for t in root.iter() if tag(t) == "text" and (t.text or "").endswith(", in seconds")]
+    assert "process launched -> ready, in seconds" in panels and "Python module import, in seconds" in panels
+    assert "process launched -> first statement, in seconds" in panels  # not interpreter_start
+    assert not [name for name in panels if "_" in name or "pod" in name or "container" in name], panels
+    labels = {pair["label"] for pair in read(tmp_path / "cmp" / "comparison.json")["pairs"]}
+    assert "process launched -> ready P50" in labels
+
+
+def test_arms_whose_backends_name_a_phase_differently_get_each_arms_words(tool):
+    def results(backend):
+        row = {"phases": {"interpreter_start": 0.1}, "pod_to_ready_seconds": 1.0}
+        return {"backend": backend, "pods": [row], "phases": {"interpreter_start": {"resolution_seconds": 1e-6}}}
+    labels = [metric["label"] for metric in tool.comparison_metrics({"bare": [results("local")],
+                                                                     "job": [results("kubernetes")]})]
+    assert "interpreter_start (bare: process launched -> first statement; job: container started -> first " \
+           "statement) P50" in labels
+    assert "startup (bare: process launched -> ready; job: pod created -> ready) P50" in labels
 
 
 def test_nice_ticks_cover_the_range_at_round_steps(tool):
