@@ -10105,43 +10105,53 @@ def human_age(seconds):
 
 def cmd_list(args, console):
     """The runs of this tool: those on the context (their namespaces, through kubectl), and the
-    runs of backends without a cluster whose receipts the search finds (no kubectl needed: when
-    kubectl cannot serve, those are still listed, with a note)."""
+    runs of backends without a cluster whose receipts the search finds (no kubectl needed).
+
+    Where there is no cluster to ask (no kubectl, no kubeconfig, no current context, and no
+    --context), that is no error: the runs found here are listed with a warning, in an empty
+    folder too. A context that is named or current but cannot be listed is one: what was found
+    here is still printed, then the error (exit 1), so that a script looking for leftovers never
+    takes an unreachable cluster for a clean one."""
     skipped = []
-    receipts, off_cluster = find_receipts(args.search or ["."], skipped)
+    search = args.search or ["."]
+    receipts, off_cluster = find_receipts(search, skipped)
     for path, why in skipped:
         console.warn("skipped %s: not a receipt of %s (%s)" % (path, TOOL_NAME, why))
     now = time.time()
     rows = [off_cluster_row(folder, receipt, now) for folder, receipt in off_cluster]
-    context, runner = None, Kubectl(console)
+    context, runner, unlisted = None, Kubectl(console), None
     try:
         try:
-            cluster = connect(runner, args.context or runner.current_context())
-            context = cluster.context
-            namespaces = cluster.api.list(NAMESPACES, selector=RUN_LABEL)
-        except DemoError as error:
-            if not rows:
-                raise
-            console.note("runs on a cluster not listed: %s" % error)
-            namespaces = []
-        for ns in namespaces:
-            backend = backend_named(ns["metadata"].get("labels", {}).get(BACKEND_LABEL))
-            rows.append(run_row(ns, backend.list_objects(cluster, ns["metadata"]["name"]), receipts, now))
+            context = args.context or runner.current_context()
+        except DemoError as error:  # no cluster to ask
+            console.warn("runs on a cluster not listed: %s" % error)
+        if context is not None:
+            try:
+                cluster = connect(runner, runner.existing_context(context) if args.context else context)
+                for ns in cluster.api.list(NAMESPACES, selector=RUN_LABEL):
+                    backend = backend_named(ns["metadata"].get("labels", {}).get(BACKEND_LABEL))
+                    rows.append(run_row(ns, backend.list_objects(cluster, ns["metadata"]["name"]), receipts, now))
+            except DemoError as error:
+                unlisted = error
     finally:
         runner.stop_background()
     if args.json:
         console.say(json.dumps(rows, indent=2))
-        return EXIT_OK
-    if not rows:
-        console.say("No runs of %s on context %s." % (TOOL_NAME, context))
-        return EXIT_OK
-    table = [("NAMESPACE", "AGE", "STATE", "EPISODES", "RECEIPT")]
-    for row in rows:
-        table.append((row["namespace"] or "-", human_age(row["age_seconds"]), row["state"],
-                      backend_named(row["backend"]).episodes_cell(row), row["receipt"]))
-    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
-    for line in table:
-        console.say("   ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+    elif not rows and unlisted is None:
+        console.say("No runs of %s on context %s." % (TOOL_NAME, context) if context else
+                    "No runs of %s in %s (none on a cluster could be listed: see the warning)." % (
+                        TOOL_NAME, ", ".join(search)))
+    elif rows:
+        table = [("NAMESPACE", "AGE", "STATE", "EPISODES", "RECEIPT")]
+        for row in rows:
+            table.append((row["namespace"] or "-", human_age(row["age_seconds"]), row["state"],
+                          backend_named(row["backend"]).episodes_cell(row), row["receipt"]))
+        widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+        for line in table:
+            console.say("   ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+    if unlisted is not None:
+        raise DemoError("runs on context %s not listed%s: %s" % (
+            context, " (the %d found here are above)" % len(rows) if rows else "", unlisted))
     return EXIT_OK
 
 

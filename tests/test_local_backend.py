@@ -106,9 +106,27 @@ def test_list_shows_a_local_run_without_kubectl(run_tool, tmp_path):
     assert done.code == 0, done
     [row] = [line for line in done.stdout.splitlines() if line.endswith(" out")]
     assert "ran on this machine: nothing to clean up" in row and "2/2 done, 0 failed" in row
-    assert "runs on a cluster not listed: " in done.stderr
+    assert "warning: runs on a cluster not listed: " in done.stderr
     rows = json.loads(run_tool("list", "--json", env={"KUBECTL": "/nonexistent/kubectl"}).stdout)
     assert [(r["backend"], r["namespace"], r["succeeded"]) for r in rows] == [("local", None, 2)]
+
+
+def test_list_in_an_empty_folder_without_a_context_finds_nothing_and_is_no_error(run_tool, tmp_path):
+    done = run_tool("list", env={"KUBECONFIG": str(tmp_path / "no-kubeconfig")})
+    assert done.code == 0, done
+    assert done.stdout == "No runs of rl-batch-demo in . (none on a cluster could be listed: see the warning).\n"
+    assert done.stderr.startswith("warning: runs on a cluster not listed: no current kubectl context")
+
+
+def test_list_on_a_named_context_the_kubeconfig_lacks_shows_the_local_runs_then_fails(run_tool, tmp_path):
+    assert run_tool("run", "--backend", "local", "--count", "1", "--output", "out").code == 0
+    done = run_tool("list", "--context", "nosuch", env={"KUBECONFIG": str(tmp_path / "no-kubeconfig")})
+    assert done.code == 1, done
+    assert [line for line in done.stdout.splitlines() if line.endswith(" out")]  # what was found here
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "Error: runs on context nosuch not listed (the 1 found here are above): context nosuch does not exist in "
+        "the kubeconfig")
+    assert "kubectl proxy" not in done.stderr  # refused before any kubectl but `config`
 
 
 # --- the deadline (--timeout): episodes named by what ended them ------------------------------
