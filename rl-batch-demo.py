@@ -2599,6 +2599,8 @@ class PhaseScheme:
     # status.reason values of a record whose failure its backend explained in status.message
     # (no exit code of the episode's own: an exec that failed, say); named by that message
     explained_failures: tuple = ()
+    # those of them that mean the batch's deadline ended the attempt (named as the deadline's doing)
+    deadline_failures: tuple = ()
     timeline_attributes: tuple = ()  # row keys the timeline gives each episode as data-* attributes
     # its logs are read through a kubelet, which rotates them (so a log's beginning can be gone)
     kubelet_logs: bool = False
@@ -3029,10 +3031,11 @@ def pod_index(pod):
     return int(index) if index is not None and str(index).isdigit() else None
 
 
-def attempt_failure(pod, log, cut_short=None, explained=()):
+def attempt_failure(pod, log, cut_short=None, explained=(), deadline_failures=()):
     """Why a finished custom-episode attempt is not a sample, or None when it is one. `cut_short`:
     what ended the batch before its episodes could finish (the Job's deadline), named first for
-    an attempt that never finished; `explained`: the scheme's explained_failures."""
+    an attempt that never finished; `explained`: the scheme's explained_failures, and of them
+    `deadline_failures` the deadline's doing when it ended the batch."""
     status = pod.get("status", {})
     phase = status.get("phase")
     if phase == "Succeeded":
@@ -3041,6 +3044,8 @@ def attempt_failure(pod, log, cut_short=None, explained=()):
     if evicted:
         return "evicted: %s" % evicted
     if status.get("reason") in explained:
+        if cut_short and status["reason"] in deadline_failures:
+            return "%s (%s: %s)" % (cut_short, status["reason"], status.get("message"))
         return "%s: %s" % (status["reason"], status.get("message"))
     container = (status.get("containerStatuses") or [{}])[0]
     state = container.get("state") or {}
@@ -3120,7 +3125,7 @@ def index_verdict(index, tried, job_created, job_finished, observed, scheme, cut
     # a second is unknown, and a failed attempt must be listed whatever its place.
     reasons, sample = [], None
     for pod, log in tried:
-        reason = attempt_failure(pod, log, cut_short, scheme.explained_failures)
+        reason = attempt_failure(pod, log, cut_short, scheme.explained_failures, scheme.deadline_failures)
         if reason is None:
             try:
                 ready, reward, source = sample_events(pod, log, scheme)
@@ -7484,7 +7489,8 @@ WARM_SCHEME = PhaseScheme(
     report_phases={"startup": ("client_claim_startup", "claim_binding", "bound_to_claim_ready", "claim_ready_to_exec",
                                "exec_to_stream_open", "stream_open_to_first_statement", "exec_to_first_statement"),
                    "startup_metric": ("claim_to_ready",), "finish": ("reward_to_exec_finished",)},
-    explained_failures=EXEC_FAILURE_REASONS, timeline_attributes=("launch_type",))
+    explained_failures=EXEC_FAILURE_REASONS, deadline_failures=("ExecTimedOut",),
+    timeline_attributes=("launch_type",))
 
 
 def sandbox_template_manifest(namespace, run_id, image, runtime, tasks=False):
@@ -7892,7 +7898,7 @@ class WarmPoolRun:
         self.pods = {}  # pod uid -> its last state the watch delivered (deleted pods too)
         self.pod_uids = {}  # pod name -> uid of the latest pod of that name seen
         self.pod_watch = None
-        self.deadline = None
+        self.deadline = self.deadline_at = None
         self.channel, self.channel_lock = None, threading.Lock()  # how episodes are exec'd
 
     def fire(self, claims, claim_watch, sandbox_watch, pod_watch=None):
@@ -7904,6 +7910,7 @@ class WarmPoolRun:
         started = time.monotonic()
         self.run.stream.begin(started)
         self.deadline = started + self.spec.timeout
+        self.deadline_at = time.time() + self.spec.timeout  # the same deadline on the wall clock
         executor = concurrent.futures.ThreadPoolExecutor(max_workers=self.spec.exec_concurrency)
         pending = {}
         try:
@@ -8227,8 +8234,18 @@ class WarmPoolRun:
         write_json(output / "episodes.json", records)
         save_node_summaries(self.run.facts["nodes"], records, output)  # each episode's node: its kernel
         created = min((claim["metadata"]["creationTimestamp"] for claim in claims), default=utc_now())
-        write_json(output / "job.json", batch_record(WarmPoolBackend, "WarmPoolBatch", POOL_NAME, created, {
-            "episodes": len(names), "finished_episodes": len(records)}))
+        status = {"episodes": len(names), "finished_episodes": len(records)}
+        timed_out = [record for record in records if record["status"].get("reason") == "ExecTimedOut"]
+        if self.deadline_at is not None and time.time() >= self.deadline_at and (
+                timed_out or len(records) < len(names)):
+            # as a Job past its activeDeadlineSeconds says it: what collect_samples names the deadline's
+            status["conditions"] = [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
+                                     "lastTransitionTime": iso_micro(self.deadline_at),
+                                     "message": "the batch's --timeout of %d s passed: %d exec(s) cut short, %d "
+                                                "episode(s) never started" % (self.spec.timeout, len(timed_out),
+                                                                              len(names) - len(records))}]
+        write_json(output / "job.json", batch_record(WarmPoolBackend, "WarmPoolBatch", POOL_NAME, created, status,
+                                                     spec={"activeDeadlineSeconds": self.spec.timeout}))
         try:
             events.result()
         except DemoError as error:
@@ -8459,7 +8476,8 @@ class WarmPoolBackend(ClusterBackend):
             finally:
                 batch.close_channels()  # the proxy and its socket go on every way out
         where = WARM_DIAGNOSTICS % output
-        unfinished = batch.unfinished_error(where)
+        # custom episodes: one whose claim was not served before the deadline is named so in results.json
+        unfinished = batch.unfinished_error(where) if not spec.episode else None
         if unfinished:
             raise unfinished
         report = write_results(output, where)

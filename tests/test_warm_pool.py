@@ -366,6 +366,32 @@ def test_an_exec_refused_by_an_etcd_error_before_it_starts_is_sent_again(make_cl
         done.stderr
 
 
+# ---------------------------------------------------------------- the deadline (--timeout): episodes named by what ended them
+
+def test_a_warm_episode_the_deadline_cut_short_is_named_so_not_as_an_exec_timeout(sandbox_cluster, run_tool, tmp_path):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok"}, {"mode": "ok", "sleep": 3600}])
+    done = warm_run(run_tool, sandbox_cluster, "warm", "--episode", EPISODE, "--tasks", tasks, "--timeout", "5")
+    assert done.code == 5, done  # results written: one sample, one infrastructure failure
+    [failure] = read(tmp_path / "warm" / "results.json")["infrastructure_failures"]
+    assert failure["index"] == 1 and failure["reason"] == (
+        "cut short by the deadline (the batch's, 5 s, from --timeout) (ExecTimedOut: the exec did not finish "
+        "within 5 s)")
+    assert "1 of them ended by the deadline: raise --timeout if the episodes need longer" in done.stderr
+    assert read(tmp_path / "warm" / "job.json")["status"]["conditions"][0]["reason"] == "DeadlineExceeded"
+
+
+def test_a_warm_episode_whose_claim_was_not_ready_by_the_deadline_never_started(make_cluster, run_tool, tmp_path):
+    cluster = make_cluster(dict(AGENT_SANDBOX, timing={"sandboxStartSeconds": [6, 6]}))  # cold sandboxes, slower
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok"}, {"mode": "ok"}])
+    done = warm_run(run_tool, cluster, "warm", "--episode", EPISODE, "--tasks", tasks, "--timeout", "2",
+                    "--pool-size", "0")
+    assert done.code == 5, done  # not 3: a custom batch's episodes are each a result or a named failure
+    assert [failure["reason"] for failure in read(tmp_path / "warm" / "results.json")["infrastructure_failures"]] \
+        == ["never started: the deadline came first (the batch's, 2 s, from --timeout)"] * 2
+    assert "2 of them ended by the deadline: raise --timeout" in done.stderr
+    assert run_tool("cleanup", "warm", cluster=cluster).code == 0
+
+
 # ---------------------------------------------------------------- in-process: records and summaries
 
 class PagedPods:
