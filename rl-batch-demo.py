@@ -524,6 +524,11 @@ except OSError:
 report = '{"event": "sandbox", "at": %r, "episode_id": %s, "kernel_release": %s, "proc_version": %s}' % (
     time.time(), text(os.environ.get("EPISODE_ID")), text(os.uname().release), text(proc_version))
 print(report, flush=True)
+# One Job of a batch across images runs some of its tasks: its completion index i is task indexes[i]
+indexes = os.environ.get("RL_TASK_INDEXES")
+if indexes and os.environ.get("TASK_INDEX", "").isdigit():
+    os.environ["TASK_INDEX"] = indexes.split(",")[int(os.environ["TASK_INDEX"])]
+    os.environ["TASK_FILE"] = "/tasks/task-%s.json" % os.environ["TASK_INDEX"]
 program = sys.argv[1]
 sys.argv = sys.argv[1:]
 with open(program) as source:
@@ -3913,21 +3918,34 @@ def results_from_folder(output):
         return pool_rounds([results_from_folder(output / ("round-%d" % number))
                             for number in range(1, run_info["rounds"] + 1)], run_info)
     backend = backend_named(run_info.get("backend"), str(output / "run.json"))
-    job = read_json(output / "job.json", "the saved Job")
-    # held once for all the results' reading (10,000 pods' equal parts shared): read, never changed
-    records = pods = read_json(output / backend.episodes_file, "the saved episodes", shape=list,
-                               decode=API_OBJECTS.decode)
-    # None: no log was saved (the pod was gone from the API before it could be read)
-    logs = [log_text((output / (pod["metadata"]["name"] + ".log")).read_bytes())
-            if (output / (pod["metadata"]["name"] + ".log")).exists() else None for pod in pods]
     flags = run_info["flags"]
-    observed = read_saved(output / "observed.json") or {}
     expected = run_info.get("expected_episodes", flags["count"])
     gate = saved_admission(output)
-    if gate is not None:
-        pods, logs = gate.results_pods(pods, logs, expected, observed)
     validate = collect_samples if run_info.get("custom_episode") else collect
-    report = validate(pods, logs, job, expected, observed, backend.scheme)
+    parts = run_info.get("image_parts")  # a batch across images: a Job each, in image-N/
+    folders = [output / part["folder"] for part in parts] if parts else [output]
+    records, pods, logs, observed, reports, jobs = [], [], [], {}, [], []
+    for folder in folders:
+        job = read_json(folder / "job.json", "the saved Job")
+        # held once for all the results' reading (10,000 pods' equal parts shared): read, never changed
+        part_records = read_json(folder / backend.episodes_file, "the saved episodes", shape=list,
+                                 decode=API_OBJECTS.decode)
+        part_pods = part_records
+        # None: no log was saved (the pod was gone from the API before it could be read)
+        part_logs = [log_text((folder / (pod["metadata"]["name"] + ".log")).read_bytes())
+                     if (folder / (pod["metadata"]["name"] + ".log")).exists() else None for pod in part_pods]
+        part_observed = read_saved(folder / "observed.json") or {}
+        if gate is not None:
+            part_pods, part_logs = gate.results_pods(part_pods, part_logs, expected, part_observed)
+        part_expected = len(parts[len(reports)]["task_indexes"]) if parts else expected
+        reports.append(validate(part_pods, part_logs, job, part_expected, part_observed, backend.scheme))
+        jobs.append(job)
+        records += part_records
+        pods += part_pods
+        logs += part_logs
+        observed.update(part_observed)
+    report = merge_image_parts(reports, jobs, parts, expected, backend.scheme) if parts else reports[0]
+    del reports
     report.update(backend=backend.name, context=run_info["context"], namespace=run_info["namespace"], image=flags["image"],
                   runtime=flags["runtime"], parallelism=flags["parallelism"],
                   cache_state="uncontrolled", client_job_complete_seconds=run_info.get("client_job_complete_seconds"))
@@ -3936,13 +3954,21 @@ def results_from_folder(output):
                                      "tasks": flags.get("tasks")}
         if flags.get("tasks"):
             report["tasks"] = results_by_task(report)
+    nodes = saved_nodes(folders)
     report["run"] = run_metadata(run_info, read_saved(output / "version.json"),
-                                 read_saved(output / "runtimeclass.json"), read_saved(output / "nodes.json"))
-    add_kernels(report["pods"], backend.scheme.row_key, pods, logs, read_saved(output / "nodes.json"),
-                run_info.get("machine_kernel"))
+                                 read_saved(output / "runtimeclass.json"), nodes)
+    if parts:
+        report["image_parts"] = [{key: part[key] for key in ("folder", "image", "job", "parallelism")}
+                                 for part in parts]
+    add_kernels(report["pods"], backend.scheme.row_key, pods, logs, nodes, run_info.get("machine_kernel"))
     report["isolation"] = isolation_summary(report["pods"], flags["runtime"])
     if backend.uses_cluster:
-        add_image_pulls(report["pods"], read_saved(output / "events.json", API_OBJECTS.decode, is_image_event))
+        # each Job's folder lists the namespace's events when it ended: the latest of each event counts
+        events = {}
+        for folder in folders:
+            for event in read_saved(folder / "events.json", API_OBJECTS.decode, is_image_event) or []:
+                events[event["metadata"].get("uid") or id(event)] = event
+        add_image_pulls(report["pods"], list(events.values()))
         report["image_pulls"] = image_pull_summary(report["pods"], backend.scheme.startup_metric + "_seconds")
     if "round" in run_info:
         report["round"] = run_info["round"]
@@ -3950,10 +3976,52 @@ def results_from_folder(output):
     report["cost"] = backend.cost(output, report, run_prices(flags), records)
     if gate is not None:
         gate.describe_results(report)
-    if (output / "logs.json").exists():
-        report["log_archive"] = log_archive_summary(output)
+    if any((folder / "logs.json").exists() for folder in folders):
+        report["log_archive"] = log_archive_summary(*folders)
     report["pods"] = report.pop("pods")  # per-episode rows last, as in the tutorial
     return report
+
+
+def saved_nodes(folders):
+    """nodes.json of one folder, or of each Job's folder of a batch across images, once each."""
+    found, nodes = {}, None
+    for folder in folders:
+        listed = read_saved(folder / "nodes.json")
+        if not isinstance(listed, list):
+            return listed if len(folders) == 1 else nodes
+        nodes = nodes or []
+        for node in listed:
+            if node.get("name") not in found:
+                found[node.get("name")] = node
+                nodes.append(node)
+    return nodes
+
+
+def merge_image_parts(reports, jobs, parts, count, scheme):
+    """One round of a batch across images from its Jobs' own results (collect_samples of each, its
+    episodes numbered within its Job): every sample and failure under its task's index, in task
+    order, and the batch figures measured from the earliest Job's creation (each episode's
+    batch_to_* moved by how much later its Job was created: whole seconds, the API server's)."""
+    origin = min(parse_k8s_time(job["metadata"]["creationTimestamp"]) for job in jobs)
+    samples, failures = [], []
+    for report, job, part in zip(reports, jobs, parts):
+        later = parse_k8s_time(job["metadata"]["creationTimestamp"]) - origin
+        indexes = part["task_indexes"]
+        for row in report["pods"]:
+            row = dict(row, index=indexes[row["index"]])
+            for key in ("batch_to_ready_seconds", "batch_to_reward_seconds"):
+                if row.get(key) is not None:
+                    row[key] += later
+            samples.append(row)
+        failures += [dict(failure, index=indexes[failure["index"]]) for failure in report["infrastructure_failures"]]
+    samples.sort(key=lambda row: row["index"])
+    failures.sort(key=lambda failure: failure["index"])
+    exceeded = [report["deadline_exceeded"] for report in reports if report.get("deadline_exceeded")]
+    rewards = [row["reward"] for row in samples]
+    return {"episodes": count, "successful_episodes": len(samples), "reward_sum": sum(rewards),
+            "rewards": reward_stats(rewards), "infrastructure_failures": failures,
+            "deadline_exceeded": min(exceeded, key=lambda found: found.get("at") or 0) if exceeded else None,
+            **batch_summary(samples, scheme), "pods": samples}
 
 
 BATCH_KEYS = ("batch_to_all_ready_seconds", "batch_to_all_rewards_seconds", "client_job_complete_seconds")
@@ -4017,9 +4085,12 @@ def summary_view(report):
     return view
 
 
-def log_archive_summary(folder):
-    """How many episode logs the folder holds and where they came from (logs.json)."""
-    sources = read_saved(folder / "logs.json") or {}
+def log_archive_summary(*folders):
+    """How many episode logs the folder holds (or a batch across images' Jobs' folders) and where
+    they came from (logs.json)."""
+    sources = {}
+    for folder in folders:
+        sources.update(read_saved(folder / "logs.json") or {})
     return {"logs": len(sources), "sources": dict(sorted(collections.Counter(
         source if not source.startswith("not available") else "not available" for source in sources.values()
     ).items())), "detail": "logs.json: the source of each <pod>.log"}
@@ -4804,6 +4875,7 @@ class Backend:
         "coarse_batch_keys": "its batch times read from whole-second API timestamps (the rest is client time)",
         "takes_queue": "--queue: the Kueue gate can admit its batch",
         "takes_parallelism": "--parallelism limits its episodes at once (named in its timeline's title)",
+        "runs_several_images": "a batch whose tasks name several images runs on it (as one Job per image)",
         "own_flags": "(flag, RunSpec field): options only this backend takes",
         "batch_origin": "what its batch times count from, for people",
         "startup_label": "the human summary's name for its startup metric",
@@ -5598,12 +5670,14 @@ JOBS = Resource("Job", "batch/v1", "jobs")
 
 
 def job_manifest(namespace, run_id, count, parallelism, image, runtime, deadline=DEFAULT_TIMEOUT_SECONDS,
-                 custom=None):
+                 custom=None, task_indexes=None):
     """The batch: `count` episodes, `parallelism` at a time; runtime None = cluster default.
 
     `custom` (CustomEpisodes): Indexed completion mode, `custom.retries` failed attempts allowed
     per index (backoffLimitPerIndex) so one failure never fails the others, and evictions
-    (DisruptionTarget) retried without counting; with `custom.tasks` episode i gets task i.
+    (DisruptionTarget) retried without counting; with `custom.tasks` episode i gets task i, or
+    with `task_indexes` (one Job of a batch across images) task task_indexes[i], which the
+    probe program sets as the episode's TASK_INDEX and TASK_FILE (RL_TASK_INDEXES).
     """
     spec = {"completions": count, "parallelism": parallelism, "backoffLimit": 0,
             "activeDeadlineSeconds": deadline}
@@ -5612,9 +5686,37 @@ def job_manifest(namespace, run_id, count, parallelism, image, runtime, deadline
         spec.update(completionMode="Indexed", backoffLimitPerIndex=custom.retries, podFailurePolicy={"rules": [
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]})
     spec["template"] = episode_pod_template(run_id, image, runtime, custom is not None and custom.tasks)
+    if task_indexes is not None:
+        spec["template"]["spec"]["containers"][0]["env"].append(
+            {"name": "RL_TASK_INDEXES", "value": ",".join(str(index) for index in task_indexes)})
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": JOB_NAME, "namespace": namespace, "labels": object_labels(run_id, "batch")},
             "spec": spec}
+
+
+def image_parts(task_images, parallelism):
+    """A batch across images as one Job per image: [(image, [task indexes], its parallelism)], in
+    the order each image's first task comes (images compared as the kubelet names them)."""
+    groups = {}
+    for index, image in enumerate(task_images):
+        groups.setdefault(normalized_image(image), (image, []))[1].append(index)
+    shares = split_parallelism(parallelism, [len(indexes) for _, indexes in groups.values()])
+    return [(image, indexes, share) for (image, indexes), share in zip(groups.values(), shares)]
+
+
+def split_parallelism(total, sizes):
+    """--parallelism `total` shared by Jobs of `sizes` episodes, so that together they never run
+    more than `total` at once: each Job one, then what is left in proportion to each Job's
+    remaining episodes (largest remainder, ties to the earlier Job), never more than its size.
+    Needs total >= len(sizes) (batch_image refuses fewer)."""
+    total = min(total, sum(sizes))
+    room = [size - 1 for size in sizes]
+    left = total - len(sizes)
+    ideal = [left * r / (sum(room) or 1) for r in room]
+    shares = [int(x) for x in ideal]
+    for i in sorted(range(len(sizes)), key=lambda i: (-(ideal[i] - shares[i]), i))[:left - sum(shares)]:
+        shares[i] += 1
+    return [1 + share for share in shares]
 
 
 JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
@@ -6013,10 +6115,16 @@ class JobEpisodeFeed:
             return
         self.collect_logs()
         failed_indexes = index_set(job.get("status", {}).get("failedIndexes"))
+        if self.round.task_indexes is not None:
+            failed_indexes = {self.round.task_indexes[index] for index in failed_indexes}
         groups = collections.defaultdict(list)
+        indexes = self.round.task_indexes  # one Job of a batch across images: its index i is task indexes[i]
         for pod in pods.values():
             if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
-                groups[pod_index(pod) if self.custom else pod["metadata"]["name"]].append(pod)
+                index = pod_index(pod)
+                if indexes is not None and index is not None:
+                    index = indexes[index]
+                groups[index if self.custom else pod["metadata"]["name"]].append(pod)
         for key, finished in groups.items():
             if key is None or self.stream.has_sent(key):
                 continue
@@ -6090,6 +6198,7 @@ class JobRound:
         self.created = None  # the Job as its create returned it
         self.events_saved = False  # events.json written for results.json (archive() leaves it so)
         self.measured = "prewarm_node" not in run_info  # a prewarm Job's episode is no sample: not streamed
+        self.task_indexes = run_info.get("task_indexes")  # one Job of a batch across images: its tasks
         progress.feed = JobEpisodeFeed(self) if run.spec.stream and self.measured else None
         progress.log_archive = self.log_archive = LogArchive(self.cluster, self.namespace, folder)
 
@@ -6191,7 +6300,7 @@ class JobRound:
             except DemoError as error:  # the results do not wait for them: their pulls are unknown
                 self.console.warn("could not read the events, so the image pulls are unknown: %s" % error)
         report = write_results(folder, where, before_failing=self.archive)
-        if self.measured:
+        if self.measured and self.task_indexes is None:  # a batch across images streams its round's
             self.run.stream.finish(report)  # the episodes only the end decided, before the archive
         try:
             self.archive()  # for people: the results are already safe
@@ -6337,6 +6446,7 @@ class JobBackend(ClusterBackend):
     coarse_batch_keys = ("batch_to_all_ready_seconds", "batch_to_all_rewards_seconds")
     takes_queue = True
     takes_parallelism = True
+    runs_several_images = True  # one Job per image, --parallelism split between them (image_parts)
     own_flags = (("--prewarm", "prewarm"),)
     batch_origin = "Job was created"
     startup_label = "Pod created -> ready"
@@ -6376,14 +6486,29 @@ class JobBackend(ClusterBackend):
         self.gate = gate_for(spec, console)
 
     def manifests(self, namespace, run_id):
+        """What a run creates, its Jobs last: one, or with tasks across images one per image (the
+        first round's names)."""
         spec = self.spec
+        objects = common_manifests(spec, namespace, run_id)
+        if len(spec.images) > 1:
+            return objects + self.image_jobs(namespace, run_id, JOB_NAME)
         job = job_manifest(namespace, run_id, spec.count, spec.parallelism, spec.image, spec.runtime_class,
                            spec.timeout, spec.custom_episodes)
-        objects = common_manifests(spec, namespace, run_id)
         if self.gate:
             objects += self.gate.manifests(namespace, run_id)
             self.gate.decorate(job)
         return objects + [job]
+
+    def image_jobs(self, namespace, run_id, name):
+        """A batch across images: a Job per image (image_parts), `name`-i<k>, running its tasks."""
+        spec = self.spec
+        jobs = []
+        for number, (image, indexes, parallelism) in enumerate(image_parts(spec.task_images, spec.parallelism)):
+            job = job_manifest(namespace, run_id, len(indexes), parallelism, image, spec.runtime_class, spec.timeout,
+                               spec.custom_episodes, indexes)
+            job["metadata"]["name"] = "%s-i%d" % (name, number)
+            jobs.append(job)
+        return jobs
 
     def new_receipt(self, context, namespace, run_id):
         receipt = super().new_receipt(context, namespace, run_id)
@@ -6410,7 +6535,9 @@ class JobBackend(ClusterBackend):
         if run.facts["preflight"] is not None:
             run_info["preflight"] = run.facts["preflight"]
         run.write_facts(run_info)
-        namespace_obj, *supporting, job = self.manifests(run.namespace, run.run_id)
+        objects = self.manifests(run.namespace, run.run_id)
+        namespace_obj, *supporting = [obj for obj in objects if obj["kind"] != "Job"]
+        job = next(obj for obj in objects if obj["kind"] == "Job")  # a batch across images makes its own
         run.create_namespace(namespace_obj, supporting)
         if self.gate:
             run_info["queue"] = self.gate.prepare(run.cluster, run.namespace, run.facts["kueue"])
@@ -6418,10 +6545,16 @@ class JobBackend(ClusterBackend):
         if spec.prewarm:
             self.prewarm(run, run_info)
         rounds = []
+        parts = image_parts(spec.task_images, spec.parallelism) if len(spec.images) > 1 else None
         for number in range(1, spec.rounds + 1):
             folder = round_folder(run.output, number, spec.rounds)
             info = self.round_info(run, run_info, folder, spec.count, {"round": number} if spec.rounds > 1 else {})
             name = JOB_NAME if spec.rounds == 1 else "%s-%d" % (JOB_NAME, number)
+            if parts is not None:
+                if spec.rounds > 1:
+                    self.console.note("round %d of %d" % (number, spec.rounds))
+                rounds.append(self.run_image_parts(run, info, folder, name, parts))
+                continue
             job = dict(job, metadata=dict(job["metadata"], name=name))
             progress = JobProgress(run.cluster, run.namespace, name)
             # The gate starts watching before the Job exists, so that no admission is missed.
@@ -6432,6 +6565,65 @@ class JobBackend(ClusterBackend):
                 self.console.note("round %d of %d: Job %s" % (number, spec.rounds, name))
             rounds.append(job_round.finish())
         return conclude(pool_round_folders(run.output, run_info, rounds), run)
+
+    def run_image_parts(self, run, round_info, folder, name, parts):
+        """One round of a batch across images: a Job per image (image_parts), created one after
+        another and waited for together through two shared watches, each in folder/image-<k>/
+        with its own results (its episodes numbered within its Job, `task_indexes` their tasks);
+        the round's results.json pools them in task order (results_from_folder). A Job that
+        fails does not stop the others: each is waited for, saved and validated, then the first
+        failure is raised."""
+        namespace = run.namespace
+        shared = JobWatches(run.cluster, namespace, "app.kubernetes.io/component=episode",
+                            job_selector="app.kubernetes.io/component=batch")
+        job_rounds, record = [], []
+        try:
+            for number, ((image, indexes, parallelism), job) in enumerate(zip(parts, self.image_jobs(
+                    namespace, run.run_id, name))):
+                part = folder / ("image-%d" % number)
+                info = self.round_info(run, round_info, part, len(indexes), {"image": image, "task_indexes": indexes})
+                info["flags"] = dict(info["flags"], image=image, parallelism=parallelism)
+                write_json(part / "run.json", info)
+                job_round = JobRound(run, job, part, info, JobProgress(run.cluster, namespace, job["metadata"]["name"],
+                                                                       shared), Unqueued())
+                job_round.submit()
+                job_rounds.append(job_round)
+                record.append({"folder": part.name, "image": image, "job": job_round.name, "parallelism": parallelism,
+                               "task_indexes": indexes})
+            round_info["image_parts"] = record
+            write_json(folder / "run.json", round_info)
+            self.console.note("%d images: a Job each (%s)" % (len(parts), some_of(
+                "%s %d at a time" % (job_round.name, parallelism) for job_round, (_, _, parallelism)
+                in zip(job_rounds, parts))))
+            failures = []
+            for waited, job_round in enumerate(job_rounds):
+                try:
+                    job_round.finish()
+                except DemoError as failure:
+                    failures.append((job_round, failure))
+                except BaseException:  # Ctrl-C: the Jobs not waited for yet keep what their watches saw
+                    for later in job_rounds[waited + 1:]:
+                        later.stop()
+                        later.save_what_is_known()
+                        later.log_archive.close()
+                    raise
+        finally:
+            shared.stop()
+        # client clock: from the first Job's create call to the last Job seen finished
+        first = min(job_round.started for job_round in job_rounds)
+        round_info["client_job_complete_seconds"] = max(
+            job_round.started - first + job_round.run_info["client_job_complete_seconds"] for job_round in job_rounds
+            if job_round.run_info.get("client_job_complete_seconds") is not None) if not failures else None
+        write_json(folder / "run.json", round_info)
+        if failures:
+            job_round, failure = failures[0]
+            more = "; %d more of the %d images' Jobs failed (each in its image-N/)" % (
+                len(failures) - 1, len(parts)) if len(failures) > 1 else ""
+            raise type(failure)("image %s (Job %s): %s%s" % (job_round.run_info["image"], job_round.name, failure,
+                                                              more)) from None
+        report = write_results(folder, "diagnostics saved in %s (each image's Job in image-N/)" % folder)
+        run.stream.finish(report)
+        return report
 
     @staticmethod
     def round_info(run, run_info, folder, expected, extra):
@@ -8295,6 +8487,7 @@ class WarmPoolBackend(ClusterBackend):
     coarse_batch_keys = JobBackend.coarse_batch_keys + ("batch_to_all_claims_ready_seconds",)
     takes_queue = False  # Kueue admits Jobs
     takes_parallelism = False  # every claim is fired at once
+    runs_several_images = False  # one SandboxTemplate: a pool per image is not built yet
     own_flags = (("--pool-size", "pool_size"), ("--exec-concurrency", "exec_concurrency"), ("--pool", "pool"))
     api_paths = ("^%s$" % re.escape(DEPLOYMENTS.path(CONTROLLER_NAMESPACE, CONTROLLER_DEPLOYMENT)),)  # its preflight
     batch_origin = "first claim was created"
@@ -9398,6 +9591,7 @@ class LocalBackend(Backend):
     coarse_batch_keys = ()
     takes_queue = False
     takes_parallelism = True
+    runs_several_images = False  # it runs no image at all
     own_flags = ()
     batch_origin = "batch started"
     startup_label = "Episode process launched -> ready"
@@ -11009,10 +11203,11 @@ def check_shared_bounds(args, fail):
     return parallelism
 
 
-def batch_image(args, tasks, backend, default, fail):
-    """The one image of the batch: --image (or its default), or the one image its tasks name.
-    Tasks across several images are refused until a backend runs them; a backend without a
-    cluster runs no image, so tasks naming one are refused there too."""
+def batch_image(args, tasks, backend, default, parallelism, fail):
+    """The batch's --image: the one image of its tasks when they all name the same; --image (or its
+    default) for tasks that name none or several, which a backend that runs several images runs
+    as one Job each (image_parts), at least one episode of each at a time. A backend without a
+    cluster runs no image, so tasks naming one are refused there."""
     named = [(number, own_image(task)) for number, task in enumerate(tasks or (), 1) if own_image(task) is not None]
     if not named:
         return default
@@ -11020,11 +11215,19 @@ def batch_image(args, tasks, backend, default, fail):
         fail('--backend %s runs no image, and task %d of %s names one (%s): run the tasks on a cluster backend, '
              'or leave "%s" out of them' % (backend.name, named[0][0], args.tasks, named[0][1], TASK_IMAGE_KEY))
     images = distinct_images(task_image(task, default) for task in tasks)
-    if len(images) > 1:
-        fail("--tasks %s names %d images (%s%s); a batch across images is not built yet: run one batch per image, "
-             "or give every task the same one" % (args.tasks, len(images), ", ".join(images[:3]),
-                                                  ", ..." if len(images) > 3 else ""))
-    return images[0]
+    if len(images) == 1:
+        return images[0]
+    named = "--tasks %s names %d images (%s)" % (args.tasks, len(images), some_of(images, 3))
+    if not backend.runs_several_images:
+        fail("%s; --backend %s runs one image a batch (a pool per image is not built yet): run one batch per "
+             "image, or --backend kubernetes, which runs a Job per image" % (named, backend.name))
+    if parallelism < len(images):
+        fail("%s, a Job each, and each runs at least one episode at a time: --parallelism %d is fewer; give at "
+             "least %d" % (named, parallelism, len(images)))
+    for flag, used in (("--prewarm", getattr(args, "prewarm", None)), ("--queue", getattr(args, "queue", None))):
+        if used:
+            fail("%s; %s with several images is not built yet: run one batch per image with %s" % (named, flag, flag))
+    return default
 
 
 def run_spec(args):
@@ -11060,7 +11263,7 @@ def run_spec(args):
                      "another --backend)" % (flag, backend.name, flag.split()[0]))
     if backend.uses_cluster:
         fields.update(image=args.image or DEFAULT_IMAGE, runtime=args.runtime or DEFAULT_RUNTIME)
-    fields.update(image=batch_image(args, tasks, backend, fields.get("image"), fail))
+    fields.update(image=batch_image(args, tasks, backend, fields.get("image"), fields["parallelism"], fail))
     fields.update(backend.check_options(args, fail))
     if args.timeout is None:
         fields["timeout"] = default_deadline(args.count, fields["parallelism"])

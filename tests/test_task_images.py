@@ -1,7 +1,8 @@
 """Tasks that bring their own image (a --tasks line's "image"): references compared as the kubelet
-names them, the nodes that hold each image at the preflight, and the batches refused until a
-backend runs them."""
+names them, the nodes that hold each image at the preflight, a batch across images as a Job per
+image, and the batches refused until a backend runs them."""
 
+import json
 import sys
 
 import pytest
@@ -44,13 +45,104 @@ def test_a_node_listing_as_many_images_as_a_kubelet_reports_may_hold_more(tool):
     assert tool.image_holders_note([node("small", "a:1")]) is None
 
 
-def test_tasks_across_two_images_are_refused_in_one_line_before_anything(cluster, run_tool, tmp_path):
-    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": 0, "image": "python:3.12-alpine"},
-                                                   {"id": 1, "image": "python:3.13-alpine"}])
-    result = run_tool("run", "--episode", EPISODE, "--tasks", tasks, "--output", "out", cluster=cluster)
-    assert result.code == 2
-    assert "names 2 images (python:3.12-alpine, python:3.13-alpine)" in result.stderr
+# --- a batch across images: a Job per image ---------------------------------------------------
+
+THREE = ("example.test/a:1", "example.test/b:1", "example.test/c:1")
+
+
+def cluster_of(make_cluster, images=THREE, **config):
+    return make_cluster(dict({"images": {name: {"python": sys.executable} for name in images}}, **config))
+
+
+def tasks_across(tmp_path, count=7, images=THREE):
+    """Task n rewards n and runs image n mod 3: a reward shows which task an episode ran."""
+    return write_tasks(tmp_path / "tasks.jsonl", [{"id": n, "reward": n, "image": images[n % len(images)]}
+                                                   for n in range(count)])
+
+
+def test_tasks_across_three_images_run_a_job_each_and_return_every_reward_in_task_order(make_cluster, run_tool,
+                                                                                        tmp_path):
+    cluster = cluster_of(make_cluster)
+    done = run_tool("run", "--episode", EPISODE, "--tasks", tasks_across(tmp_path), "--parallelism", "4",
+                    "--output", "out", cluster=cluster)
+    assert done.code == 0, done
+    results = read(tmp_path / "out" / "results.json")
+    # each task's own reward, TASK_INDEX and image: the Jobs' indexes mapped back to the tasks'
+    assert [entry["reward"] for entry in results["tasks"]] == list(range(7))
+    assert [(row["index"], row["reward_fields"]["index"], row["image"]) for row in results["pods"]] == [
+        (n, str(n), THREE[n % 3]) for n in range(7)]
+    assert [(part["job"], part["image"], part["parallelism"]) for part in results["image_parts"]] == [
+        ("rollout-i0", THREE[0], 2), ("rollout-i1", THREE[1], 1), ("rollout-i2", THREE[2], 1)]
+    assert [read(tmp_path / "out" / ("image-%d" % k) / "results.json")["episodes"] for k in range(3)] == [3, 2, 2]
+    assert sorted(read(tmp_path / "out" / "receipt.json")["jobs"]) == ["rollout-i0", "rollout-i1", "rollout-i2"]
+    cleaned = run_tool("cleanup", "out", cluster=cluster)
+    assert cleaned.code == 0, cleaned
+    assert cleaned.stderr.count("Deleting Job rollout-i") == 3
+
+
+def test_a_streamed_batch_across_images_sends_each_task_once_under_its_own_index(make_cluster, run_tool, tmp_path):
+    cluster = cluster_of(make_cluster)
+    done = run_tool("run", "--episode", EPISODE, "--tasks", tasks_across(tmp_path, 6), "--stream", "--output", "out",
+                    cluster=cluster)
+    assert done.code == 0, done
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    episodes = [line for line in lines if line["type"] == "episode"]
+    assert sorted((line["task"], line["reward"]) for line in episodes) == [(n, n) for n in range(6)]
+    assert lines[-1]["type"] == "summary" and "disagrees" not in done.stderr
+
+
+def test_the_jobs_of_a_batch_across_images_never_run_more_than_its_parallelism_together(tool):
+    for total, sizes in [(4, [3, 2, 2]), (3, [1, 1, 1]), (7, [10, 3, 1]), (100, [10, 3, 1]), (4, [2, 100])]:
+        shares = tool.split_parallelism(total, sizes)
+        assert sum(shares) == min(total, sum(sizes)), (total, sizes, shares)
+        assert all(1 <= share <= size for share, size in zip(shares, sizes)), (total, sizes, shares)
+    assert tool.split_parallelism(7, [10, 3, 1]) == [4, 2, 1]  # in proportion to what is left after one each
+    # one image however spelt: one Job
+    assert [(image, indexes) for image, indexes, _ in tool.image_parts(
+        ["python:3.12", "docker.io/library/python:3.12", "b:1"], 2)] == [("python:3.12", [0, 1]), ("b:1", [2])]
+
+
+def test_parallelism_below_the_number_of_images_is_refused_before_anything(make_cluster, run_tool, tmp_path):
+    cluster = cluster_of(make_cluster)
+    done = run_tool("run", "--episode", EPISODE, "--tasks", tasks_across(tmp_path), "--parallelism", "2",
+                    "--output", "out", cluster=cluster)
+    assert done.code == 2
+    assert "names 3 images (example.test/a:1, example.test/b:1, example.test/c:1), a Job each, and each runs at " \
+           "least one episode at a time: --parallelism 2 is fewer; give at least 3" in done.stderr
     assert not (tmp_path / "out").exists() and cluster.calls() == []
+
+
+@pytest.mark.parametrize("backend, words", [
+    ("warm-pool", "--backend warm-pool runs one image a batch (a pool per image is not built yet)"),
+])
+def test_a_backend_that_runs_one_image_refuses_tasks_across_images(make_cluster, run_tool, tmp_path, backend, words):
+    cluster = cluster_of(make_cluster)
+    done = run_tool("run", "--backend", backend, "--episode", EPISODE, "--tasks", tasks_across(tmp_path),
+                    "--output", "out", cluster=cluster)
+    assert done.code == 2
+    assert words in done.stderr and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flag", [["--prewarm"], ["--queue", "team"]])
+def test_prewarm_and_queues_across_images_are_refused_as_not_built_yet(make_cluster, run_tool, tmp_path, flag):
+    done = run_tool("run", "--episode", EPISODE, "--tasks", tasks_across(tmp_path), *flag, "--output", "out",
+                    cluster=cluster_of(make_cluster))
+    assert done.code == 2
+    assert "%s with several images is not built yet: run one batch per image" % flag[0] in done.stderr
+
+
+def test_an_image_missing_from_its_registry_fails_its_job_while_the_others_are_kept(make_cluster, run_tool, tmp_path):
+    cluster = cluster_of(make_cluster, images=THREE[:2])  # c:1 is in no registry
+    done = run_tool("run", "--episode", EPISODE, "--tasks", tasks_across(tmp_path, 6), "--timeout", "300",
+                    "--output", "out", cluster=cluster)
+    assert done.code == 1, done  # named at once, not at the deadline
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: image example.test/c:1 (Job rollout-i2): the image example.test/c:1 does not "
+                           "exist in its registry"), last
+    # the other images' Jobs ran to their results, in their folders
+    assert [read(tmp_path / "out" / ("image-%d" % k) / "results.json")["reward_sum"] for k in range(2)] == [0 + 3, 1 + 4]
+    assert not (tmp_path / "out" / "results.json").exists()
+    assert run_tool("cleanup", "out", cluster=cluster).code == 0
 
 
 def test_a_task_whose_image_is_its_default_spelt_otherwise_is_one_image(cluster, run_tool, tmp_path):
