@@ -187,7 +187,9 @@ API_PROXY_IN_FLIGHT = 32  # requests at once through the run's `kubectl proxy`
 # A real `kubectl proxy` whose API server cannot be reached answers 500, text/plain: "dial tcp
 # HOST: connect: connection refused", and "error dialing backend: ..." for an upgrade (checked
 # with kubectl 1.32.4; tests/fakecluster/ASSUMPTIONS.md). Nothing was started.
-PROXY_BACKEND_DOWN = ("connect: connection refused", "error dialing backend")
+# The proxy's 500 when it could not reach the API server, the request not sent (ASSUMPTIONS.md): no
+# connection, or one whose TLS handshake timed out (an API server coming back, seen on the real plane)
+PROXY_BACKEND_DOWN = ("connect: connection refused", "error dialing backend", "net/http: TLS handshake timeout")
 KUBECTL_PROCESS_TIMEOUT_SECONDS = 60  # one kubectl process, all its requests
 # The User-Agent of the tool's own requests through `kubectl proxy` (which passes it on), as the API
 # server's audit log and its metrics name the client; a watch's requests are told apart.
@@ -4431,6 +4433,50 @@ def timeline_span_svg(span, origin, scale, left, y):
         span["kind"], x0, y, max(0.0, x1 - x0), span["colour"], escape(span["title"]))
 
 
+TimelinePlace = collections.namedtuple("TimelinePlace", "scheme origin scale left height end_of_batch")
+
+
+def timeline_episode_svg(place, number, row, failure, y, drawn, marks):
+    """One episode's row of the timeline at `y` (its sample `row`, or its `failure`): a segment per
+    phase, a bar per attempt that gave no sample, "never started"; adds to `drawn` the phases
+    drawn and to `marks` the failure marks' legend."""
+    from xml.sax.saxutils import escape
+    scheme, origin, scale, left, height = place.scheme, place.origin, place.scale, place.left, place.height
+    attempts = (failure or {}).get("attempts") or (row or {}).get("failed_attempts") or []
+    if row is None:
+        parts = ['<g class="episode failed" data-index="%s" data-reason="%s">' % (number, escape(failure["reason"]))]
+    else:
+        parts = ['<g class="episode" data-%s="%s"%s>' % (scheme.row_key, escape(row[scheme.row_key]), "".join(
+            ' data-%s="%s"' % (key.replace("_", "-"), escape(str(row[key])))
+            for key in scheme.timeline_attributes if key in row))]
+    for attempt in attempts:
+        svg, label = timeline_attempt_svg(attempt, number, origin, scale, left, y, height, place.end_of_batch)
+        if svg:
+            parts.append(svg)
+            marks[label] = CUT_SHORT_COLOUR if label == CUT_SHORT_LABEL else NO_SAMPLE_COLOUR
+    if row is None:
+        if not any(attempt.get("created_at") for attempt in attempts):
+            parts.append('<text x="%d" y="%d" font-size="%d" fill="#555">%s</text>' % (
+                left + 2, y + min(height, 10), min(10, max(7, height)),
+                escape("never started" if failure["reason"].startswith(NEVER_STARTED_BY_DEADLINE)
+                       else failure["reason"][:80])))
+        return parts + ["</g>"]
+    name, times = row[scheme.row_key], row["times"]
+    for phase, colour in scheme.timeline_colours.items():
+        start, end, _ = scheme.phases[phase]
+        if phase in scheme.timeline_fallbacks and times.get(scheme.timeline_fallbacks[phase]) is not None:
+            continue
+        if times.get(start) is None or times.get(end) is None:
+            continue
+        drawn.add((id(scheme), phase))
+        x0 = left + (times[start] - origin) * scale
+        x1 = left + (times[end] - origin) * scale
+        parts.append('<rect x="%.2f" y="%d" width="%.2f" height="%d" fill="%s"><title>%s %s: %s</title></rect>'
+                     % (x0, y, max(0.0, x1 - x0), max(1, height - 1), colour, escape(name), phase,
+                        format_seconds(times[end] - times[start])))
+    return parts + ["</g>"]
+
+
 def timeline_svg(runs):
     """One SVG stacking each run: a row per episode in creation order, a segment per phase,
     x in seconds since the run's batch was created. runs: [(label, results)]."""
@@ -4479,48 +4525,12 @@ def timeline_svg(runs):
             y += 12
         top = y
         every = max(1, math.ceil(10 / height))  # an episode number every few rows, where rows are thin
+        place = TimelinePlace(scheme, origin, scale, left, height, end_of_batch)
         for position, (number, row, failure) in enumerate(rows):
             if position == 0 or (position + 1) % every == 0:
                 parts.append('<text x="%d" y="%d" font-size="%d" text-anchor="end" fill="#555">%d</text>' % (
                     left - 4, y + min(height, 10), min(10, max(7, height)), number))
-            entry = row or failure
-            attempts = (failure or {}).get("attempts") or (row or {}).get("failed_attempts") or []
-            if row is None:
-                parts.append('<g class="episode failed" data-index="%s" data-reason="%s">' % (
-                    number, escape(failure["reason"])))
-            else:
-                parts.append('<g class="episode" data-%s="%s"%s>' % (scheme.row_key, escape(row[scheme.row_key]), "".join(
-                    ' data-%s="%s"' % (key.replace("_", "-"), escape(str(row[key])))
-                    for key in scheme.timeline_attributes if key in row)))
-            for attempt in attempts:
-                svg, label = timeline_attempt_svg(attempt, number, origin, scale, left, y, height, end_of_batch)
-                if svg:
-                    parts.append(svg)
-                    marks[label] = CUT_SHORT_COLOUR if label == CUT_SHORT_LABEL else NO_SAMPLE_COLOUR
-            if row is None:
-                if not any(attempt.get("created_at") for attempt in attempts):
-                    parts.append('<text x="%d" y="%d" font-size="%d" fill="#555">%s</text>' % (
-                        left + 2, y + min(height, 10), min(10, max(7, height)),
-                        escape("never started" if failure["reason"].startswith(NEVER_STARTED_BY_DEADLINE)
-                               else failure["reason"][:80])))
-                parts.append("</g>")
-                y += height
-                continue
-            name = entry[scheme.row_key]
-            times = row["times"]
-            for phase, colour in scheme.timeline_colours.items():
-                start, end, _ = scheme.phases[phase]
-                if phase in scheme.timeline_fallbacks and times.get(scheme.timeline_fallbacks[phase]) is not None:
-                    continue
-                if times.get(start) is None or times.get(end) is None:
-                    continue
-                drawn.add((id(scheme), phase))
-                x0 = left + (times[start] - origin) * scale
-                x1 = left + (times[end] - origin) * scale
-                parts.append('<rect x="%.2f" y="%d" width="%.2f" height="%d" fill="%s"><title>%s %s: %s</title></rect>'
-                             % (x0, y, max(0.0, x1 - x0), max(1, height - 1), colour, escape(name), phase,
-                                format_seconds(times[end] - times[start])))
-            parts.append("</g>")
+            parts += timeline_episode_svg(place, number, row, failure, y, drawn, marks)
             y += height
         ticks = []
         for index in range(int(math.ceil(horizon / step)) + 1):

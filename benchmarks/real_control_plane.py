@@ -14,7 +14,10 @@ Figures, per case:
                and with its kubectl children (/proc every 50 ms); logs archived;
                batch_to_all_rewards_seconds and client_job_complete_seconds from results.json;
                after Complete, when each file the run writes last was first and last written
-               (polled every 20 ms): where complete->exit goes
+               (polled every 20 ms): where complete->exit goes; with --images K, the N
+               episodes are custom ones (--episode, --tasks) whose tasks name K synthetic images
+               in turn (a Job per image when K > 1; K = 1 is the same shape in one Job), the
+               comparison of the tool's own cost of many Jobs
   warm N       `run --backend warm-pool --count N` (pool of N filled first, not measured):
                batch_to_all_rewards_seconds, client_job_complete_seconds, kubectl processes,
                peak MB; then `cleanup` of its N claims, its pool and namespace: seconds
@@ -27,6 +30,7 @@ Figures, per case:
 
 Usage: python3 benchmarks/real_control_plane.py [--job 200 1000] [--warm 200 1000] [--kept 64 512]
                                                 [--episode-seconds 1.0] [--large-cluster-rates]
+                                                [--images K]
 Prints one line per case and, at the end, a JSON document of every figure."""
 
 import argparse
@@ -123,8 +127,9 @@ def watch_end_files(output, seen):
         time.sleep(0.02)
 
 
-def watch_complete(api, output, seen):
-    """The client time the Job `rollout` of the run writing `output` is first seen Complete."""
+def watch_complete(api, output, seen, jobs=1):
+    """The client time the run writing `output` is first seen with its `jobs` Jobs all Complete
+    (`rollout`, or a batch across images' `rollout-iK`)."""
     receipt = Path(output) / "receipt.json"
     while not seen.get("stop"):
         try:
@@ -132,9 +137,11 @@ def watch_complete(api, output, seen):
         except (OSError, ValueError, KeyError):
             time.sleep(0.02)
             continue
-        status, job = api.call("GET", "/apis/batch/v1/namespaces/%s/jobs/rollout" % namespace)
-        if status == 200 and any(c["type"] == "Complete" and c["status"] == "True"
-                                 for c in (job.get("status") or {}).get("conditions") or []):
+        status, listed = api.call("GET", "/apis/batch/v1/namespaces/%s/jobs" % namespace)
+        done = [job for job in (listed.get("items") or [] if status == 200 else [])
+                if any(c["type"] == "Complete" and c["status"] == "True"
+                       for c in (job.get("status") or {}).get("conditions") or [])]
+        if len(done) >= jobs:
             seen["complete_at"] = time.time()
             return
         time.sleep(0.02)
@@ -166,16 +173,30 @@ def plane_for(size, workdir, seconds, parts=()):
     return plane.start()
 
 
-def job_case(size, workdir, seconds):
+# A custom episode for --images: the synthetic runtime runs no process, it makes up its events
+BENCH_EPISODE = "raise SystemExit('synthetic episodes only: the benchmark runtime makes up their events')\n"
+
+
+def image_tasks(workdir, size, images):
+    """--episode and --tasks of `size` custom episodes whose tasks name `images` images in turn
+    (names only: kwok's nodes pull nothing)."""
+    episode, tasks = Path(workdir) / "bench_episode.py", Path(workdir) / "tasks.jsonl"
+    episode.write_text(BENCH_EPISODE)
+    tasks.write_text("".join(json.dumps({"id": n, "image": "bench.test/task-%d:1" % (n % images)}) + "\n"
+                             for n in range(size)))
+    return ("--episode", str(episode), "--tasks", str(tasks))
+
+
+def job_case(size, workdir, seconds, images=None):
     plane = plane_for(size, workdir, seconds)
     try:
         api, seen, output = Api(plane.kubectl_program, str(plane.kubeconfig)), {}, Path(workdir) / "job-out"
-        watcher = threading.Thread(target=watch_complete, args=(api, output, seen), daemon=True)
+        watcher = threading.Thread(target=watch_complete, args=(api, output, seen, images or 1), daemon=True)
         watcher.start()
         files = threading.Thread(target=watch_end_files, args=(output, seen), daemon=True)
         files.start()
-        run = Measured(plane, workdir, "run", "--allow-large", "--quiet", "--count", str(size), "--output",
-                       str(output), *TIMEOUT)
+        episodes = image_tasks(workdir, size, images) if images else ("--count", str(size))
+        run = Measured(plane, workdir, "run", "--allow-large", "--quiet", *episodes, "--output", str(output), *TIMEOUT)
         seen["stop"] = True
         files.join()
         results = json.loads((output / "results.json").read_text())
@@ -184,8 +205,8 @@ def job_case(size, workdir, seconds):
         end_files = {name: [round(first - complete, 2), round(last - complete, 2)]
                      for name, (first, last) in seen.get("end_files", {}).items()} if complete else {}
         assert results["successful_episodes"] == size, results["successful_episodes"]
-        logs = len(list(output.glob("rollout-*.log")))
-        figures = {"case": "job", "size": size, "complete_to_exit_seconds": run.exited - seen["complete_at"]
+        logs = len(list(output.glob("rollout-*.log"))) + len(list(output.glob("image-*/rollout-*.log")))
+        figures = {"case": "job", "size": size, "images": images, "complete_to_exit_seconds": run.exited - seen["complete_at"]
                    if "complete_at" in seen else None, "kubectl_processes": run.kubectl_processes, "kubectl_verbs": run.kubectl_verbs,
                    "peak_mb_with_kubectl": round(run.peak[0], 1), "peak_mb_tool": round(run.peak[1], 1),
                    "logs_archived": logs, "run_seconds": round(run.seconds, 2),
@@ -267,6 +288,9 @@ def main():
                         help="kept pools of these sizes, three steps each")
     parser.add_argument("--episode-seconds", type=float, default=1.0,
                         help="how long each synthetic episode runs (default 1.0)")
+    parser.add_argument("--images", type=int, metavar="K",
+                        help="the Job cases as custom episodes whose tasks name K images in turn (a Job per image "
+                             "when K > 1)")
     parser.add_argument("--large-cluster-rates", action="store_true",
                         help="the controller manager and scheduler at 100 requests a second, as Kubernetes' "
                              "5,000-node validation ran them (default: their default rates)")
@@ -280,7 +304,8 @@ def main():
         for size in sizes:
             with tempfile.TemporaryDirectory(prefix="rl-bench-real-") as workdir:
                 try:
-                    figures = case(size, workdir, args.episode_seconds)
+                    figures = case(size, workdir, args.episode_seconds, *(
+                        (args.images,) if case is job_case and args.images else ()))
                 except CaseFailed as failure:
                     figures = {"case": case.__name__.split("_")[0], "size": size, "error": str(failure)}
             every.append(figures)

@@ -130,6 +130,16 @@ class Keeper:
                     part.stop()
                 except Exception as failure:  # the others are still stopped
                     say("stopping %s: %s" % (type(part).__name__, failure))
+        # What a part started on its way out (the episode runtime's `kubectl get pods --watch`) ends
+        # soon after it: `down` returns once nothing that names the folder runs (killed after 60 s)
+        deadline = time.monotonic() + 60
+        while leftovers(self.folder) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in leftovers(self.folder):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def run(self):
         for number in (signal.SIGTERM, signal.SIGINT):
@@ -146,6 +156,23 @@ class Keeper:
         (self.folder / READY).unlink()
         self.stop()
         return 0
+
+
+def leftovers(folder):
+    """The pids of processes whose command line names `folder`: not a zombie, and not this script
+    (the keeper itself, `down` waiting for it)."""
+    found, me = [], os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open("/proc/%s/cmdline" % entry, "rb") as cmdline:
+                command = cmdline.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        if str(folder) in command and Path(__file__).name not in command and alive(int(entry)):
+            found.append(int(entry))
+    return found
 
 
 def write_atomically(path, text):

@@ -387,3 +387,27 @@ def test_the_preflight_names_the_real_node_once_it_holds_a_tasks_image(real_node
     assert (pulls["by_image"][image]["cached"], pulls["mixed_startup"]) == (1, None), pulls
     for folder in ("first", "second"):
         assert run_tool_on(plane, tmp_path, "cleanup", folder).code == 0
+
+
+def test_a_batch_across_three_images_pulls_each_in_its_first_round_and_finds_them_cached_in_the_next(
+        real_node, tmp_path):
+    plane, node = real_node
+    from realnode.node import image_ref
+    images = []
+    for name in ("task-a:1", "task-b:1", "task-c:1"):  # three repositories of the registry, as three tasks' images
+        node.registry.push(node.registry.built / "images" / "python", name)
+        images.append(image_ref(name))
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": n, "reward": n, "image": images[n % 3]} for n in range(6)])
+    done = run_tool_on(plane, tmp_path, "run", "--episode", EPISODE, "--tasks", tasks, "--runtime", "runc",
+                       "--rounds", "2", "--output", "out")
+    assert done.code == 0, done
+    for number in (1, 2):
+        results = read(tmp_path / "out" / ("round-%d" % number) / "results.json")
+        assert [entry["reward"] for entry in results["tasks"]] == list(range(6))  # each task its own image's
+        assert [row["image"] for row in results["pods"]] == [images[n % 3] for n in range(6)]
+        by_image = results["image_pulls"]["by_image"]
+        if number == 1:  # in the registry only: each image's first episode pulls it
+            assert all(by_image[image]["pulled"] >= 1 for image in images), by_image
+        else:  # every image is on the node now
+            assert [(by_image[image]["pulled"], by_image[image]["cached"]) for image in images] == [(0, 2)] * 3, by_image
+    assert run_tool_on(plane, tmp_path, "cleanup", "out").code == 0

@@ -744,6 +744,13 @@ def test_an_exec_the_proxy_cannot_deliver_because_the_api_server_is_down_may_be_
     assert "connection refused" in result.error
 
 
+def test_the_proxys_tls_handshake_timeout_is_a_request_never_sent_so_it_is_sent_again(tool):
+    # seen on the real plane with its API server coming back (ASSUMPTIONS.md): Go's transport
+    # fails the dial before it writes the request
+    assert tool.refusal_passes(500, "net/http: TLS handshake timeout")
+    assert not tool.refusal_passes(500, "net/http: request canceled")  # maybe sent: never again
+
+
 def test_an_exec_stream_the_api_server_cuts_is_named_as_cut_not_as_refused(sandbox_cluster, tool, monkeypatch):
     # cut: the command may have run, so the run reads its exec journal rather than sending it again
     import threading
