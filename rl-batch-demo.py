@@ -5704,6 +5704,16 @@ def job_manifest(namespace, run_id, count, parallelism, image, runtime, deadline
             "spec": spec}
 
 
+def prewarm_pull_words(pull):
+    """How a prewarm episode's node got its image, for its line: "pulled in 0.07 s (2.6 s with
+    waiting)", "cached", or "unknown" (the kubelet's events said neither)."""
+    if pull["state"] == "pulled":
+        return "pulled in %s%s" % (format_seconds(pull["pull_seconds"]) if pull["pull_seconds"] is not None else "?",
+                                   " (%s with waiting)" % format_seconds(pull["pull_seconds_including_waiting"])
+                                   if pull.get("pull_seconds_including_waiting") is not None else "")
+    return pull["state"] or "unknown"
+
+
 def image_parts(task_images, parallelism):
     """A batch across images as one Job per image: [(image, [task indexes], its parallelism)], in
     the order each image's first task comes (images compared as the kubelet names them)."""
@@ -6647,8 +6657,10 @@ class JobBackend(ClusterBackend):
         return info
 
     def prewarm(self, run, run_info):
-        """One warm-up episode pinned to each usable node, before the measured rounds; validated
-        like any episode, kept in prewarm/, and excluded from every figure."""
+        """One warm-up episode pinned to each usable node, before the measured rounds (with tasks
+        across images, one per node and image, on that image's first task); validated like any
+        episode, kept in prewarm/, and excluded from every figure. prewarm.json and one line per
+        image say how each node got it (pulled, and how long, or cached)."""
         spec, namespace = self.spec, run.namespace
         nodes = usable_nodes(run.facts["nodes"], run.facts["runtime_class"])
         if not nodes:
@@ -6660,11 +6672,16 @@ class JobBackend(ClusterBackend):
         # Two watches for every prewarm Job and pod, whatever the number of nodes.
         shared = JobWatches(run.cluster, namespace, "app.kubernetes.io/component=prewarm",
                             job_selector="app.kubernetes.io/component=prewarm")
-        for index, node in enumerate(nodes, 1):
+        several = len(spec.images) > 1
+        # (image, the task it warms up on: custom episodes on task 0, or on their image's first)
+        warmups = [(image, indexes[:1]) for image, indexes, _ in image_parts(spec.task_images, len(spec.images))] \
+            if several else [(spec.image, None)]
+        for index, (node, (image, first_task), image_number) in enumerate(
+                ((node, warmup, number) for node in nodes for number, warmup in enumerate(warmups)), 1):
             name = node["metadata"]["name"]
-            # The same program as the measured rounds (custom episodes warm up on task 0).
-            job = job_manifest(namespace, run.run_id, 1, 1, spec.image, spec.runtime_class, spec.timeout,
-                               spec.custom_episodes)
+            # The same program as the measured rounds.
+            job = job_manifest(namespace, run.run_id, 1, 1, image, spec.runtime_class, spec.timeout,
+                               spec.custom_episodes, first_task)
             job["metadata"]["name"] = "prewarm-%d" % index
             job["metadata"]["labels"]["app.kubernetes.io/component"] = "prewarm"
             job["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] = "prewarm"
@@ -6672,20 +6689,34 @@ class JobBackend(ClusterBackend):
             # (tests/fakecluster/ASSUMPTIONS.md, fact 31).
             hostname = node["metadata"].get("labels", {}).get("kubernetes.io/hostname", name)
             job["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": hostname}
-            folder = base / name
-            info = self.round_info(run, run_info, folder, 1, {"prewarm_node": name})
+            folder = base / (name if not several else "%s-i%d" % (name, image_number))
+            info = self.round_info(run, run_info, folder, 1, dict({"prewarm_node": name}, **(
+                {"image": image, "task_indexes": first_task} if several else {})))
+            info["flags"] = dict(info["flags"], image=image)
+            write_json(folder / "run.json", info)
             job_round = JobRound(run, job, folder, info, JobProgress(run.cluster, namespace, job["metadata"]["name"],
                                                                      shared), Unqueued())
             job_round.submit()
             pending.append(job_round)
-        self.console.note("prewarm: one episode on each of %d node(s)" % len(pending))
+        self.console.note("prewarm: one episode on each of %d node(s)%s" % (
+            len(nodes), " for each of %d images" % len(warmups) if several else ""))
+        pulls = []
         try:
             for job_round in pending:
-                job_round.finish()
+                report = job_round.finish()
+                row = report["pods"][0] if report["pods"] else {}
+                pull = row.get("image_pull") or {}
+                pulls.append({"node": job_round.run_info["prewarm_node"], "image": job_round.run_info["flags"]["image"],
+                              "state": pull.get("state"), "pull_seconds": pull.get("pull_seconds"),
+                              "pull_seconds_including_waiting": pull.get("pull_seconds_including_waiting")})
         finally:
             shared.stop()
+        for image, _ in warmups:
+            self.console.note("prewarm: image %s: %s" % (image, "; ".join(
+                "%s %s" % (pull["node"], prewarm_pull_words(pull)) for pull in pulls if pull["image"] == image)))
         write_json(base / "prewarm.json", {"nodes": [node["metadata"]["name"] for node in nodes],
-                                           "jobs": [job_round.name for job_round in pending]})
+                                           "images": [image for image, _ in warmups],
+                                           "jobs": [job_round.name for job_round in pending], "pulls": pulls})
 
     @classmethod
     def cost(cls, output, report, prices, records):
@@ -11234,9 +11265,8 @@ def batch_image(args, tasks, backend, default, parallelism, fail):
     if parallelism < len(images):
         fail("%s, a Job each, and each runs at least one episode at a time: --parallelism %d is fewer; give at "
              "least %d" % (named, parallelism, len(images)))
-    for flag, used in (("--prewarm", getattr(args, "prewarm", None)), ("--queue", getattr(args, "queue", None))):
-        if used:
-            fail("%s; %s with several images is not built yet: run one batch per image with %s" % (named, flag, flag))
+    if getattr(args, "queue", None):
+        fail("%s; --queue with several images is not built yet: run one batch per image with --queue" % named)
     return default
 
 

@@ -179,10 +179,11 @@ BENCH_EPISODE = "raise SystemExit('synthetic episodes only: the benchmark runtim
 
 def image_tasks(workdir, size, images):
     """--episode and --tasks of `size` custom episodes whose tasks name `images` images in turn
-    (names only: kwok's nodes pull nothing)."""
+    (names only: kwok's nodes pull nothing; the episode runtime runs an image whose name starts with
+    "python")."""
     episode, tasks = Path(workdir) / "bench_episode.py", Path(workdir) / "tasks.jsonl"
     episode.write_text(BENCH_EPISODE)
-    tasks.write_text("".join(json.dumps({"id": n, "image": "bench.test/task-%d:1" % (n % images)}) + "\n"
+    tasks.write_text("".join(json.dumps({"id": n, "image": "bench.test/python-task-%d:1" % (n % images)}) + "\n"
                              for n in range(size)))
     return ("--episode", str(episode), "--tasks", str(tasks))
 

@@ -389,15 +389,37 @@ def test_the_preflight_names_the_real_node_once_it_holds_a_tasks_image(real_node
         assert run_tool_on(plane, tmp_path, "cleanup", folder).code == 0
 
 
+def three_images(node, tmp_path):
+    """Three repositories of the node's registry (the python image under three names), and six
+    tasks over them in turn, task n rewarding n: ([image references], the tasks file)."""
+    from realnode.node import image_ref
+    images = []
+    for name in ("task-a:1", "task-b:1", "task-c:1"):
+        node.registry.push(node.registry.built / "images" / "python", name)
+        images.append(image_ref(name))
+    return images, write_tasks(tmp_path / "tasks.jsonl", [{"id": n, "reward": n, "image": images[n % 3]}
+                                                          for n in range(6)])
+
+
+def test_prewarm_across_images_leaves_every_measured_episode_its_image_cached(real_node, tmp_path):
+    plane, node = real_node
+    images, tasks = three_images(node, tmp_path)
+    done = run_tool_on(plane, tmp_path, "run", "--episode", EPISODE, "--tasks", tasks, "--runtime", "runc",
+                       "--prewarm", "--output", "out")
+    assert done.code == 0, done
+    pulls = read(tmp_path / "out" / "prewarm" / "prewarm.json")["pulls"]
+    assert sorted((pull["image"], pull["state"]) for pull in pulls) == [(image, "pulled") for image in images]
+    assert all(pull["pull_seconds"] > 0 for pull in pulls), pulls
+    results = read(tmp_path / "out" / "results.json")
+    assert (results["image_pulls"]["pulled"], results["image_pulls"]["cached"]) == (0, 6), results["image_pulls"]
+    assert [entry["reward"] for entry in results["tasks"]] == list(range(6))
+    assert run_tool_on(plane, tmp_path, "cleanup", "out").code == 0
+
+
 def test_a_batch_across_three_images_pulls_each_in_its_first_round_and_finds_them_cached_in_the_next(
         real_node, tmp_path):
     plane, node = real_node
-    from realnode.node import image_ref
-    images = []
-    for name in ("task-a:1", "task-b:1", "task-c:1"):  # three repositories of the registry, as three tasks' images
-        node.registry.push(node.registry.built / "images" / "python", name)
-        images.append(image_ref(name))
-    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": n, "reward": n, "image": images[n % 3]} for n in range(6)])
+    images, tasks = three_images(node, tmp_path)
     done = run_tool_on(plane, tmp_path, "run", "--episode", EPISODE, "--tasks", tasks, "--runtime", "runc",
                        "--rounds", "2", "--output", "out")
     assert done.code == 0, done

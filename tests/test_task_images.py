@@ -123,12 +123,34 @@ def test_a_backend_that_runs_one_image_refuses_tasks_across_images(make_cluster,
     assert words in done.stderr and not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("flag", [["--prewarm"], ["--queue", "team"]])
-def test_prewarm_and_queues_across_images_are_refused_as_not_built_yet(make_cluster, run_tool, tmp_path, flag):
-    done = run_tool("run", "--episode", EPISODE, "--tasks", tasks_across(tmp_path), *flag, "--output", "out",
-                    cluster=cluster_of(make_cluster))
+def test_a_queue_across_images_is_refused_as_not_built_yet(make_cluster, run_tool, tmp_path):
+    done = run_tool("run", "--episode", EPISODE, "--tasks", tasks_across(tmp_path), "--queue", "team", "--output",
+                    "out", cluster=cluster_of(make_cluster))
     assert done.code == 2
-    assert "%s with several images is not built yet: run one batch per image" % flag[0] in done.stderr
+    assert "--queue with several images is not built yet: run one batch per image" in done.stderr
+
+
+def test_prewarm_across_images_warms_every_image_on_every_node_and_says_how_each_got_it(make_cluster, run_tool,
+                                                                                      tmp_path):
+    cluster = cluster_of(make_cluster)
+    done = run_tool("run", "--episode", EPISODE, "--tasks", tasks_across(tmp_path, 6), "--prewarm", "--output", "out",
+                    cluster=cluster)
+    assert done.code == 0, done
+    prewarm = read(tmp_path / "out" / "prewarm" / "prewarm.json")
+    nodes = prewarm["nodes"]
+    assert prewarm["images"] == list(THREE)
+    assert sorted((pull["node"], pull["image"]) for pull in prewarm["pulls"]) == sorted(
+        (node, image) for node in nodes for image in THREE)
+    for image in THREE:  # one line per image, naming every node
+        [line] = [line for line in done.stderr.splitlines() if line.startswith("prewarm: image %s: " % image)]
+        assert all(node in line for node in nodes), line
+    # each warm-up ran its image's first task (task 0, 1, 2: rewards 0, 1, 2), pinned to its node
+    warmed = {(read(path)["run"]["flags"]["image"], read(path)["reward_sum"]) for path in
+              (tmp_path / "out" / "prewarm").glob("*/results.json")}
+    assert warmed == {(THREE[0], 0), (THREE[1], 1), (THREE[2], 2)}
+    results = read(tmp_path / "out" / "results.json")
+    assert results["cache_state"] == "prewarmed" and [t["reward"] for t in results["tasks"]] == list(range(6))
+    assert run_tool("cleanup", "out", cluster=cluster).code == 0
 
 
 def test_an_image_missing_from_its_registry_fails_its_job_while_the_others_are_kept(make_cluster, run_tool, tmp_path):
