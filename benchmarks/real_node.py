@@ -24,8 +24,15 @@ Figures, per case (each case on a node of its own, so that its first batch pulls
                   claim/pod -> ready P50
   compare N R     `compare --arm runc=--runtime runc --arm gvisor=--runtime gvisor --count N
                   --rounds R`: its figures and verdicts with their intervals
+  images K N      a batch across K images (the python image pushed under K names), N tasks over
+                  them in turn (tests/episodes/scripted.py), `--rounds 2` on runc: per round and
+                  image, the episodes pulled and cached, the pull's P50 and the startup (pod seen
+                  -> ready) P50 of pulled and of cached episodes apart (results.json's
+                  image_pulls.by_image); then the same tasks with --prewarm on a new node: each
+                  image's pull per node as the prewarm said it, and the measured episodes' states
 
 Usage: python3 benchmarks/real_node.py [--job 10 50] [--runtimes runc gvisor] [--warm 50] [--compare 10 3]
+                                      [--images 3 12]
 Prints one line per case and, at the end, a JSON document of every figure."""
 
 import argparse
@@ -175,12 +182,55 @@ def compare_case(size, rounds, workdir, registry):
         node.stop()
 
 
+def image_figures(results, images):
+    by_image = results["image_pulls"]["by_image"]
+    return {image: {"pulled": by_image[image]["pulled"], "cached": by_image[image]["cached"],
+                    "pull_p50": by_image[image]["pull_seconds"].get("p50"),
+                    "startup_p50_pulled": by_image[image]["startup_seconds"]["pulled"].get("p50"),
+                    "startup_p50_cached": by_image[image]["startup_seconds"]["cached"].get("p50")}
+            for image in images}
+
+
+def images_case(count, size, workdir, registry):
+    names = ["bench-task-%d:1" % number for number in range(count)]
+    for name in names:
+        registry.push(registry.built / "images" / "python", name)
+    images = [image_ref(name) for name in names]
+    tasks = Path(workdir) / "image-tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": n, "reward": 1, "image": images[n % count]}) + "\n"
+                             for n in range(size)))
+    episode = str(ROOT / "tests" / "episodes" / "scripted.py")
+    rows = {}
+    for label, extra in (("rounds", ("--rounds", "2")), ("prewarm", ("--prewarm",))):
+        node = Node(Path(workdir) / ("images-%s" % label), registry)
+        try:
+            output = node.workdir / "out"
+            node.tool("run", "--episode", episode, "--tasks", str(tasks), "--runtime", "runc", "--allow-large",
+                      "--quiet", "--output", str(output), *extra, *TIMEOUT)
+            if label == "rounds":
+                for number in (1, 2):
+                    results = json.loads((output / ("round-%d" % number) / "results.json").read_text())
+                    assert results["successful_episodes"] == size, results["successful_episodes"]
+                    rows["round_%d" % number] = {"all_rewards": results["batch_to_all_rewards_seconds"],
+                                                 "by_image": image_figures(results, images)}
+            else:
+                results = json.loads((output / "results.json").read_text())
+                prewarm = json.loads((output / "prewarm" / "prewarm.json").read_text())
+                rows["prewarm"] = {"pulls": prewarm["pulls"], "all_rewards": results["batch_to_all_rewards_seconds"],
+                                   "measured": {key: results["image_pulls"][key] for key in ("pulled", "cached")}}
+            node.tool("cleanup", str(output))
+        finally:
+            node.stop()
+    return {"case": "images", "images": count, "size": size, **rows}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--job", type=int, nargs="*", default=[10, 50])
     parser.add_argument("--runtimes", nargs="*", default=["runc", "gvisor"])
     parser.add_argument("--warm", type=int, nargs="*", default=[16])  # a pool must fit the node at once (2 CPUs: 19)
     parser.add_argument("--compare", type=int, nargs="*", default=[10, 3], metavar="N ROUNDS")
+    parser.add_argument("--images", type=int, nargs="*", default=[3, 12], metavar="K N")
     args = parser.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=str(ROOT), capture_output=True,
                             text=True).stdout.strip()
@@ -193,6 +243,8 @@ def main():
             plan += [(warm_case, size) for size in args.warm]
             if len(args.compare) == 2:
                 plan.append((compare_case, *args.compare))
+            if len(args.images) == 2:
+                plan.append((images_case, *args.images))
             for case, *values in plan:
                 started = time.monotonic()
                 try:
