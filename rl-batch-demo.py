@@ -3033,6 +3033,19 @@ def by_creation(pod):
     return pod["metadata"].get("creationTimestamp", ""), pod["metadata"]["name"]
 
 
+def task_index(pod):
+    """The task a custom episode's pod runs: its completion index, through its Job's task map
+    (RL_TASK_INDEXES, one Job of a batch across images) when its container has one."""
+    index = pod_index(pod)
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    mapped = next((var.get("value") for var in containers[0].get("env") or [] if var.get("name") == "RL_TASK_INDEXES"),
+                  None)
+    if index is None or not mapped:
+        return index
+    indexes = mapped.split(",")
+    return int(indexes[index]) if index < len(indexes) and indexes[index].isdigit() else index
+
+
 def pod_index(pod):
     index = pod["metadata"].get("annotations", {}).get(INDEX_KEY)
     return int(index) if index is not None and str(index).isdigit() else None
@@ -5809,7 +5822,7 @@ def blocking_reason(events, pods):
 def tasks_of_image(pods, image):
     """"; tasks 0, 3 and 5 need it": the task indexes (custom episodes of an Indexed Job) of the
     pods that wait for `image`, or "" when the pods carry no index."""
-    indexes = sorted({pod_index(pod) for pod in pods if pod_index(pod) is not None and any(
+    indexes = sorted({task_index(pod) for pod in pods if task_index(pod) is not None and any(
         status.get("image") == image for status in pod.get("status", {}).get("containerStatuses") or [])})
     if not indexes:
         return ""

@@ -174,6 +174,7 @@ def ssh_backend(tool):
         coarse_batch_keys = ()
         takes_queue = False
         takes_parallelism = True
+        runs_several_images = False  # processes run no image
         own_flags = (("--ssh-hosts", "ssh_hosts"),)
         batch_origin = "batch started"
         startup_label = "Episode process launched -> ready"
@@ -417,6 +418,7 @@ def bare_pod_backend(tool):
         coarse_batch_keys = ("batch_to_all_ready_seconds", "batch_to_all_rewards_seconds")
         takes_queue = False
         takes_parallelism = False
+        runs_several_images = False
         own_flags = ()
         batch_origin = "first pod was created"
         startup_label = "Pod created -> ready"

@@ -3,6 +3,7 @@ names them, the nodes that hold each image at the preflight, a batch across imag
 image, and the batches refused until a backend runs them."""
 
 import json
+import re
 import sys
 
 import pytest
@@ -161,6 +162,8 @@ def test_an_image_missing_from_its_registry_fails_its_job_while_the_others_are_k
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("Error: image example.test/c:1 (Job rollout-i2): the image example.test/c:1 does not "
                            "exist in its registry"), last
+    # the tasks' own indexes (2 and 5 run c:1), not their Job's (0 and 1)
+    assert re.search(r"; tasks? [25](, [25])? needs? it; check the tasks' \"image\" or --image", last), last
     # the other images' Jobs ran to their results, in their folders
     assert [read(tmp_path / "out" / ("image-%d" % k) / "results.json")["reward_sum"] for k in range(2)] == [0 + 3, 1 + 4]
     assert not (tmp_path / "out" / "results.json").exists()
