@@ -3977,13 +3977,8 @@ def results_from_folder(output):
                                  for part in parts]
     add_kernels(report["pods"], backend.scheme.row_key, pods, logs, nodes, run_info.get("machine_kernel"))
     report["isolation"] = isolation_summary(report["pods"], flags["runtime"])
-    if backend.uses_cluster:
-        # each Job's folder lists the namespace's events when it ended: the latest of each event counts
-        events = {}
-        for folder in folders:
-            for event in read_saved(folder / "events.json", API_OBJECTS.decode, is_image_event) or []:
-                events[event["metadata"].get("uid") or id(event)] = event
-        add_image_pulls(report["pods"], list(events.values()))
+    if backend.uses_cluster:  # a batch across images read its namespace's events once, for the round
+        add_image_pulls(report["pods"], read_saved(output / "events.json", API_OBJECTS.decode, is_image_event))
         report["image_pulls"] = image_pull_summary(report["pods"], backend.scheme.startup_metric + "_seconds")
     if "round" in run_info:
         report["round"] = run_info["round"]
@@ -4352,10 +4347,15 @@ def batch_origin(results):
                [attempt["created_at"] for attempt in unsampled_attempts(results) if attempt.get("created_at")])
 
 
+def attempts_without_sample(entry):
+    """An infrastructure failure's attempts, or a retried sample's earlier, failed ones."""
+    return entry.get("attempts") or entry.get("failed_attempts") or []
+
+
 def unsampled_attempts(results):
     """Every attempt that gave no sample: a failed episode's, and a retried sample's earlier ones."""
     return [attempt for entry in (results.get("infrastructure_failures") or []) + results["pods"]
-            for attempt in entry.get("attempts") or entry.get("failed_attempts") or []]
+            for attempt in attempts_without_sample(entry)]
 
 
 def timeline_drawable(results):
@@ -4368,13 +4368,13 @@ def timeline_rows(results, scheme):
     order the episodes were first created (their first attempt's creation; episodes that never
     started last), numbered by the episode's index (a custom episode's task index), else from 0
     in that order."""
-    failures = {failure["index"]: failure for failure in results.get("infrastructure_failures") or []}
-    entries = [(row, None) for row in results["pods"]] + [(None, failure) for failure in failures.values()]
+    entries = [(row, None) for row in results["pods"]] + [
+        (None, failure) for failure in results.get("infrastructure_failures") or []]
 
     def first_created(entry):
         row, failure = entry
-        times = [attempt["created_at"] for attempt in (failure or row).get("attempts") or
-                 (row or {}).get("failed_attempts") or [] if attempt.get("created_at") is not None]
+        times = [attempt["created_at"] for attempt in attempts_without_sample(failure or row)
+                 if attempt.get("created_at") is not None]
         if row is not None and row["times"].get(scheme.created_point) is not None:
             times.append(row["times"][scheme.created_point])
         return (not times, min(times, default=0.0), (row or failure).get("index", -1),
@@ -4391,21 +4391,23 @@ NO_SAMPLE_LABEL = "an attempt that gave no sample (crashed, evicted, malformed)"
 DEADLINE_LABEL = "the deadline (--timeout): dashed line"
 
 
-def timeline_attempt_svg(attempt, number, origin, scale, left, y, height, end_of_batch):
+def timeline_attempt_svg(attempt, number, place, y):
     """One attempt that gave no sample as a bar from its creation to its end (the batch's end when
-    its end is not known), coloured by what ended it; returns (svg, legend label)."""
+    its end is not known), coloured by what ended it; returns (svg, legend label, colour), or None
+    for an attempt whose creation is not known."""
     from xml.sax.saxutils import escape
     start = attempt.get("created_at")
     if start is None:
-        return "", None
-    end = attempt.get("ended_at") or end_of_batch
+        return None
+    end = attempt.get("ended_at") or place.end_of_batch
     cut_short = attempt["reason"].startswith(CUT_SHORT_BY_DEADLINE)
     colour, label = (CUT_SHORT_COLOUR, CUT_SHORT_LABEL) if cut_short else (NO_SAMPLE_COLOUR, NO_SAMPLE_LABEL)
-    x0, x1 = left + (start - origin) * scale, left + (max(start, end) - origin) * scale
+    x0 = place.left + (start - place.origin) * place.scale
+    x1 = place.left + (max(start, end) - place.origin) * place.scale
     return ('<rect class="attempt" x="%.2f" y="%d" width="%.2f" height="%d" fill="%s" fill-opacity="0.75">'
-            '<title>episode %s, %s: %s</title></rect>' % (x0, y, max(1.0, x1 - x0), max(1, height - 1), colour,
+            '<title>episode %s, %s: %s</title></rect>' % (x0, y, max(1.0, x1 - x0), max(1, place.height - 1), colour,
                                                          number, escape(attempt["pod"]), escape(attempt["reason"])),
-            label)
+            label, colour)
 
 
 def timeline_legend(results_list, drawn=None):
@@ -4455,18 +4457,17 @@ def timeline_episode_svg(place, number, row, failure, y, drawn, marks):
     drawn and to `marks` the failure marks' legend."""
     from xml.sax.saxutils import escape
     scheme, origin, scale, left, height = place.scheme, place.origin, place.scale, place.left, place.height
-    attempts = (failure or {}).get("attempts") or (row or {}).get("failed_attempts") or []
+    attempts = attempts_without_sample(failure or row)
     if row is None:
         parts = ['<g class="episode failed" data-index="%s" data-reason="%s">' % (number, escape(failure["reason"]))]
     else:
         parts = ['<g class="episode" data-%s="%s"%s>' % (scheme.row_key, escape(row[scheme.row_key]), "".join(
             ' data-%s="%s"' % (key.replace("_", "-"), escape(str(row[key])))
             for key in scheme.timeline_attributes if key in row))]
-    for attempt in attempts:
-        svg, label = timeline_attempt_svg(attempt, number, origin, scale, left, y, height, place.end_of_batch)
-        if svg:
-            parts.append(svg)
-            marks[label] = CUT_SHORT_COLOUR if label == CUT_SHORT_LABEL else NO_SAMPLE_COLOUR
+    for drawn_attempt in filter(None, (timeline_attempt_svg(attempt, number, place, y) for attempt in attempts)):
+        svg, label, colour = drawn_attempt
+        parts.append(svg)
+        marks[label] = colour
     if row is None:
         if not any(attempt.get("created_at") for attempt in attempts):
             parts.append('<text x="%d" y="%d" font-size="%d" fill="#555">%s</text>' % (
@@ -6151,13 +6152,10 @@ class JobEpisodeFeed:
         if self.round.task_indexes is not None:
             failed_indexes = {self.round.task_indexes[index] for index in failed_indexes}
         groups = collections.defaultdict(list)
-        indexes = self.round.task_indexes  # one Job of a batch across images: its index i is task indexes[i]
         for pod in pods.values():
             if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
-                index = pod_index(pod)
-                if indexes is not None and index is not None:
-                    index = indexes[index]
-                groups[index if self.custom else pod["metadata"]["name"]].append(pod)
+                # a batch across images: the pod's own task, not its Job's index
+                groups[task_index(pod) if self.custom else pod["metadata"]["name"]].append(pod)
         for key, finished in groups.items():
             if key is None or self.stream.has_sent(key):
                 continue
@@ -6232,6 +6230,9 @@ class JobRound:
         self.events_saved = False  # events.json written for results.json (archive() leaves it so)
         self.measured = "prewarm_node" not in run_info  # a prewarm Job's episode is no sample: not streamed
         self.task_indexes = run_info.get("task_indexes")  # one Job of a batch across images: its tasks
+        if self.task_indexes is not None and self.measured:
+            # the namespace's events are the same for every Job of the round: it reads them once
+            self.events_saved = True
         progress.feed = JobEpisodeFeed(self) if run.spec.stream and self.measured else None
         progress.log_archive = self.log_archive = LogArchive(self.cluster, self.namespace, folder)
 
@@ -6320,7 +6321,7 @@ class JobRound:
         self.progress.pods.clear()
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as side:
             # the events say how each pod got its image (results.json's image_pulls): read beside the logs
-            events = side.submit(save_events, self.cluster, self.namespace, folder)
+            events = None if self.events_saved else side.submit(save_events, self.cluster, self.namespace, folder)
             self.log_archive.settle(needed)
             needed = [name for name in needed  # neither the stream's reads nor the archive's have it
                       if not (folder / (name + ".log")).exists()]
@@ -6328,8 +6329,9 @@ class JobRound:
                 self.learn_gone()
                 self.logs_of(needed)
             try:
-                events.result()
-                self.events_saved = True
+                if events is not None:
+                    events.result()
+                    self.events_saved = True
             except DemoError as error:  # the results do not wait for them: their pulls are unknown
                 self.console.warn("could not read the events, so the image pulls are unknown: %s" % error)
         report = write_results(folder, where, before_failing=self.archive)
@@ -6648,6 +6650,10 @@ class JobBackend(ClusterBackend):
             job_round.started - first + job_round.run_info["client_job_complete_seconds"] for job_round in job_rounds
             if job_round.run_info.get("client_job_complete_seconds") is not None) if not failures else None
         write_json(folder / "run.json", round_info)
+        try:
+            save_events(run.cluster, namespace, folder)  # once for every Job: image_pulls come from them
+        except DemoError as error:
+            self.console.warn("could not read the events, so the image pulls are unknown: %s" % error)
         if failures:
             job_round, failure = failures[0]
             more = "; %d more of the %d images' Jobs failed (each in its image-N/)" % (
