@@ -114,6 +114,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import datetime
+import fcntl
 import hashlib
 import http.client
 import io
@@ -546,6 +547,214 @@ finally:
                 message.write(report + "\n")
     except OSError:
         pass
+'''
+
+# The sandbox reset, shipped beside the episode (`sandbox-reset.py`): what makes a recycled kept
+# pool's sandbox (`pool up --recycle`) serve another episode, proven in the sandbox rather than
+# assumed. `baseline WORKSPACE`, exec'd once when a claim of the pool is first Ready (before any
+# episode), prints one JSON line: the sandbox's processes (pid and start time, which together name
+# a process for good, and its command line), every entry (path, kind, mode, size) under each
+# writable place outside the workspace ($TMPDIR or /tmp, /var/tmp, /dev/shm, $HOME unless it is
+# /), and the workspace's own mode. `check WORKSPACE JOURNAL BASELINE`, exec'd after each episode
+# with that line, first waits for the episode's exec journal to end (its lock free: the keeper
+# is gone), then compares: a process not in the baseline (every process the sandbox shows is
+# looked at, so one that double-forked away from the episode is found too), a baseline process
+# gone (the keep-alive), an entry added, removed, resized or of another mode, a workspace of
+# another mode: each is a sentence of what the episode left. The workspace is then emptied (made
+# writable first, its mode put back). It prints one JSON line {"clean": bool, "left": [...],
+# "seconds": s} and exits 0 when clean, 1 when not; any other exit, or none in time, means the
+# check itself could not run. A sandbox's processes are all that its /proc shows (a container
+# has its own PID namespace); RL_SANDBOX_ID exists only so that a simulated cluster, whose
+# sandboxes share the machine's /proc, can name its own: the processes whose environment holds
+# the same RL_SANDBOX_ID. Python 3.9+, standard library only, run with -S -B (nothing written).
+SANDBOX_RESET_FILE = "sandbox-reset.py"
+SANDBOX_RESET_CLEAN, SANDBOX_RESET_DIRTY = 0, 1  # its exit codes; any other: the check broke
+SANDBOX_RESET_PROGRAM = r'''import fcntl
+import json
+import os
+import shutil
+import stat
+import sys
+import time
+
+started = time.monotonic()
+LIMIT = 4000  # entries a baseline may list: more cannot be checked on one command line
+JOURNAL_WAIT = 5.0  # seconds the exec journal's keeper may take to end after its episode
+
+
+def processes():
+    """{"pid:start": command line} of the sandbox's processes, less this one and its parents."""
+    own = os.environ.get("RL_SANDBOX_ID")
+    found, parents = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            with open("/proc/%d/stat" % pid) as status:
+                line = status.read()
+            with open("/proc/%d/cmdline" % pid, "rb") as command:
+                words = command.read()
+            if own is not None:
+                with open("/proc/%d/environ" % pid, "rb") as environ:
+                    if ("RL_SANDBOX_ID=" + own).encode() not in environ.read().split(b"\0"):
+                        continue
+        except OSError:
+            continue  # ended meanwhile, or not ours to read
+        fields = line[line.rindex(")") + 2:].split()
+        parents[pid] = int(fields[1])
+        if fields[0] in "ZX":
+            continue  # ended: only its parent's wait is missing
+        found[pid] = ("%d:%s" % (pid, fields[19]), words.replace(b"\0", b" ").decode("utf-8", "replace").strip()[:160])
+    mine, pid = set(), os.getpid()
+    while pid and pid not in mine:
+        mine.add(pid)
+        pid = parents.get(pid, 0)
+    return dict(value for pid, value in found.items() if pid not in mine)
+
+
+def places(workspace):
+    """The writable places outside the workspace (a simulated sandbox shares the machine's /var/tmp
+    and /dev/shm with everything else: there, only its own TMPDIR and HOME)."""
+    seen = []
+    shared = ("/var/tmp", "/dev/shm") if os.environ.get("RL_SANDBOX_ID") is None else ()
+    for place in (os.environ.get("TMPDIR") or "/tmp", *shared, os.environ.get("HOME") or "/"):
+        real = os.path.realpath(place)
+        if real != "/" and real not in seen and os.path.isdir(real) and real != workspace:
+            seen.append(real)
+    return seen
+
+
+def entries(place, workspace):
+    """{path: [kind, mode, size]} under `place` (itself included), the workspace left out."""
+    listed = {}
+
+    def add(path):
+        try:
+            info = os.lstat(path)
+        except OSError:
+            return
+        kind = "d" if stat.S_ISDIR(info.st_mode) else "f" if stat.S_ISREG(info.st_mode) else \
+            "l" if stat.S_ISLNK(info.st_mode) else "o"
+        listed[path] = [kind, "%04o" % stat.S_IMODE(info.st_mode), info.st_size if kind == "f" else 0]
+
+    add(place)
+    for folder, folders, files in os.walk(place, onerror=lambda error: listed.setdefault(
+            error.filename, ["?", "", 0])):
+        folders[:] = [name for name in folders if os.path.join(folder, name) != workspace]
+        for name in folders + files:
+            add(os.path.join(folder, name))
+        if len(listed) > LIMIT:
+            break
+    return listed
+
+
+def mode_of(path):
+    try:
+        return "%04o" % stat.S_IMODE(os.lstat(path).st_mode)
+    except OSError:
+        return None
+
+
+def baseline(workspace):
+    listed = {place: entries(place, workspace) for place in places(workspace)}
+    count = sum(len(found) for found in listed.values())
+    if count > LIMIT:
+        print(json.dumps({"error": "%d entries in %s: more than the %d a check can carry" % (
+            count, ", ".join(listed), LIMIT)}))
+        sys.exit(3)
+    print(json.dumps({"processes": processes(), "places": listed, "workspace": workspace,
+                      "workspace_mode": mode_of(workspace)}, separators=(",", ":")))
+
+
+def wait_for_journal(journal):
+    try:
+        lock = os.open(os.path.join(journal, "lock"), os.O_RDONLY)
+    except OSError:
+        return True  # no journal: nothing of it runs
+    give_up = time.monotonic() + JOURNAL_WAIT
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            if time.monotonic() > give_up:
+                return False
+            time.sleep(0.01)
+
+
+def some(left, more):
+    return left + ["and %d more" % more] if more > 0 else left
+
+
+def empty(workspace, mode):
+    """The workspace emptied, its mode as at the baseline; what could not be removed, or None."""
+    os.chmod(workspace, 0o700 | int(mode, 8))
+
+    def writable(function, path, error):
+        os.chmod(os.path.dirname(path), 0o700 | stat.S_IMODE(os.lstat(os.path.dirname(path)).st_mode))
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, 0o700)
+            shutil.rmtree(path, onerror=writable)
+        else:
+            os.unlink(path)
+
+    for name in os.listdir(workspace):
+        path = os.path.join(workspace, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, onerror=writable)
+        else:
+            os.unlink(path)
+    os.chmod(workspace, int(mode, 8))
+    return None
+
+
+def check(workspace, journal, before):
+    before = json.loads(before)
+    left = []
+    if not wait_for_journal(journal):
+        left.append("the episode's exec journal was still running %.0f s after the episode's exec returned "
+                    "(a process holds its lock)" % JOURNAL_WAIT)
+    now = processes()
+    kept = dict(before["processes"])
+    for key, command in sorted(now.items()):
+        if key not in kept:
+            left.append("process %s (%s) left running" % (key.split(":")[0], command))
+    for key, command in sorted(kept.items()):
+        if key not in now:
+            left.append("the sandbox's process %s (%s) is gone" % (key.split(":")[0], command))
+    changes = []
+    for place in set(before["places"]) | set(places(workspace)):
+        was, found = before["places"].get(place, {}), entries(place, workspace)
+        for path in sorted(set(was) | set(found)):
+            old, new = was.get(path), found.get(path)
+            if old == new:
+                continue
+            kind = {"d": "directory", "f": "file", "l": "symlink"}.get((new or old)[0], "entry")
+            if old is None:
+                changes.append("%s %s left%s" % (kind, path, " (%d bytes)" % new[2] if new[0] == "f" else ""))
+            elif new is None:
+                changes.append("%s %s removed" % (kind, path))
+            elif old[1] != new[1]:
+                changes.append("mode of %s changed from %s to %s" % (path, old[1], new[1]))
+            else:
+                changes.append("%s %s changed (%d bytes, %d at the baseline)" % (kind, path, new[2], old[2]))
+    left += some(changes[:5], len(changes) - 5)
+    mode = mode_of(workspace)
+    if mode != before["workspace_mode"]:
+        left.append("mode of the workspace %s changed from %s to %s" % (workspace, before["workspace_mode"], mode))
+    try:
+        empty(workspace, before["workspace_mode"])
+    except OSError as error:
+        left.append("the workspace %s could not be emptied: %s: %s" % (workspace, error.filename, error.strerror))
+    print(json.dumps({"clean": not left, "left": left, "seconds": round(time.monotonic() - started, 6)}))
+    sys.exit(0 if not left else 1)
+
+
+if sys.argv[1] == "baseline":
+    baseline(os.path.realpath(sys.argv[2]))
+else:
+    check(os.path.realpath(sys.argv[2]), sys.argv[3], sys.argv[4])
 '''
 
 # ============================================================================
@@ -2475,7 +2684,7 @@ def configmap_manifest(namespace, run_id, program=EPISODE_PROGRAM):
             "metadata": {"name": CONFIGMAP_NAME, "namespace": namespace,
                          "labels": object_labels(run_id, "episode-program")},
             "data": {"episode.py": program, EXEC_JOURNAL_FILE: EXEC_JOURNAL_PROGRAM,
-                     SANDBOX_PROBE_FILE: SANDBOX_PROBE_PROGRAM}}
+                     SANDBOX_PROBE_FILE: SANDBOX_PROBE_PROGRAM, SANDBOX_RESET_FILE: SANDBOX_RESET_PROGRAM}}
 
 
 def tasks_configmap_manifest(namespace, run_id, tasks):
@@ -8579,6 +8788,8 @@ class WarmPoolBackend(ClusterBackend):
 
     @classmethod
     def check_options(cls, args, fail):
+        if args.pool is not None and pool_recycles(Path(args.pool)):
+            return RecycledPoolBackend.check_options(args, fail)  # a recycled pool's steps are that backend's
         # One batch of claims fired at once: the Job backend's waves, rounds, prewarm and
         # retries have no counterpart here.
         for flag, used in (("--parallelism", args.parallelism not in (None, args.count)),
@@ -8745,7 +8956,7 @@ class WarmPoolBackend(ClusterBackend):
         run.save_receipt()
         fill_started = time.monotonic()
         try:
-            live_pool = wait_for_pool(cluster, namespace, spec.pool_size, spec.timeout,
+            live_pool = wait_for_pool(cluster, namespace, pool["spec"]["replicas"], spec.timeout,
                                       (run.facts.get("agent_sandbox") or {}).get("controller_unread"), on_wait)
         except DemoError as error:
             raise with_context(error, save_pool_state(cluster, namespace, output)) from None
@@ -8999,6 +9210,16 @@ def read_pool_record(folder):
     return read_json(folder / POOL_RECORD_FILE, "a kept pool's record", keys=POOL_RECORD_KEYS)
 
 
+def pool_recycles(folder):
+    """Whether the kept pool in `folder` recycles its sandboxes (`pool up --recycle`); False where
+    it has no readable pool.json (kept_pool_options then says what the folder is)."""
+    try:
+        record = read_saved(folder / POOL_RECORD_FILE)
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and bool(record.get("recycle"))
+
+
 def check_pool_folder(folder):
     """A folder `pool up` made (its pool.json, or its receipt of `pool up` when the pool never
     filled); anything else is refused in one line saying what it is (a run's folder is
@@ -9079,8 +9300,12 @@ def bring_up_pool(backend, run):
     template = run.create_recorded(template)
     run.receipt["template_uid"] = template["metadata"]["uid"]
     run.save_receipt()
-    console.note("warm pool: waiting for %d sandboxes to be Ready..." % spec.pool_size)
-    filled = backend.fill_pool(run, pool)
+    recycle = bool(spec.options.get("recycle"))
+    if recycle:
+        filled = bring_up_recycled_pool(backend, run, template)
+    else:
+        console.note("warm pool: waiting for %d sandboxes to be Ready..." % spec.pool_size)
+        filled = backend.fill_pool(run, pool)
     record = {"kind": "KeptWarmPool", "tool_version": __version__, "context": cluster.context, "namespace": namespace,
               "run_id": run.run_id, "namespace_uid": run.receipt["uid"], "pool_uid": run.receipt["pool_uid"],
               "template_uid": run.receipt["template_uid"],
@@ -9090,13 +9315,17 @@ def bring_up_pool(backend, run):
               "episode_sha256": hashlib.sha256(spec.program.encode()).hexdigest(), "created_at": utc_now(),
               "fill_seconds": filled["fill_seconds"], "fill_definition": filled["fill_definition"],
               "ready_at_up": filled["ready_at_fire"]}
+    if recycle:  # its steps exec into the claims it holds (sandboxes.json); its warm pool holds none
+        record.update(recycle=True, warm_pool_replicas=0,
+                      ttl_seconds=spec.options.get("ttl") or DEFAULT_POOL_TTL_SECONDS)
     if spec.episode:
         (output / "episode.py").write_text(spec.program)
     write_json(output / POOL_RECORD_FILE, record)
     console.say(json.dumps({"pool": str(output), "namespace": namespace, "size": spec.pool_size,
                             "ready": record["ready_at_up"], "fill_seconds": round(record["fill_seconds"], 3)}))
-    console.note("warm pool of %d Ready after %.1f s. Steps: %s run --backend warm-pool --pool %s --output STEP-DIR; "
-                 "bring it down with: %s pool down %s" % (spec.pool_size, record["fill_seconds"], invocation(),
+    console.note("%s of %d Ready after %.1f s. Steps: %s run --backend warm-pool --pool %s --output STEP-DIR; "
+                 "bring it down with: %s pool down %s" % ("recycled pool" if recycle else "warm pool", spec.pool_size,
+                                                         record["fill_seconds"], invocation(),
                                                          shlex.quote(str(output)), invocation(),
                                                          shlex.quote(str(output))))
     return EXIT_OK
@@ -9147,9 +9376,10 @@ class KeptPoolStep:
             if kind == "SandboxWarmPool":
                 self.pool = live
                 self.size = (live.get("spec") or {}).get("replicas", 1)
-                if self.size != self.record["size"]:
+                made = self.record.get("warm_pool_replicas", self.record["size"])  # a recycled pool's: none
+                if self.size != made:
                     self.changes.append("it was scaled to %d sandboxes since `pool up` made it %d" % (
-                        self.size, self.record["size"]))
+                        self.size, made))
             elif live["metadata"].get("generation") != self.record.get("template_generation"):
                 self.changes.append("its SandboxTemplate was edited since `pool up` (generation %s, now %s): the "
                                     "sandboxes the pool holds keep the old spec (agent-sandbox's default OnReplenish "
@@ -9204,9 +9434,13 @@ class KeptPoolStep:
         if record is not None:
             record["refill"] = refill
             write_json(output / "warm-pool.json", record)
-        line = {"run_id": self.run.run_id, "output": str(Path(output).resolve()), "started_at": self.started_at,
-                "ended_at": utc_now(), "episodes": len(batch.names), "finished_episodes": len(batch.results),
-                "refill_seconds": refill["seconds"]}
+        self.count_step({"episodes": len(batch.names), "finished_episodes": len(batch.results),
+                         "refill_seconds": refill["seconds"]})
+
+    def count_step(self, fields):
+        """One line in the pool's steps.jsonl: this step, its folder, start and end, and `fields`."""
+        line = {"run_id": self.run.run_id, "output": str(Path(self.run.output).resolve()),
+                "started_at": self.started_at, "ended_at": utc_now(), **fields}
         try:
             with open(self.folder / POOL_STEPS_FILE, "a") as steps:  # one short line: an atomic append
                 steps.write(json.dumps(line) + "\n")
@@ -9330,7 +9564,11 @@ def pool_up_spec(args):
     program, _ = read_episode_inputs(argparse.Namespace(episode=args.episode, tasks=None, retries=0, count=None), fail)
     run_parser = build_parser().parse_known_args(["run"])[0].subparser
     options = {dest: run_parser.get_default(dest) for dest in run_parser.plugin_options}
-    options.update(pool_size=args.size, exec_concurrency=1, pool=None)
+    if args.ttl is not None and not args.recycle:
+        fail("--ttl is for a recycled pool's claims (with --recycle); a pool of fresh claims keeps none across steps")
+    if args.ttl is not None and args.ttl < 60:
+        fail("--ttl must be at least 60 seconds, got %d" % args.ttl)
+    options.update(pool_size=args.size, exec_concurrency=1, pool=None, recycle=args.recycle, ttl=args.ttl)
     return RunSpec(command=POOL_UP_COMMAND, output=args.output, backend=WarmPoolBackend.name, count=0,
                    allow_large=args.allow_large, parallelism=0, image=args.image or DEFAULT_IMAGE,
                    runtime=args.runtime or DEFAULT_RUNTIME, no_runtime_class=args.no_runtime_class,
@@ -9367,6 +9605,13 @@ def add_pool_parser(commands):
                                                          "with their own --tasks)")
     up.add_argument("--timeout", type=int, metavar="SECONDS", help="how long to wait for the pool to fill (default: "
                                                                    "as `run` for SIZE episodes)")
+    up.add_argument("--recycle", action="store_true",
+                    help="keep SIZE claims across steps: each step execs its episodes into these sandboxes, one per "
+                         "sandbox at a time, each followed by a reset check; a sandbox an episode left dirty is "
+                         "quarantined and claimed afresh (default: each step claims afresh from a warm pool)")
+    up.add_argument("--ttl", type=int, metavar="SECONDS",
+                    help="with --recycle: the claims expire on the server this long after the last step (which "
+                         "extends them); default %d" % DEFAULT_POOL_TTL_SECONDS)
     up.add_argument("--force", action="store_true", help="make the pool even when the preflight says it cannot fill")
     up.add_argument("--quiet", action="store_true", help="no progress or notes on stderr")
     up.set_defaults(subparser=up)
@@ -9401,6 +9646,809 @@ def cmd_pool(args, console):
         raise DemoError("the kept pool in %s is %s: bring up a new one with `%s pool up`" % (
             folder, status["state"], invocation()))
     return EXIT_OK
+
+
+# ============================================================================
+# Recycled pool: `pool up --recycle`, and steps that exec each episode into a sandbox the pool keeps
+# ============================================================================
+# A recycled pool keeps its claims (the pool's own: its run-id label, one per slot, named
+# episode-slot-<slot>-<generation>) across steps instead of claiming afresh. `pool up --recycle`
+# makes a SandboxWarmPool of none (each claim starts its sandbox cold: setup, not measured),
+# claims SIZE sandboxes and takes each one's baseline (sandbox-reset.py baseline). A step
+# (`run --backend recycled-pool --pool POOLDIR`, or warm-pool: a recycled pool's steps are
+# this backend's) execs each episode into a free sandbox, then the reset check; a sandbox
+# serves again only when the check answers clean. One that does not is quarantined: its claim
+# deleted on its uid, a fresh claim for its slot, baselined; the episode that dirtied it named in
+# results.json with what it left. A slot whose claim or pod is not the one recorded (deleted,
+# evicted) is claimed afresh at the step's start, said in one line. Steps of one pool run one at
+# a time (POOLDIR/step.lock); POOLDIR/sandboxes.json is the slots, written by `pool up` and at
+# each step's end. Every claim expires on the server (its shutdownTime, policy Delete) --ttl
+# after it was made or last extended; a step extends those with less than half of it left.
+
+RECYCLED_STATE_FILE = "sandboxes.json"  # in POOLDIR: the recycled pool's slots and what each has served
+RECYCLED_LOCK_FILE = "step.lock"  # in POOLDIR: held (flock) by the one step of a recycled pool at work
+RECYCLED_KIND = "RecycledEpisode"  # an episode of a recycled step in the shape of a pod, in episodes.json
+RESET_TIMEOUT_SECONDS = 15  # a baseline's or reset check's exec, from its send to its answer
+DEFAULT_POOL_TTL_SECONDS = 3600  # a recycled pool's claims expire this long after their last step
+SLOT_CLAIM_PREFIX = CLAIM_PREFIX + "slot-"
+
+
+def shutdown_stamp(seconds):
+    """RFC 3339 (whole seconds, UTC) `seconds` from now: a claim's lifecycle.shutdownTime."""
+    return (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=seconds)).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")
+
+
+def slot_claim_manifest(namespace, pool_run_id, slot, generation, shutdown_time):
+    """The claim of a recycled pool's slot: the pool's label (its `pool down` deletes it, a step
+    never owns it), and an expiry the controller enforces if no step extends it."""
+    return {"apiVersion": EXTENSIONS_API, "kind": "SandboxClaim",
+            "metadata": {"name": "%s%d-%d" % (SLOT_CLAIM_PREFIX, slot, generation), "namespace": namespace,
+                         "labels": object_labels(pool_run_id, "claim")},
+            "spec": {"warmPoolRef": {"name": POOL_NAME},
+                     "lifecycle": {"shutdownTime": shutdown_time, "shutdownPolicy": "Delete"}}}
+
+
+def reset_baseline_command():
+    # `env` first: the simulated runtimes translate the mount paths of an exec that starts so
+    return ["env", "python", "-S", "-B", "/demo/" + SANDBOX_RESET_FILE, "baseline", "/workspace"]
+
+
+def reset_check_command(episode, baseline):
+    return ["env", "python", "-S", "-B", "/demo/" + SANDBOX_RESET_FILE, "check", "/workspace", exec_journal(episode),
+            baseline]
+
+
+def reset_answer(result):
+    """(clean, left, seconds in the sandbox) of a reset check's exec: clean only when it exited 0
+    saying so; a check that broke or did not answer is not clean, its failure the one thing left."""
+    line = last_line(result.stdout.decode("utf-8", "replace"))
+    try:
+        answer = json.loads(line) if line else None
+    except ValueError:
+        answer = None
+    if result.code in (SANDBOX_RESET_CLEAN, SANDBOX_RESET_DIRTY) and isinstance(answer, dict) and \
+            isinstance(answer.get("left"), list):
+        return result.code == SANDBOX_RESET_CLEAN and answer.get("clean") is True, answer["left"], answer.get("seconds")
+    why = result.error or "exit code %s%s" % (result.code, ": " + last_line(result.stderr.decode("utf-8", "replace"))
+                                                if result.stderr.strip() else "")
+    return False, ["the reset check did not answer (%s)" % why], None
+
+
+class RecycledSlots:
+    """POOLDIR/sandboxes.json and the lock that gives one step at a time the recycled pool."""
+
+    def __init__(self, folder):
+        self.folder = Path(folder)
+        self.lock_file = None
+
+    def take(self, holder):
+        """The pool's lock for `holder` (named to a step refused meanwhile), or one line naming the
+        step that holds it (flock: the lock goes with its process, however it ends)."""
+        self.lock_file = open(self.folder / RECYCLED_LOCK_FILE, "a+")
+        try:
+            fcntl.flock(self.lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.lock_file.seek(0)
+            holder = self.lock_file.read().strip() or "another step"
+            self.lock_file.close()
+            self.lock_file = None
+            raise DemoError("the recycled pool in %s serves one step at a time, and %s holds it: wait for it to end "
+                            "(or bring up a second pool)" % (self.folder, holder)) from None
+        self.lock_file.seek(0)
+        self.lock_file.truncate()
+        self.lock_file.write("%s, pid %d" % (holder, os.getpid()))
+        self.lock_file.flush()
+
+    def release(self):
+        if self.lock_file is not None:
+            self.lock_file.close()
+            self.lock_file = None
+
+    def read(self):
+        """{slot number: its record}."""
+        state = read_json(self.folder / RECYCLED_STATE_FILE, "the recycled pool's sandboxes", keys=("slots",))
+        return {int(slot["slot"]): slot for slot in state["slots"]}
+
+    def write(self, slots, quarantined=()):
+        state = read_saved(self.folder / RECYCLED_STATE_FILE) or {}
+        write_json(self.folder / RECYCLED_STATE_FILE, {
+            "slots": [slots[number] for number in sorted(slots)],
+            "quarantined": (state.get("quarantined") or []) + list(quarantined)})
+
+
+class RecycledRun(WarmPoolRun):
+    """A recycled pool's sandboxes at work: claimed and baselined (`pool up --recycle`, a
+    quarantine, a slot found gone), or serving a step's episodes, one per sandbox at a time, each
+    followed by its reset check. The watches are taken in by one thread (pump) for all who wait."""
+
+    def __init__(self, run, run_info, pool_run_id, slots, ttl):
+        super().__init__(run, run_info, pool_run_id)
+        self.pool_run_id, self.ttl = pool_run_id, ttl
+        self.selector = "%s=%s" % (RUN_LABEL, pool_run_id)  # the claims are the pool's, never a step's
+        self.slots = slots  # slot number -> its record
+        self.ready = {}  # claim name -> threading.Event, set once the watch shows it bound and Ready
+        self.claim_times = {}  # claim name -> its create call and answer (create_claims)
+        self.claims_created, self.claims_deleted, self.quarantined, self.lost = [], [], [], []
+        self.claim_watch = self.sandbox_watch = None
+        self.pumping, self.pump_thread, self.pump_error = threading.Event(), None, None
+
+    def open(self):
+        """The channel, the watches of the pool's claims, Sandboxes and pods, and their pump."""
+        self.channel = open_exec_channel(self.cluster, self.namespace, self.console)
+        self.claim_watch = self.watch(CLAIMS, self.selector, timed=True)
+        self.sandbox_watch = self.watch(SANDBOXES)
+        self.pod_watch = self.watch(PODS, self.pod_selector)
+        self.pumping.set()
+        self.pump_thread = threading.Thread(target=self.pump, daemon=True)
+        self.pump_thread.start()
+
+    def pump(self):
+        try:
+            while self.pumping.is_set():
+                for now, claim in self.claim_watch.drain(timeout=WATCH_WAIT_SECONDS):
+                    self.take_claim(claim, now)
+                self.absorb_watched(self.sandbox_watch)
+        except Exception as error:  # the tool's own failure: said where the waits end
+            self.pump_error = error
+
+    def take_claim(self, claim, now):
+        name = claim["metadata"]["name"]
+        if older_state(claim, self.latest.get(name)):
+            return
+        self.latest[name] = claim
+        bound = ((claim.get("status") or {}).get("sandbox") or {}).get("name")
+        if bound and claim_ready(claim).get("status") == "True" and name in self.ready:
+            self.claim_times.setdefault(name, {}).setdefault("ready", now)
+            self.ready[name].set()
+
+    def close(self):
+        self.pumping.clear()
+        if self.pump_thread is not None:
+            self.pump_thread.join()
+        for watch in (self.claim_watch, self.sandbox_watch, self.pod_watch):
+            if watch is not None:
+                watch.stop()
+        self.close_channels()
+
+    def exec_check(self, pod_name, command, seconds=RESET_TIMEOUT_SECONDS):
+        """A baseline or a reset check: one exec within `seconds`, the fallback's when the stream is refused."""
+        channel = self.channel
+        try:
+            return channel.run(pod_name, command, seconds)
+        except ExecRefused as refused:
+            return self.fall_back(channel, refused).run(pod_name, command, seconds)
+        except ExecChannelBroken as broken:
+            self.fall_back(channel, broken)
+            return broken.result
+
+    def claim_slots(self, numbers, why, wait_seconds):
+        """A fresh claim for each slot of `numbers`, made at once, each baselined once Ready:
+        {slot: record} of those that are, and [(slot, why not)] of the others."""
+        claims = []
+        for number in numbers:
+            old = self.slots.get(number)
+            claim = slot_claim_manifest(self.namespace, self.pool_run_id, number,
+                                        old["generation"] + 1 if old else 0, shutdown_stamp(self.ttl))
+            name = claim["metadata"]["name"]
+            self.ready[name], self.claim_times[name] = threading.Event(), {}
+            claims.append((number, claim))
+        if not claims:
+            return {}, []
+        create_claims(self.cluster, [claim for _, claim in claims], self.pool_run_id, self.claim_times)
+        self.claims_created += [{"slot": number, "claim": claim["metadata"]["name"], "why": why}
+                                for number, claim in claims]
+        give_up = time.monotonic() + wait_seconds
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(claims), CLAIM_CREATE_STREAMS)) as workers:
+            answers = list(workers.map(lambda pair: self.baselined(pair[0], pair[1], give_up), claims))
+        made = {number: record for number, record in answers if isinstance(record, dict)}
+        return made, [(number, record) for number, record in answers if not isinstance(record, dict)]
+
+    def baselined(self, number, claim, give_up):
+        """(slot, its record) once its claim is Ready and its sandbox baselined, or (slot, why not)."""
+        name = claim["metadata"]["name"]
+        while not self.ready[name].wait(0.2):
+            if self.pump_error is not None or time.monotonic() > give_up or self.stopping.is_set():
+                return number, "claim %s was not Ready within the wait (%s)" % (
+                    name, self.claim_state(self.latest.get(name) or claim))
+        latest = self.latest[name]
+        bound = latest["status"]["sandbox"]["name"]
+        sandbox = self.wait_for_sandbox(bound) or self.read_sandbox(bound)
+        pod_name = ((sandbox or {}).get("metadata", {}).get("annotations") or {}).get(POD_NAME_ANNOTATION) or bound
+        result = self.exec_check(pod_name, reset_baseline_command())
+        line = last_line(result.stdout.decode("utf-8", "replace"))
+        try:
+            baseline = json.loads(line)
+        except ValueError:
+            baseline = {}
+        if result.code != 0 or "processes" not in baseline:
+            return number, "the baseline of its sandbox %s failed (%s)" % (bound, baseline.get("error") or result.error or (
+                "exit code %s: %s" % (result.code, last_line(result.stderr.decode("utf-8", "replace")))))
+        if len(line) > MAX_STEP_TASK_BYTES:
+            return number, "its sandbox %s holds too much outside the workspace to check (a %d-byte baseline)" % (
+                bound, len(line))
+        pod = self.pods.get(self.pod_uids.get(pod_name)) or self.cluster.api.get(PODS, pod_name, self.namespace) or {}
+        return number, {
+            "slot": number, "generation": int(name.rsplit("-", 1)[1]), "claim": name,
+            "claim_uid": latest["metadata"].get("uid"), "sandbox": bound, "pod": pod_name,
+            "pod_uid": pod.get("metadata", {}).get("uid"), "node": pod.get("spec", {}).get("nodeName"),
+            "shutdown_time": claim["spec"]["lifecycle"]["shutdownTime"], "claimed_at": utc_now(),
+            "baseline": line, "episodes_served": 0}
+
+    def delete_slot_claim(self, record):
+        """A slot's claim, deleted on its uid (its Sandbox and pod go with it); a failure is said, not raised."""
+        try:
+            self.cluster.api.delete_all([Deletion(CLAIMS, self.namespace, record["claim"], uid=record["claim_uid"])])
+            self.claims_deleted.append(record["claim"])
+        except DemoError as error:
+            self.console.warn("could not delete claim %s (%s); `pool down` deletes it" % (record["claim"], error))
+
+    def unusable(self, record, claims, pods):
+        """Why a slot cannot serve as `pool up` or the last step left it (its claim or pod gone,
+        replaced, not Ready, evicted), or None."""
+        claim = claims.get(record["claim"])
+        if claim is None or claim["metadata"].get("uid") != record["claim_uid"]:
+            return "its claim %s %s" % (record["claim"], "is gone" if claim is None else "was replaced")
+        if claim["metadata"].get("deletionTimestamp"):
+            return "its claim %s is being deleted (expired?)" % record["claim"]
+        if claim_ready(claim).get("status") != "True":
+            return "its claim %s is not Ready (%s)" % (record["claim"], self.claim_state(claim))
+        pod = pods.get(record["pod"])
+        if pod is None or pod["metadata"].get("uid") != record["pod_uid"]:
+            return "its pod %s %s" % (record["pod"], "is gone" if pod is None else "was replaced (evicted?)")
+        if pod["metadata"].get("deletionTimestamp") or (pod.get("status") or {}).get("phase") != "Running":
+            return "its pod %s is %s%s" % (record["pod"], "being deleted" if pod["metadata"].get("deletionTimestamp")
+                                           else (pod.get("status") or {}).get("phase"),
+                                           " (%s)" % eviction_message(pod) if eviction_message(pod) else "")
+        return None
+
+    def recheck(self):
+        """The step's start: every slot as recorded, its claim Ready and its pod the same; one line for
+        each that is not, then a fresh claim for it; a claim of the pool no slot records (a quarantine
+        a killed step never wrote down) deleted."""
+        claims = {claim["metadata"]["name"]: claim for claim in self.list_claims()}
+        pods = {pod["metadata"]["name"]: pod for pod in self.list_namespaced(PODS, self.pod_selector)}
+        stale = {}
+        for number, record in sorted(self.slots.items()):
+            why = self.unusable(record, claims, pods)
+            if why:
+                stale[number] = why
+                self.console.warn("slot %d of the recycled pool cannot serve: %s; claiming a fresh sandbox for it" % (
+                    number, why))
+        recorded = {record["claim"] for record in self.slots.values()}
+        strays = [claim for name, claim in claims.items() if name not in recorded and not claim["metadata"].get(
+            "deletionTimestamp")]
+        for claim in strays:
+            self.console.warn("claim %s of the recycled pool is in no slot (a quarantine whose step was killed); "
+                              "deleting it" % claim["metadata"]["name"])
+            self.delete_slot_claim({"claim": claim["metadata"]["name"], "claim_uid": claim["metadata"]["uid"]})
+        for number in stale:
+            if self.slots[number]["claim"] in claims:
+                self.delete_slot_claim(self.slots[number])
+        made, failed = self.claim_slots(sorted(stale), "found unusable at the step's start", self.spec.timeout)
+        self.slots.update(made)
+        for number, why in failed:
+            self.console.warn("slot %d: no fresh sandbox (%s); the step runs without it" % (number, why))
+            self.lost.append({"slot": number, "why": why})
+            self.slots.pop(number, None)
+        return {number: why for number, why in stale.items()}
+
+    def extend_expiry(self):
+        """Each claim with less than half its --ttl left expires --ttl from now (a merge patch each)."""
+        due = [record for record in self.slots.values()
+               if parse_k8s_time(record["shutdown_time"]) - time.time() < self.ttl / 2]
+        stamp = shutdown_stamp(self.ttl)
+
+        def extend(record):
+            path = CLAIMS.path(self.namespace, record["claim"])
+            try:
+                status, _ = self.cluster.api.proxy.request(
+                    "PATCH", path, {"metadata": {"uid": record["claim_uid"]}, "spec": {"lifecycle": {
+                        "shutdownTime": stamp, "shutdownPolicy": "Delete"}}},
+                    headers={"Content-Type": "application/merge-patch+json"})
+            except ProxyUnavailable as error:
+                status = str(error)
+            if status == 200:
+                record["shutdown_time"] = stamp
+            else:
+                self.console.warn("could not extend claim %s's expiry (%s); it expires at %s" % (
+                    record["claim"], status, record["shutdown_time"]))
+
+        if due and self.cluster.api.serves:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(due), CLAIM_CREATE_STREAMS)) as workers:
+                list(workers.map(extend, due))
+        return len(due)
+
+    def serve(self, episodes):
+        """Every episode of the step (names in task order), one per free sandbox at a time, until all
+        are done or the deadline passed; returns once every started episode and its check ended."""
+        self.names = list(episodes)
+        self.position = {name: index for index, name in enumerate(self.names)}
+        self.observed = {name: {} for name in self.names}
+        started = time.monotonic()
+        self.run.stream.begin(started)
+        self.deadline = started + self.spec.timeout
+        self.deadline_at = time.time() + self.spec.timeout
+        step_started = time.time()
+        free = queue.Queue()
+        for number in sorted(self.slots):
+            free.put(number)
+        waiting = collections.deque(self.names)
+        running = set()
+        executor = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(self.slots)))
+        try:
+            while waiting or running:
+                if self.pump_error is not None:
+                    raise self.pump_error
+                try:
+                    number = free.get(timeout=WATCH_WAIT_SECONDS)
+                except queue.Empty:
+                    number = None
+                done = [future for future in running if future.done()]
+                for future in done:
+                    running.discard(future)
+                    future.result()  # a worker's exception is the tool's own failure: surface it
+                if number is not None:
+                    if waiting and time.monotonic() < self.deadline:
+                        name = waiting.popleft()
+                        self.observed[name].update(step_started=step_started, sandbox_free=time.time())
+                        running.add(executor.submit(self.serve_one, name, number, free))
+                    else:
+                        free.put(number)
+                if waiting and (time.monotonic() >= self.deadline or not self.slots):
+                    break  # the rest never start: the deadline came first, or no sandbox is left
+                self.console.progress("episodes: %d done, %d running, %d waiting for a sandbox; %.0f s" % (
+                    len(self.results), len(running), len(waiting), time.monotonic() - started))
+            for future in running:
+                future.result()
+            self.run_info["client_job_complete_seconds"] = time.monotonic() - started
+        except KeyboardInterrupt:
+            self.stopping.set()
+            self.close_channels()
+            self.cluster.runner.stop_running(executor)
+            self.console.tell("Interrupted: saving the episodes so far in %s" % self.output)
+            self.save_state()
+            raise
+        finally:
+            self.console.end_progress()
+            executor.shutdown(wait=True, cancel_futures=True)
+
+    def serve_one(self, name, number, free):
+        """One episode in slot `number`'s sandbox, then its reset check; the slot back among the free
+        ones when clean, else quarantined and claimed afresh (or lost)."""
+        record = self.slots[number]
+        index = self.position[name]
+        self.observed[name].update(slot=number, claim=record["claim"], episodes_before=record["episodes_served"],
+                                   sandbox=record["sandbox"], pod=record["pod"], node=record.get("node"),
+                                   generation=record["generation"])
+        result = self.exec_episode(record["pod"], name, episode_command(name, index, self.spec))
+        self.observed[name].update(exec_finished=time.time(), exec_started=result.sent_at)
+        if result.code != 0 and self.stopping.is_set():
+            result = ExecResult(None, result.stdout, result.stderr, reason="Interrupted", error=(
+                "interrupted: the tool was stopped (Ctrl-C or SIGTERM) while the episode ran"),
+                sent_at=result.sent_at, opened_at=result.opened_at)
+        elif result.code != 0:
+            deleted = self.deleted_under(record["sandbox"], record["pod"], record["pod_uid"])
+            if deleted:
+                result = ExecResult(None, result.stdout, result.stderr, error=deleted[1], reason=deleted[0],
+                                    sent_at=result.sent_at, opened_at=result.opened_at)
+        if result.opened_at is not None:
+            self.observed[name]["stream_open"] = result.opened_at
+        (self.output / (name + ".log")).write_bytes(result.stdout)
+        if result.stderr:
+            (self.output / (name + ".stderr")).write_bytes(result.stderr.rstrip(b"\n") + b"\n")
+        record["episodes_served"] += 1
+        if result.reason in ("SandboxDeleted", "Evicted", "Interrupted"):
+            clean, left, seconds = False, ["its sandbox was lost while the episode ran (%s)" % result.reason], None
+        else:
+            check = self.exec_check(record["pod"], reset_check_command(name, record["baseline"]))
+            clean, left, seconds = reset_answer(check)
+        self.observed[name].update(reset_checked=time.time(), reset_seconds=seconds)
+        self.results[name] = {"code": result.code, "error": result.error, "reason": result.reason,
+                              "sandbox": None, "pod_name": record["pod"], "reset": {
+                                  "clean": clean, "left": left, "seconds_in_sandbox": seconds}}
+        if result.reason != "Interrupted":
+            self.offer(name, index, result)
+        if clean:
+            free.put(number)
+            return
+        self.quarantine(number, name, left, free)
+
+    def quarantine(self, number, episode, left, free):
+        record = self.slots[number]
+        self.quarantined.append({"slot": number, "claim": record["claim"], "sandbox": record["sandbox"],
+                                 "pod": record["pod"], "episode": episode, "left": left, "at": utc_now()})
+        if self.stopping.is_set():
+            return  # the tool is stopping: the next step claims the slot afresh (recheck)
+        self.console.warn("quarantined the sandbox of slot %d (claim %s) after episode %s: %s; claiming a fresh "
+                          "one" % (number, record["claim"], episode, "; ".join(left[:3])))
+        self.delete_slot_claim(record)
+        made, failed = self.claim_slots([number], "quarantine of %s after %s" % (record["claim"], episode),
+                                        max(1.0, self.deadline - time.monotonic()))
+        if made:
+            self.slots[number] = made[number]
+            free.put(number)
+            return
+        why = failed[0][1]
+        self.console.warn("slot %d: no fresh sandbox (%s); the step goes on without it" % (number, why))
+        self.lost.append({"slot": number, "why": why})
+        self.slots.pop(number, None)
+
+    def offer(self, name, index, result):
+        record = recycled_episode_record(name, index, self.observed[name], self.results[name])
+        self.run.stream.offer(index if self.spec.episode else name, [(record, log_text(result.stdout))],
+                              self.observed[name]["step_started"], self.observed, RecycledPoolBackend.scheme,
+                              final=True)
+
+    def save_state(self):
+        """episodes.json, observed.json, pods.json, claims.json, job.json (the step's start) and the
+        events; the slots are the pool's (written by the step's end)."""
+        output = self.output
+        write_json(output / "observed.json", self.observed)
+        write_json(output / "run.json", self.run_info)
+        events = None
+        try:
+            claims = self.list_claims()
+            pods = self.list_namespaced(PODS, self.pod_selector)
+            events = save_events(self.cluster, self.namespace, output)
+        except DemoError as error:
+            claims, pods = list(self.latest.values()), list(self.pods.values())
+            self.console.warn("could not read the claims and pods (%s); saved what the watches saw" % error)
+        self.absorb_pods()
+        listed = {pod["metadata"].get("uid") for pod in pods}
+        pods += [pod for uid, pod in self.pods.items() if uid not in listed]
+        write_json(output / "claims.json", sorted(claims, key=by_creation))
+        write_json(output / "pods.json", sorted(pods, key=by_creation))
+        pods_by_name = {pod["metadata"]["name"]: pod for pod in pods}
+        records = [recycled_episode_record(name, self.position[name], self.observed[name], self.results[name],
+                                           pods_by_name.get(self.results[name]["pod_name"]))
+                   for name in self.names if name in self.results]
+        write_json(output / "episodes.json", records)
+        save_node_summaries(self.run.facts["nodes"], records, output)
+        record = read_saved(output / "warm-pool.json") or {}
+        record.update(quarantined=self.quarantined, lost_slots=self.lost, claims_created=self.claims_created,
+                      claims_deleted=self.claims_deleted)
+        if self.channel is not None:
+            record["exec_channel"] = self.channel.record()
+        write_json(output / "warm-pool.json", record)
+        started = min((seen["step_started"] for seen in self.observed.values() if seen.get("step_started")),
+                      default=time.time())
+        status = {"episodes": len(self.names), "finished_episodes": len(records)}
+        timed_out = [episode for episode in records if episode["status"].get("reason") == "ExecTimedOut"]
+        if self.deadline_at is not None and time.time() >= self.deadline_at and (
+                timed_out or len(records) < len(self.names)):
+            status["conditions"] = [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
+                                     "lastTransitionTime": iso_micro(self.deadline_at),
+                                     "message": "the step's --timeout of %d s passed: %d exec(s) cut short, %d "
+                                                "episode(s) never started" % (self.spec.timeout, len(timed_out),
+                                                                              len(self.names) - len(records))}]
+        write_json(output / "job.json", batch_record(RecycledPoolBackend, "RecycledPoolStep", POOL_NAME,
+                                                     iso_micro(started), status,
+                                                     spec={"activeDeadlineSeconds": self.spec.timeout}))
+        del events
+
+
+def recycled_episode_record(name, index, seen, result, pod=None):
+    """One episode of a recycled step in the shape of a pod (kind RecycledEpisode): created when
+    the step began serving, in the sandbox of its slot, fresh (its first episode) or recycled."""
+    claim = {"metadata": {"name": name, "creationTimestamp": iso_micro(seen["step_started"])}}
+    record = warm_episode_record(claim, index, None, pod, result, seen)
+    record.update(apiVersion="rl-batch-demo/recycled-pool", kind=RECYCLED_KIND)
+    record["spec"] = {"nodeName": (pod or {}).get("spec", {}).get("nodeName") or seen.get("node"),
+                      "claim": seen.get("claim"), "sandbox": seen.get("sandbox"), "pod": seen.get("pod"),
+                      "slot": seen.get("slot"), "sandbox_use": "fresh" if not seen.get("episodes_before") else "recycled",
+                      "episodes_before": seen.get("episodes_before"), "reset": result.get("reset")}
+    return record
+
+
+def recycled_episode_times(record, ready, reward, observed):
+    """A recycled episode's points (RECYCLED_TIME_POINTS), why any is missing, and no fallbacks."""
+    observed = observed or {}
+    times, missing = {}, {}
+    for point, key in (("step_started", "step_started"), ("sandbox_free", "sandbox_free"),
+                       ("exec_started", "exec_started"), ("stream_open", "stream_open"),
+                       ("exec_finished", "exec_finished"), ("reset_checked", "reset_checked")):
+        times[point] = observed.get(key)
+        if times[point] is None:
+            missing[point] = ("`kubectl exec` (the fallback channel) does not tell when its stream opened"
+                              if point == "stream_open" else "not recorded (observed.json)")
+    for point, event, key in (("process_start", ready, "started_at"), ("imports_done", ready, "imports_done_at"),
+                              ("ready", ready, "at"), ("reward", reward, "at")):
+        value = event.get(key)
+        times[point] = float(value) if isinstance(value, (int, float)) else None
+        if times[point] is None:
+            missing[point] = "the %s event has no %s" % (event.get("event"), key)
+    return times, missing, {}
+
+
+# A recycled episode's points: no claim is made for it, so the step's own clock starts it.
+RECYCLED_TIME_POINTS = {
+    "step_started": ("client", 1e-6, "the step began serving its episodes (time.time()): the same for every episode"),
+    "sandbox_free": ("client", 1e-6, "the episode was handed a free sandbox of the pool (time.time())"),
+    "exec_started": WARM_TIME_POINTS["exec_started"],
+    "stream_open": WARM_TIME_POINTS["stream_open"],
+    "process_start": TIME_POINTS["process_start"],
+    "imports_done": TIME_POINTS["imports_done"],
+    "ready": TIME_POINTS["ready"],
+    "reward": TIME_POINTS["reward"],
+    "exec_finished": WARM_TIME_POINTS["exec_finished"],
+    "reset_checked": ("client", 1e-6, "the reset check's exec returned (time.time())"),
+}
+RECYCLED_PHASES = {
+    "waiting_for_sandbox": ("step_started", "sandbox_free", "step started -> a sandbox free"),
+    "sandbox_to_exec": ("sandbox_free", "exec_started", "sandbox free -> exec started"),
+    "exec_to_stream_open": WARM_PHASES["exec_to_stream_open"],
+    "stream_open_to_first_statement": WARM_PHASES["stream_open_to_first_statement"],
+    "exec_to_first_statement": WARM_PHASES["exec_to_first_statement"],
+    "module_import": PHASES["module_import"],
+    "import_done_to_ready": PHASES["import_done_to_ready"],
+    "ready_to_reward": PHASES["ready_to_reward"],
+    "reward_to_exec_finished": WARM_PHASES["reward_to_exec_finished"],
+    "reset_check": ("exec_finished", "reset_checked", "exec returned -> reset check answered"),
+    "step_to_ready": ("step_started", "ready", "step started -> ready"),
+}
+RECYCLED_SCHEME = PhaseScheme(
+    RECYCLED_TIME_POINTS, RECYCLED_PHASES, "step_to_ready", recycled_episode_times, "step_started",
+    identity=lambda record: {"episode": record["metadata"]["name"], "slot": record["spec"].get("slot"),
+                             "claim": record["spec"].get("claim"), "sandbox": record["spec"].get("sandbox"),
+                             "pod": record["spec"].get("pod"), "sandbox_use": record["spec"].get("sandbox_use"),
+                             "episodes_before": record["spec"].get("episodes_before"),
+                             "reset": record["spec"].get("reset")},
+    row_key="episode", timeline_colours={
+        "waiting_for_sandbox": "#e5c494", "sandbox_to_exec": "#17becf",
+        **{phase: colour for phase, colour in WARM_TIMELINE_COLOURS.items() if phase in RECYCLED_PHASES},
+        "reset_check": "#8c564b"},
+    timeline_fallbacks={"exec_to_first_statement": "stream_open"},
+    report_phases={"startup": ("waiting_for_sandbox", "sandbox_to_exec", "exec_to_stream_open",
+                               "stream_open_to_first_statement", "exec_to_first_statement"),
+                   "startup_metric": ("step_to_ready",), "finish": ("reward_to_exec_finished", "reset_check")},
+    explained_failures=EXEC_FAILURE_REASONS + ("Evicted",), deadline_failures=("ExecTimedOut",),
+    timeline_attributes=("sandbox_use",))
+
+
+def recycled_summary(output, report):
+    """What only a recycled step has: its sandboxes, fresh and recycled episodes apart, every
+    claim it made or deleted and why, the quarantined sandboxes with the episode that dirtied
+    each and what it left, and the reset check's cost."""
+    record = read_json(output / "warm-pool.json", "the recycled pool's record")
+    rows = report["pods"]
+    uses = collections.Counter(row.get("sandbox_use") for row in rows)
+    by_use = {}
+    for use in ("fresh", "recycled"):
+        subset = [row for row in rows if row.get("sandbox_use") == use]
+        if subset:
+            by_use[use] = {"episodes": len(subset), "phases": {
+                name: {key: phase[key] for key in ("count", "p50", "p95", "max")}
+                for name, phase in phase_statistics(subset, RECYCLED_SCHEME).items()}}
+    in_sandbox = [row["reset"]["seconds_in_sandbox"] for row in rows if isinstance(row.get("reset"), dict)
+                  and isinstance(row["reset"].get("seconds_in_sandbox"), (int, float))]
+    return {
+        "backend": RecycledPoolBackend.name,
+        "recycled_pool": {
+            "pool_folder": (record.get("kept_pool") or {}).get("folder"), "sandboxes": record.get("size"),
+            "sandbox_use": {"fresh": uses.get("fresh", 0), "recycled": uses.get("recycled", 0)},
+            "sandbox_use_definition": "fresh: the first episode its sandbox served since it was claimed; recycled: "
+                                      "its sandbox served episodes_before others first (each reset and checked clean)",
+            "claims_created": record.get("claims_created") or [], "claims_deleted": record.get("claims_deleted") or [],
+            "replaced_at_start": record.get("replaced_at_start") or {},
+            "quarantined": record.get("quarantined") or [], "lost_slots": record.get("lost_slots") or [],
+            "expiry_extended": record.get("expiry_extended"),
+            "reset_check_in_sandbox_seconds": {"count": len(in_sandbox), "p50": percentile(in_sandbox, 0.5),
+                                               "max": max(in_sandbox)} if in_sandbox else {"count": 0},
+            "reset_check_definition": "in the sandbox: sandbox-reset.py's own monotonic clock, from its start to its "
+                                      "answer; the whole exec round trip is the reset_check phase (client clock)",
+            "shared_with_earlier_episodes": "a recycled sandbox keeps its kernel (gVisor: its Sentry), its memory "
+                                            "and its network identity (pod IP, DNS) across the episodes it serves; "
+                                            "the reset check proves processes, the workspace and the writable "
+                                            "places it lists, nothing else",
+        },
+        "phases_by_sandbox_use": by_use,
+        "exec_channel": record.get("exec_channel"),
+    }
+
+
+class RecycledPoolBackend(WarmPoolBackend):
+    """`--backend recycled-pool --pool POOLDIR`: a step of a recycled kept pool (`pool up --recycle`;
+    `--backend warm-pool --pool` of such a pool is this backend's too). Each episode is exec'd into a
+    sandbox the pool keeps, one per sandbox at a time, and followed by the reset check; no claim
+    is made or deleted unless a sandbox is quarantined or found unusable."""
+
+    name = "recycled-pool"
+    help = ("a step of a recycled kept pool (`pool up --recycle`): each episode exec'd into a sandbox the pool keeps, "
+            "reset and checked clean after it")
+    scheme = RECYCLED_SCHEME
+    episodes_file = "episodes.json"  # one pod-shaped record per episode (pods.json keeps the pool's pods)
+    uses_cluster = True
+    leaves_remote_state = True  # a step leaves nothing of its own, but its output names the pool's
+    api_timestamps = False  # its times are the client's and the episodes' clocks
+    coarse_batch_keys = ()
+    takes_queue = False
+    takes_parallelism = False  # one episode per sandbox of the pool at a time
+    runs_several_images = False  # one SandboxTemplate
+    own_flags = (("--pool", "pool"),)
+    batch_origin = "step began serving its episodes"
+    startup_label = "Step started -> ready"
+    timeline_origin = "step's start"
+    phase_words = {}
+    REPORT_ROWS = {
+        "setup": [("episodes in fresh / recycled sandboxes", "counts", ("recycled_pool.sandbox_use",
+                                                                       ("fresh", "recycled")))],
+        "ready": [],
+        "after": [("sandboxes quarantined", "number", "recycled_pool.quarantined")],
+    }
+
+    @classmethod
+    def add_arguments(cls, parser):
+        """Its one option, --pool, is the warm-pool backend's (declared there)."""
+
+    @classmethod
+    def check_options(cls, args, fail):
+        for flag, used in (("--parallelism", args.parallelism not in (None, args.count)),
+                           ("--rounds", args.rounds != 1), ("--retries", args.retries)):
+            if used:
+                fail("%s is for the Job backend; a recycled pool's step runs one episode per sandbox at a time (leave "
+                     "%s out)" % (flag, flag))
+        if args.pool is None:
+            fail("--backend recycled-pool runs a step of a recycled kept pool: give --pool POOLDIR (made by `pool up "
+                 "--recycle`)")
+        derived = kept_pool_options(args, fail)
+        record = read_pool_record(Path(args.pool))
+        if args.exec_concurrency is not None:
+            fail("--exec-concurrency is for --backend warm-pool; a recycled pool's step runs one episode per sandbox "
+                 "at a time (leave it out)")
+        if not record.get("recycle"):
+            fail("--pool %s is a kept pool of fresh claims, not a recycled one: run its steps with --backend warm-pool "
+                 "(or bring up a pool with `pool up --recycle`)" % args.pool)
+        return dict(derived, backend=cls.name, exec_concurrency=record["size"])
+
+    def dry_run_objects(self, namespace, run_id):
+        return []  # a step creates nothing unless a sandbox is quarantined
+
+    def pods_at_once(self):
+        return self.spec.pool_size  # the pool's sandboxes, as they are
+
+    def never_fits(self, fit, runtime_class, nodes):
+        return None
+
+    def run(self, run):
+        """The pool checked and locked, each slot found as recorded (else claimed afresh), every
+        episode served, the expiries extended; the slots written back at the end, every way out."""
+        spec, cluster, output = self.spec, run.cluster, run.output
+        run_info = run.new_run_info(self)
+        kept = KeptPoolStep(run)
+        run_info.update(kept_pool=kept.info(), pool_size=kept.record["size"])
+        run.write_facts(run_info)
+        slots = RecycledSlots(kept.folder)
+        slots.take("step %s (%s)" % (run.run_id, output))
+        where = WARM_DIAGNOSTICS % output
+        try:
+            self.console.note("step %s of the recycled pool in %s (namespace %s)" % (run.run_id, kept.folder,
+                                                                                    run.namespace))
+            kept.check(cluster)
+            batch = RecycledRun(run, run_info, kept.record["run_id"], slots.read(),
+                                kept.record.get("ttl_seconds") or DEFAULT_POOL_TTL_SECONDS)
+            try:
+                batch.open()
+                replaced = batch.recheck()
+                if not batch.slots:
+                    raise DemoError("no sandbox of the recycled pool in %s can serve (%s); bring it down with `%s pool "
+                                    "down %s` and up again" % (kept.folder, "; ".join(
+                                        lost["why"] for lost in batch.lost[:2]), invocation(), kept.folder))
+                if spec.count > len(batch.slots):
+                    self.console.note("%d episodes on the pool's %d sandboxes: each serves up to %d in turn (a recycled "
+                                      "pool claims no more for a step)" % (spec.count, len(batch.slots),
+                                                                          -(-spec.count // len(batch.slots))))
+                write_json(output / "warm-pool.json", {
+                    "name": POOL_NAME, "template": TEMPLATE_NAME, "size": len(batch.slots), "recycled": True,
+                    "fill_seconds": None, "ready_at_fire": len(batch.slots), "replaced_at_start": replaced,
+                    "kept_pool": dict(kept.info(), changes=kept.changes)})
+                batch.serve(["%s%s-%d" % (CLAIM_PREFIX, run.run_id[:8], index) for index in range(spec.count)])
+                extended = batch.extend_expiry()
+                record = read_saved(output / "warm-pool.json") or {}
+                write_json(output / "warm-pool.json", dict(record, expiry_extended=extended))
+            except DemoError as error:
+                batch.stopping.set()
+                batch.save_state()
+                raise with_context(error, where) from None
+            else:
+                batch.save_state()
+            finally:
+                batch.close()
+                slots.write(batch.slots, batch.quarantined)
+                kept.count_step({"episodes": len(batch.names), "finished_episodes": len(batch.results),
+                                 "quarantined": len(batch.quarantined), "claims_created": len(batch.claims_created)})
+        finally:
+            slots.release()
+        unfinished = batch.unfinished_error(where) if not spec.episode else None
+        if unfinished:
+            raise unfinished
+        report = write_results(output, where)
+        run.stream.finish(report)
+        return conclude(report, run)
+
+    @classmethod
+    def describe_results(cls, output, report, observed):
+        report.update(recycled_summary(output, report))
+
+    @classmethod
+    def cost(cls, output, report, prices, records):
+        """Each sandbox pod of the pool from the step's start to its last reset check: an episode's
+        share from its exec's send to its reset check's answer, idle otherwise (a sandbox waits
+        between steps at the pool's cost, `pool status`)."""
+        observed = read_saved(output / "observed.json") or {}
+        busy = collections.defaultdict(list)
+        for seen in observed.values():
+            if seen.get("pod") and seen.get("exec_started") and seen.get("reset_checked"):
+                busy[seen["pod"]].append((seen["exec_started"], seen["reset_checked"]))
+        begun = min((seen["step_started"] for seen in observed.values() if seen.get("step_started")), default=None)
+        end = max((seen["reset_checked"] for seen in observed.values() if seen.get("reset_checked")), default=None)
+        pods = [pod for pod in read_saved(output / "pods.json") or [] if pod["metadata"]["name"] in busy]
+
+        def split(pod, start, stop):
+            cursor = min(max(start, begun), stop) if begun is not None else start
+            parts = []
+            for since, until in sorted(busy[pod["metadata"]["name"]]):
+                since, until = max(since, cursor), min(until, stop)
+                if since > cursor:
+                    parts.append(("idle", cursor, since))
+                if until > since:
+                    parts.append(("episodes", since, until))
+                    cursor = until
+            return parts + ([("idle", cursor, stop)] if cursor < stop else [])
+
+        return cost_summary(reserved_capacity(pods, end, split), report["successful_episodes"], prices,
+                            used_cpu=used_cpu_seconds(report["pods"]))
+
+    @classmethod
+    def summary_view(cls, report):
+        pool = report["recycled_pool"]
+        return {"recycled_pool": {"sandboxes": pool["sandboxes"], **pool["sandbox_use"],
+                                  "quarantined": len(pool["quarantined"]), "claims_created": len(pool["claims_created"]),
+                                  "claims_deleted": len(pool["claims_deleted"])}}
+
+    @classmethod
+    def summary_lines(cls, report):
+        pool = report["recycled_pool"]
+        lines = ["Recycled pool: %d sandboxes; %d episodes in fresh sandboxes, %d in recycled ones; %d claims made, "
+                 "%d deleted." % (pool["sandboxes"], pool["sandbox_use"]["fresh"], pool["sandbox_use"]["recycled"],
+                                  len(pool["claims_created"]), len(pool["claims_deleted"]))]
+        for entry in pool["quarantined"]:
+            lines.append("Quarantined the sandbox of slot %s after %s: %s." % (entry["slot"], entry["episode"],
+                                                                              "; ".join(entry["left"][:3])))
+        return lines
+
+    @classmethod
+    def timeline_where(cls, results):
+        pool = results["recycled_pool"]
+        return ClusterBackend.timeline_where(results) + ", recycled pool of %s, %d quarantined" % (
+            pool["sandboxes"], len(pool["quarantined"]))
+
+
+def bring_up_recycled_pool(backend, run, template):
+    """`pool up --recycle`, once its template is made: a SandboxWarmPool of none, SIZE claims of
+    the pool's own, each sandbox baselined; then sandboxes.json. A claim that cannot be Ready, or a
+    sandbox whose baseline fails, fails `pool up` (`pool down` deletes what it made)."""
+    spec, output, namespace, console = backend.spec, run.output, run.namespace, run.console
+    pool = warm_pool_manifest(namespace, run.run_id, 0)
+    filled = backend.fill_pool(run, pool)
+    ttl = spec.options["ttl"] or DEFAULT_POOL_TTL_SECONDS
+    batch = RecycledRun(run, {}, run.run_id, {}, ttl)
+    started = time.monotonic()
+    try:
+        batch.open()
+        console.note("recycled pool: claiming %d sandboxes and taking their baselines..." % spec.pool_size)
+        made, failed = batch.claim_slots(range(spec.pool_size), "pool up", spec.timeout)
+    finally:
+        batch.close()
+    if failed:
+        write_json(output / RECYCLED_STATE_FILE, {"slots": [made[number] for number in sorted(made)], "quarantined": []})
+        raise DemoError("%d of %d sandboxes of the recycled pool could not serve (slot %d: %s); `%s pool down %s` "
+                        "deletes what pool up made" % (len(failed), spec.pool_size, failed[0][0], failed[0][1],
+                                                       invocation(), output))
+    write_json(output / RECYCLED_STATE_FILE, {"slots": [made[number] for number in sorted(made)], "quarantined": []})
+    return dict(filled, fill_seconds=time.monotonic() - started, ready_at_fire=len(made),
+                fill_definition="client monotonic clock: the claims' creates -> every sandbox Ready and baselined; "
+                                "setup, not part of any step's figures")
 
 
 # ============================================================================
@@ -9715,7 +10763,7 @@ class LocalBackend(Backend):
 # ============================================================================
 
 
-BACKENDS = {backend.name: backend for backend in (JobBackend, WarmPoolBackend, LocalBackend)}
+BACKENDS = {backend.name: backend for backend in (JobBackend, WarmPoolBackend, RecycledPoolBackend, LocalBackend)}
 GATES = (KueueGate,)  # admission gates (Gate); shared code asks each, in this order
 DEFAULT_BACKEND = JobBackend.name
 
@@ -11157,7 +12205,7 @@ def read_episode_inputs(args, fail):
         except (OSError, UnicodeDecodeError) as error:
             fail("cannot read --episode %s: %s" % (args.episode, getattr(error, "strerror", None) or error))
         size = configmap_bytes({"episode.py": program, EXEC_JOURNAL_FILE: EXEC_JOURNAL_PROGRAM,
-                                SANDBOX_PROBE_FILE: SANDBOX_PROBE_PROGRAM})
+                                SANDBOX_PROBE_FILE: SANDBOX_PROBE_PROGRAM, SANDBOX_RESET_FILE: SANDBOX_RESET_PROGRAM})
         if size > CONFIGMAP_MAX_BYTES and in_configmap:
             fail("--episode %s is %d bytes; a ConfigMap holds at most %d: ship a smaller program (or put it in "
                  "the image)" % (args.episode, size, CONFIGMAP_MAX_BYTES))
@@ -11308,9 +12356,10 @@ def run_spec(args):
     backend = BACKENDS[args.backend]
     # the shared parser's bounds first: a gate or a backend reads --count and the rest as valid
     fields["parallelism"] = check_shared_bounds(args, fail)
+    own = {field for _, field in backend.own_flags}
     for other in BACKENDS.values():
         for flag, field in other.own_flags:
-            if other is not backend and getattr(args, field) is not None:
+            if other is not backend and field not in own and getattr(args, field) is not None:
                 fail("%s is for --backend %s" % (flag, other.name))
     for gate in GATES:  # a gate names the backends it serves (before the flags only clusters take)
         gate.check_options(args, fail, backend)

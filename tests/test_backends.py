@@ -47,7 +47,7 @@ def test_an_unknown_backend_name_is_refused_naming_the_record():
     with pytest.raises(rl_batch_demo.DemoError) as raised:
         rl_batch_demo.backend_named("ssh", "out/run.json")
     assert str(raised.value) == ("out/run.json names backend 'ssh', which this rl-batch-demo does not know (it knows "
-                                 "kubernetes, local, warm-pool): was it written by a newer version?")
+                                 "kubernetes, local, recycled-pool, warm-pool): was it written by a newer version?")
 
 
 def test_results_json_names_the_job_backend(cluster, run_tool, tmp_path):
@@ -67,7 +67,7 @@ def test_report_of_a_run_by_an_unknown_backend_is_one_line(run_tool, tmp_path):
     done = run_tool("report", "out")
     assert done.code == 1, done
     assert done.stderr.splitlines() == ["Error: results.json names backend 'ssh', which this rl-batch-demo does not "
-                                        "know (it knows kubernetes, local, warm-pool): was it written by a newer "
+                                        "know (it knows kubernetes, local, recycled-pool, warm-pool): was it written by a newer "
                                         "version?"]
 
 

@@ -206,7 +206,12 @@ class Runtime:
             volumes[volume["name"]] = path
         mounts = {m["mountPath"]: volumes[m["name"]] for m in container.get("volumeMounts", [])
                   if m["name"] in volumes}
-        env = {"PATH": "%s:/usr/bin:/bin" % (folder / "bin"), "HOME": str(folder), "LANG": "C.UTF-8"}
+        # the container's own HOME and TMPDIR, and the mark by which the tool's reset check finds this
+        # sandbox's processes in the machine's /proc (RL_SANDBOX_ID)
+        for own in ("home", "tmp"):
+            (folder / own).mkdir(exist_ok=True)
+        env = {"PATH": "%s:/usr/bin:/bin" % (folder / "bin"), "HOME": str(folder / "home"), "TMPDIR": str(folder / "tmp"),
+               "RL_SANDBOX_ID": uid, "LANG": "C.UTF-8"}
         for var, value in container_env(container, pod, pod["spec"]["nodeName"]):
             env[var] = translated(value, mounts)
         termination = folder / "termination-log"

@@ -15,9 +15,14 @@ that is not UTF-8 after ready.
 "termination_message": true also writes the events to the termination-message file.
 "on_sigterm": "exit" installs a SIGTERM handler that exits 143 (without it, a `python` that is
 a container's PID 1 does not see SIGTERM at all).
+"leave": what the episode leaves in its sandbox after its reward (a recycled pool's reset check
+finds it): "daemon" a double-forked process that lives as long as the sandbox's keep-alive,
+"tmpfile" a file in $TMPDIR (or /tmp), "chmod_workspace" its workspace made mode 000,
+"kill_keepalive" the sandbox's keep-alive killed (SIGKILL).
 """
 import json
 import os
+import signal
 import sys
 import time
 
@@ -38,7 +43,6 @@ def emit(event, **fields):
 with open(os.environ["TASK_FILE"]) as task_file:
     task = json.load(task_file)
 if task.get("on_sigterm") == "exit":
-    import signal
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 if task.get("runs"):
     with open(task["runs"], "a") as runs:
@@ -69,3 +73,44 @@ if mode == "malformed":
 emit("reward", reward=task.get("reward", 1), task_id=task.get("id"), index=os.environ.get("TASK_INDEX"))
 if task.get("trailing"):
     sys.stdout.write(task["trailing"])
+
+
+def keep_alive():
+    """The sandbox's keep-alive (a container's PID 1; in a simulated sandbox, the process of its
+    RL_SANDBOX_ID whose command is the keep-alive's)."""
+    own = os.environ.get("RL_SANDBOX_ID")
+    for pid in sorted(int(entry) for entry in os.listdir("/proc") if entry.isdigit()):
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as command:
+                words = command.read()
+            if b"trap" not in words or b"sleep infinity" not in words:
+                continue
+            if own is not None:
+                with open("/proc/%d/environ" % pid, "rb") as environ:
+                    if ("RL_SANDBOX_ID=" + own).encode() not in environ.read().split(b"\0"):
+                        continue
+            return pid
+        except OSError:
+            continue
+    raise SystemExit("no keep-alive process found")
+
+
+left = task.get("leave")
+if left == "daemon":
+    watched = keep_alive()
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for descriptor in (0, 1, 2):
+                os.dup2(devnull, descriptor)
+            os.execvp("sh", ["sh", "-c", "while kill -0 %d 2>/dev/null; do sleep 0.2; done" % watched])
+        os._exit(0)
+    os.wait()
+elif left == "tmpfile":
+    with open(os.path.join(os.environ.get("TMPDIR") or "/tmp", "left-behind"), "w") as behind:
+        behind.write("what the next episode would find\n")
+elif left == "chmod_workspace":
+    os.chmod(os.environ.get("RL_WORKSPACE", "/workspace"), 0)
+elif left == "kill_keepalive":
+    os.kill(keep_alive(), signal.SIGKILL)

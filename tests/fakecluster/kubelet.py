@@ -305,7 +305,12 @@ class Kubelet:
         bin_dir = pod_dir / "bin"
         bin_dir.mkdir(parents=True, exist_ok=True)
         os.symlink(info["python"], bin_dir / "python")
-        env = {"PATH": "%s:/usr/bin:/bin" % bin_dir, "HOME": str(pod_dir), "LANG": "C.UTF-8"}
+        # The container's own HOME and TMPDIR (a container's /tmp is its own), and the mark by which
+        # the tool's reset check finds this sandbox's processes in the machine's /proc (RL_SANDBOX_ID)
+        for own in ("home", "tmp"):
+            (pod_dir / own).mkdir(exist_ok=True)
+        env = {"PATH": "%s:/usr/bin:/bin" % bin_dir, "HOME": str(pod_dir / "home"), "TMPDIR": str(pod_dir / "tmp"),
+               "RL_SANDBOX_ID": uid, "LANG": "C.UTF-8"}
         env.update(container_env(container, pod, node))
         offset = self.node_config(node).get("clockOffsetSeconds")
         if offset:
@@ -322,7 +327,9 @@ class Kubelet:
             env["PATH"] = "/.kubelet/bin:/usr/local/bin:/usr/bin:/bin"
             if offset:
                 env["PYTHONPATH"] = "/.kubelet/clock"
-            binds = [(str(bin_dir), "/.kubelet/bin", True)]
+            binds = [(str(bin_dir), "/.kubelet/bin", True), (str(pod_dir / "home"), "/.kubelet/home", False),
+                     (str(pod_dir / "tmp"), "/.kubelet/tmp", False)]
+            env.update(HOME="/.kubelet/home", TMPDIR="/.kubelet/tmp")
             if offset:
                 binds.append((str(pod_dir / "clock"), "/.kubelet/clock", True))
             binds += [(str(local), path, path in read_only) for path, local in mounts.items()]
