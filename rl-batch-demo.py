@@ -69,7 +69,8 @@ Exit codes
 
 Sections of this file, in order (each under a banner of the same name)
     Constants and defaults             what every backend shares (each backend keeps its own)
-    The episode program                the built-in episode and the exec journal, shipped in a ConfigMap
+    The episode program                the built-in episode, the exec journal and the reset check,
+                                       shipped in a ConfigMap
     Errors                             one exception type per exit code; kubectl's failure kinds
     kubectl                            the one subprocess wrapper, ApiPatience (the one retry policy),
                                        a context-bound Cluster, Resource (each kind's API path), and
@@ -95,6 +96,8 @@ Sections of this file, in order (each under a banner of the same name)
     Kueue gate                         --queue: the Job's admission by Kueue, a plug-in of the Job backend
     Warm-pool backend                  agent-sandbox claims from a warm pool, episodes exec'd
     Kept pool                          `pool up/status/down`, and the steps of `run --pool`
+    Recycled pool                      `pool up --recycle`: claims kept across steps, each sandbox
+                                       reset-checked after every episode, a dirty one replaced
     Local backend                      local processes, no cluster
     Backend registry                   BACKENDS and GATES: the one place that lists the backends
                                        and the admission gates
@@ -216,7 +219,7 @@ TASKS_CONFIGMAP = "tasks"
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"  # an episode's index, on every backend's records
 
 # ============================================================================
-# The episode program and the exec journal (run inside each sandbox)
+# The episode program, the exec journal and the reset check (run inside each sandbox)
 # ============================================================================
 # Shipped in the ConfigMap `episode`, run as `python -B /demo/episode.py`. Its start-up
 # is part of what is measured, so it imports only cheap standard modules. It emits JSON
@@ -5900,6 +5903,9 @@ def record_log_sources(folder, sources):
 # ============================================================================
 
 JOBS = Resource("Job", "batch/v1", "jobs")
+# The TTL-after-finished controller deletes a finished Job (its pods with it) this long after it
+# finished: long after the tool has read and saved everything (it reads as the Job finishes).
+JOB_SAFETY_NET_SECONDS = 600
 
 
 def job_manifest(namespace, run_id, count, parallelism, image, runtime, deadline=DEFAULT_TIMEOUT_SECONDS,
@@ -5913,7 +5919,9 @@ def job_manifest(namespace, run_id, count, parallelism, image, runtime, deadline
     probe program sets as the episode's TASK_INDEX and TASK_FILE (RL_TASK_INDEXES).
     """
     spec = {"completions": count, "parallelism": parallelism, "backoffLimit": 0,
-            "activeDeadlineSeconds": deadline}
+            "activeDeadlineSeconds": deadline,
+            # a safety net, as a claim's shutdownTime: a tool killed for good leaves no Job or pod past it
+            "ttlSecondsAfterFinished": JOB_SAFETY_NET_SECONDS}
     if custom is not None:
         del spec["backoffLimit"]  # with backoffLimitPerIndex it defaults to "no global limit"
         spec.update(completionMode="Indexed", backoffLimitPerIndex=custom.retries, podFailurePolicy={"rules": [
