@@ -9530,15 +9530,27 @@ def kept_pool_status(cluster, folder, record):
         steps = [json.loads(line) for line in (folder / POOL_STEPS_FILE).read_text().splitlines() if line.strip()]
     except FileNotFoundError:
         steps = []
-    pods = cluster.api.list(PODS, namespace, POOL_MEMBER_LABEL) if state == "up" else []
+    claims, expires = [], None
+    if record.get("recycle") and state == "up":
+        # a recycled pool's sandboxes are its claims' (the warm pool holds none): Ready ones, and the
+        # first expiry on the server (a claim's lifecycle.shutdownTime, extended by each step)
+        claims = cluster.api.list(CLAIMS, namespace, "%s=%s" % (RUN_LABEL, record["run_id"]))
+        stamps = [((claim.get("spec") or {}).get("lifecycle") or {}).get("shutdownTime") for claim in claims]
+        expires = min((stamp for stamp in stamps if stamp), key=parse_k8s_time, default=None)
+    pods = cluster.api.list(PODS, namespace, POOL_MEMBER_LABEL) if state == "up" and not record.get("recycle") else []
     template = cluster.api.get(TEMPLATES, TEMPLATE_NAME, namespace) if state == "up" else None
     pod_spec = pods[0].get("spec") if pods else ((template or {}).get("spec") or {}).get("podTemplate", {}).get("spec")
     request = effective_request(pod_spec or {})[0]
     size = ((live or {}).get("spec") or {}).get("replicas", 1) if state == "up" else 0
+    ready = ((live or {}).get("status") or {}).get("readyReplicas", 0) if state == "up" else 0
+    if record.get("recycle") and state == "up":
+        size, ready = len(claims), sum(1 for claim in claims if claim_ready(claim).get("status") == "True")
     age = time.time() - parse_k8s_time(record["created_at"])
     return {"pool": str(folder), "state": state, "context": record["context"], "namespace": namespace,
-            "ready": ((live or {}).get("status") or {}).get("readyReplicas", 0) if state == "up" else 0,
+            "recycle": bool(record.get("recycle")), "ready": ready,
             "size": size, "size_at_up": record["size"], "age_seconds": round(age, 1),
+            "expires_at": expires, "expires_in_seconds": None if expires is None else round(
+                parse_k8s_time(expires) - time.time(), 1),
             "steps_served": len(steps), "last_step": steps[-1] if steps else None,
             "idle_cost_per_hour": {
                 "cpu_core_seconds": round(size * request["cpu"] * 3600, 3),
@@ -9557,7 +9569,9 @@ def pool_status_lines(status):
         status["pool"], status["ready"], status["size"], status["namespace"], status["context"],
         human_age(status["age_seconds"]), status["steps_served"]),
         "idle cost: %.0f CPU core-seconds and %.0f GiB-seconds reserved per hour between steps" % (
-            idle["cpu_core_seconds"], idle["gib_seconds"])]
+            idle["cpu_core_seconds"], idle["gib_seconds"])] + ([
+        "recycled: its claims expire on the server at %s (in %s) unless a step extends them" % (
+            status["expires_at"], human_age(max(0.0, status["expires_in_seconds"])))] if status.get("expires_at") else [])
 
 
 def pool_up_spec(args):
@@ -9574,8 +9588,8 @@ def pool_up_spec(args):
     options = {dest: run_parser.get_default(dest) for dest in run_parser.plugin_options}
     if args.ttl is not None and not args.recycle:
         fail("--ttl is for a recycled pool's claims (with --recycle); a pool of fresh claims keeps none across steps")
-    if args.ttl is not None and args.ttl < 60:
-        fail("--ttl must be at least 60 seconds, got %d" % args.ttl)
+    if args.ttl is not None and args.ttl < MIN_POOL_TTL_SECONDS:
+        fail("--ttl must be at least %d seconds, got %d" % (MIN_POOL_TTL_SECONDS, args.ttl))
     options.update(pool_size=args.size, exec_concurrency=1, pool=None, recycle=args.recycle, ttl=args.ttl)
     return RunSpec(command=POOL_UP_COMMAND, output=args.output, backend=WarmPoolBackend.name, count=0,
                    allow_large=args.allow_large, parallelism=0, image=args.image or DEFAULT_IMAGE,
@@ -9678,6 +9692,9 @@ RECYCLED_LOCK_FILE = "step.lock"  # in POOLDIR: held (flock) by the one step of 
 RECYCLED_KIND = "RecycledEpisode"  # an episode of a recycled step in the shape of a pod, in episodes.json
 RESET_TIMEOUT_SECONDS = 15  # a baseline's or reset check's exec, from its send to its answer
 DEFAULT_POOL_TTL_SECONDS = 3600  # a recycled pool's claims expire this long after their last step
+MIN_POOL_TTL_SECONDS = 10  # the stamp's whole seconds, and the controller's requeue, are a second or two
+# a step extends a claim to outlive its --timeout and last reset check by this much (clock skew, requeues)
+EXPIRY_MARGIN_SECONDS = 30
 SLOT_CLAIM_PREFIX = CLAIM_PREFIX + "slot-"
 
 
@@ -9723,6 +9740,45 @@ def reset_answer(result):
     return False, ["the reset check did not answer (%s)" % why], None
 
 
+def controller_uid(obj):
+    """The uid of the object's controller (its ownerReference with controller: true), or None."""
+    return next((ref.get("uid") for ref in obj["metadata"].get("ownerReferences") or [] if ref.get("controller")), None)
+
+
+def over_creation(slots, sandboxes, pods):
+    """The over-creation guard of a recycled pool, pure: (one line, the claims it concerns) when the
+    cluster holds more than the pool asked for (more than one live Sandbox controlled by one of
+    its claims, or more than one live pod controlled by one of their Sandboxes: a controller
+    creating too many, as agent-sandbox issues #1215 and #1332 describe), else None. Live: no
+    deletionTimestamp, and for a pod not Succeeded or Failed (a replacement after its end is not
+    more)."""
+    claims = {record["claim_uid"]: record["claim"] for record in slots if record.get("claim_uid")}
+
+    def live(obj):
+        return not obj["metadata"].get("deletionTimestamp") and (obj.get("status") or {}).get("phase") not in (
+            "Succeeded", "Failed")
+    by_claim = {}
+    for sandbox in sandboxes:
+        if controller_uid(sandbox) in claims and live(sandbox):
+            by_claim.setdefault(controller_uid(sandbox), []).append(sandbox)
+    for uid, found in sorted(by_claim.items(), key=lambda item: claims[item[0]]):
+        if len(found) > 1:
+            return ("claim %s controls %d Sandboxes (%s), one asked for" % (
+                claims[uid], len(found), ", ".join(sorted(s["metadata"]["name"] for s in found))), [claims[uid]])
+    owners = {sandbox["metadata"]["uid"]: (sandbox["metadata"]["name"], claims[uid])
+              for uid, found in by_claim.items() for sandbox in found}
+    by_sandbox = {}
+    for pod in pods:
+        if controller_uid(pod) in owners and live(pod):
+            by_sandbox.setdefault(controller_uid(pod), []).append(pod)
+    for uid, found in sorted(by_sandbox.items(), key=lambda item: owners[item[0]]):
+        if len(found) > 1:
+            sandbox, claim = owners[uid]
+            return ("Sandbox %s (claim %s) controls %d pods (%s), one asked for" % (
+                sandbox, claim, len(found), ", ".join(sorted(p["metadata"]["name"] for p in found))), [claim])
+    return None
+
+
 class RecycledSlots:
     """POOLDIR/sandboxes.json and the lock that gives one step at a time the recycled pool."""
 
@@ -9758,11 +9814,22 @@ class RecycledSlots:
         state = read_json(self.folder / RECYCLED_STATE_FILE, "the recycled pool's sandboxes", keys=("slots",))
         return {int(slot["slot"]): slot for slot in state["slots"]}
 
-    def write(self, slots, quarantined=()):
+    def generations(self):
+        """{slot number: the generation of its last claim made}, also for slots lost since: the next
+        claim of a slot has the next name (episode-slot-<slot>-<generation>), never one still being deleted."""
         state = read_saved(self.folder / RECYCLED_STATE_FILE) or {}
+        made = {int(number): generation for number, generation in (state.get("generations") or {}).items()}
+        for slot in state.get("slots") or []:
+            made[int(slot["slot"])] = max(made.get(int(slot["slot"]), -1), slot["generation"])
+        return made
+
+    def write(self, slots, quarantined=(), generations=None):
+        state = read_saved(self.folder / RECYCLED_STATE_FILE) or {}
+        made = dict(state.get("generations") or {})
+        made.update({str(number): generation for number, generation in (generations or {}).items()})
         write_json(self.folder / RECYCLED_STATE_FILE, {
             "slots": [slots[number] for number in sorted(slots)],
-            "quarantined": (state.get("quarantined") or []) + list(quarantined)})
+            "quarantined": (state.get("quarantined") or []) + list(quarantined), "generations": made})
 
 
 class RecycledRun(WarmPoolRun):
@@ -9780,6 +9847,9 @@ class RecycledRun(WarmPoolRun):
         self.claims_created, self.claims_deleted, self.quarantined, self.lost = [], [], [], []
         self.claim_watch = self.sandbox_watch = None
         self.pumping, self.pump_thread, self.pump_error = threading.Event(), None, None
+        # what the over-creation guard found (over_creation()), once; from then on no claim is made
+        self.over_created, self.stop_claiming = None, threading.Event()
+        self.generations = {}  # slot number -> its last claim's generation (RecycledSlots.generations)
 
     def open(self):
         """The channel, the watches of the pool's claims, Sandboxes and pods, and their pump."""
@@ -9797,6 +9867,11 @@ class RecycledRun(WarmPoolRun):
                 for now, claim in self.claim_watch.drain(timeout=WATCH_WAIT_SECONDS):
                     self.take_claim(claim, now)
                 self.absorb_watched(self.sandbox_watch)
+                if self.over_created is None:
+                    self.over_created = over_creation(list(self.slots.values()), list(self.sandboxes.values()),
+                                                      list(self.pods.values()))
+                    if self.over_created is not None:
+                        self.stop_claiming.set()
         except Exception as error:  # the tool's own failure: said where the waits end
             self.pump_error = error
 
@@ -9833,11 +9908,18 @@ class RecycledRun(WarmPoolRun):
     def claim_slots(self, numbers, why, wait_seconds):
         """A fresh claim for each slot of `numbers`, made at once, each baselined once Ready:
         {slot: record} of those that are, and [(slot, why not)] of the others."""
+        if self.stop_claiming.is_set():
+            return {}, [(number, "no claim is made once the cluster made more than asked (%s)" % self.over_created[0])
+                        for number in numbers]
+        # a claim made during a step outlives it (as extend_for_the_step makes the others)
+        lifetime = self.ttl + (max(0.0, self.deadline - time.monotonic()) + RESET_TIMEOUT_SECONDS +
+                               EXPIRY_MARGIN_SECONDS if self.deadline is not None else 0)
         claims = []
         for number in numbers:
             old = self.slots.get(number)
-            claim = slot_claim_manifest(self.namespace, self.pool_run_id, number,
-                                        old["generation"] + 1 if old else 0, shutdown_stamp(self.ttl))
+            generation = max(old["generation"] if old else -1, self.generations.get(number, -1)) + 1
+            self.generations[number] = generation
+            claim = slot_claim_manifest(self.namespace, self.pool_run_id, number, generation, shutdown_stamp(lifetime))
             name = claim["metadata"]["name"]
             self.ready[name], self.claim_times[name] = threading.Event(), {}
             claims.append((number, claim))
@@ -9910,10 +9992,10 @@ class RecycledRun(WarmPoolRun):
                                            " (%s)" % eviction_message(pod) if eviction_message(pod) else "")
         return None
 
-    def recheck(self):
+    def recheck(self, size):
         """The step's start: every slot as recorded, its claim Ready and its pod the same; one line for
-        each that is not, then a fresh claim for it; a claim of the pool no slot records (a quarantine
-        a killed step never wrote down) deleted."""
+        each that is not (or that an earlier step lost), then a fresh claim for it; a claim of the
+        pool no slot records (a quarantine a killed step never wrote down) deleted."""
         claims = {claim["metadata"]["name"]: claim for claim in self.list_claims()}
         pods = {pod["metadata"]["name"]: pod for pod in self.list_namespaced(PODS, self.pod_selector)}
         stale = {}
@@ -9923,6 +10005,10 @@ class RecycledRun(WarmPoolRun):
                 stale[number] = why
                 self.console.warn("slot %d of the recycled pool cannot serve: %s; claiming a fresh sandbox for it" % (
                     number, why))
+        for number in sorted(set(range(size)) - set(self.slots)):
+            stale[number] = "an earlier step lost it"
+            self.console.warn("slot %d of the recycled pool cannot serve: %s; claiming a fresh sandbox for it" % (
+                number, stale[number]))
         recorded = {record["claim"] for record in self.slots.values()}
         strays = [claim for name, claim in claims.items() if name not in recorded and not claim["metadata"].get(
             "deletionTimestamp")]
@@ -9931,7 +10017,7 @@ class RecycledRun(WarmPoolRun):
                               "deleting it" % claim["metadata"]["name"])
             self.delete_slot_claim({"claim": claim["metadata"]["name"], "claim_uid": claim["metadata"]["uid"]})
         for number in stale:
-            if self.slots[number]["claim"] in claims:
+            if number in self.slots and self.slots[number]["claim"] in claims:
                 self.delete_slot_claim(self.slots[number])
         made, failed = self.claim_slots(sorted(stale), "found unusable at the step's start", self.spec.timeout)
         self.slots.update(made)
@@ -9941,11 +10027,34 @@ class RecycledRun(WarmPoolRun):
             self.slots.pop(number, None)
         return {number: why for number, why in stale.items()}
 
-    def extend_expiry(self):
-        """Each claim with less than half its --ttl left expires --ttl from now (a merge patch each)."""
+    def contain_over_creation(self):
+        """The claims the guard's extra objects hang from, deleted on their uids (the garbage
+        collector takes their Sandboxes and pods, the extra ones with them); their slots lost until
+        the next step claims them afresh."""
+        what, claims = self.over_created
+        for number, record in sorted(self.slots.items()):
+            if record["claim"] in claims:
+                self.console.warn("over-creation: %s; deleting claim %s" % (what, record["claim"]))
+                self.delete_slot_claim(record)
+                self.lost.append({"slot": number, "why": "over-creation: " + what})
+                self.slots.pop(number)
+
+    def stop_over_creation(self):
+        """The guard's end of a step: the error that says what the cluster over-made and what the step did."""
+        what, claims = self.over_created
+        self.contain_over_creation()  # when the guard spoke after the last episode started
+        return BatchFailed("over-creation: %s; the step stopped creating (%d of its %d episodes not started) and "
+                           "deleted claim %s (its Sandboxes and pods go with it); the next step claims that slot "
+                           "afresh" % (what, len(self.names) - len(self.results), len(self.names), ", ".join(claims)))
+
+    def extend_expiry(self, needed, extended_to):
+        """Each claim that would expire within `needed` seconds expires `extended_to` seconds from now
+        (a merge patch on its uid each); returns how many were extended. At a step's start a claim
+        must outlive the step (its --timeout, its last reset check); at its end it must live --ttl
+        more. Claims with more left are not patched: a step costs no patch while the expiry allows."""
         due = [record for record in self.slots.values()
-               if parse_k8s_time(record["shutdown_time"]) - time.time() < self.ttl / 2]
-        stamp = shutdown_stamp(self.ttl)
+               if parse_k8s_time(record["shutdown_time"]) - time.time() < needed]
+        stamp = shutdown_stamp(extended_to)
 
         def extend(record):
             path = CLAIMS.path(self.namespace, record["claim"])
@@ -9966,6 +10075,15 @@ class RecycledRun(WarmPoolRun):
             with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(due), CLAIM_CREATE_STREAMS)) as workers:
                 list(workers.map(extend, due))
         return len(due)
+
+    def extend_for_the_step(self):
+        """At the step's start: no claim expires before the step's deadline (and its last reset check)."""
+        step = self.spec.timeout + RESET_TIMEOUT_SECONDS + EXPIRY_MARGIN_SECONDS
+        return self.extend_expiry(step, step + self.ttl)
+
+    def extend_after_the_step(self):
+        """At the step's end: every claim lives at least half its --ttl more."""
+        return self.extend_expiry(self.ttl / 2, self.ttl)
 
     def serve(self, episodes):
         """Every episode of the step (names in task order), one per free sandbox at a time, until all
@@ -9988,6 +10106,11 @@ class RecycledRun(WarmPoolRun):
             while waiting or running:
                 if self.pump_error is not None:
                     raise self.pump_error
+                if self.over_created is not None:
+                    # no episode starts in a pool a controller over-made: what it over-made deleted now
+                    # (the episode in that sandbox ends as an infrastructure failure); run() says so
+                    self.contain_over_creation()
+                    break
                 try:
                     number = free.get(timeout=WATCH_WAIT_SECONDS)
                 except queue.Empty:
@@ -10057,15 +10180,20 @@ class RecycledRun(WarmPoolRun):
                                   "clean": clean, "left": left, "seconds_in_sandbox": seconds}}
         if result.reason != "Interrupted":
             self.offer(name, index, result)
+        if number not in self.slots:
+            return  # the slot was lost meanwhile (the over-creation guard deleted its claim)
         if clean:
             free.put(number)
             return
-        self.quarantine(number, name, left, free)
+        self.quarantine(number, name, index, left, free)
 
-    def quarantine(self, number, episode, left, free):
-        record = self.slots[number]
+    def quarantine(self, number, episode, task, left, free):
+        record = self.slots.get(number)
+        if record is None:
+            return  # lost meanwhile (the over-creation guard): nothing of it to quarantine
         self.quarantined.append({"slot": number, "claim": record["claim"], "sandbox": record["sandbox"],
-                                 "pod": record["pod"], "episode": episode, "left": left, "at": utc_now()})
+                                 "pod": record["pod"], "episode": episode, "task": task, "left": left,
+                                 "at": utc_now()})
         if self.stopping.is_set():
             return  # the tool is stopping: the next step claims the slot afresh (recheck)
         self.console.warn("quarantined the sandbox of slot %d (claim %s) after episode %s: %s; claiming a fresh "
@@ -10335,9 +10463,11 @@ class RecycledPoolBackend(WarmPoolBackend):
             kept.check(cluster)
             batch = RecycledRun(run, run_info, kept.record["run_id"], slots.read(),
                                 kept.record.get("ttl_seconds") or DEFAULT_POOL_TTL_SECONDS)
+            batch.generations = slots.generations()
             try:
                 batch.open()
-                replaced = batch.recheck()
+                replaced = batch.recheck(kept.record["size"])
+                extended_at_start = batch.extend_for_the_step()
                 if not batch.slots:
                     raise DemoError("no sandbox of the recycled pool in %s can serve (%s); bring it down with `%s pool "
                                     "down %s` and up again" % (kept.folder, "; ".join(
@@ -10351,9 +10481,11 @@ class RecycledPoolBackend(WarmPoolBackend):
                     "fill_seconds": None, "ready_at_fire": len(batch.slots), "replaced_at_start": replaced,
                     "kept_pool": dict(kept.info(), changes=kept.changes)})
                 batch.serve(["%s%s-%d" % (CLAIM_PREFIX, run.run_id[:8], index) for index in range(spec.count)])
-                extended = batch.extend_expiry()
+                if batch.over_created is not None:
+                    raise batch.stop_over_creation()
+                extended = batch.extend_after_the_step()
                 record = read_saved(output / "warm-pool.json") or {}
-                write_json(output / "warm-pool.json", dict(record, expiry_extended=extended))
+                write_json(output / "warm-pool.json", dict(record, expiry_extended=extended + extended_at_start))
             except DemoError as error:
                 batch.stopping.set()
                 batch.save_state()
@@ -10362,7 +10494,7 @@ class RecycledPoolBackend(WarmPoolBackend):
                 batch.save_state()
             finally:
                 batch.close()
-                slots.write(batch.slots, batch.quarantined)
+                slots.write(batch.slots, batch.quarantined, batch.generations)
                 kept.count_step({"episodes": len(batch.names), "finished_episodes": len(batch.results),
                                  "quarantined": len(batch.quarantined), "claims_created": len(batch.claims_created)})
         finally:

@@ -240,6 +240,136 @@ def test_a_kept_pool_serves_three_steps_and_pool_down_leaves_nothing(control_pla
     assert namespace_gone(control_plane, namespace)
 
 
+# ---------------------------------------------------------------- a recycled kept pool on agent-sandbox v0.5.6
+
+
+def claims_on(plane, namespace):
+    return plane.get_json("-n", namespace, "sandboxclaims")["items"]
+
+
+@pytest.mark.parts("agent-sandbox")
+def test_a_recycled_pool_serves_three_steps_on_the_claims_it_keeps_and_replaces_a_dirty_one(control_plane, tmp_path):
+    up = run_tool_on(control_plane, tmp_path, "pool", "up", "--recycle", "--size", "2", "--episode", EPISODE,
+                     "--output", "pool")
+    assert up.code == 0, up
+    namespace = read(tmp_path / "pool" / "pool.json")["namespace"]
+    kept = sorted(claim["metadata"]["uid"] for claim in claims_on(control_plane, namespace))
+    for number in (1, 2, 3):
+        tasks = write_tasks(tmp_path / ("tasks-%d.jsonl" % number), [{"reward": 0.5}, {"reward": 0.25}])
+        done = run_tool_on(control_plane, tmp_path, "run", "--backend", "warm-pool", "--pool", "pool", "--tasks",
+                           tasks, "--output", "step-%d" % number)
+        assert done.code == 0, done
+        results = read(tmp_path / ("step-%d" % number) / "results.json")
+        assert [row["reward"] for row in results["pods"]] == [0.5, 0.25]
+        assert [row["episodes_before"] for row in results["pods"]] == [number - 1] * 2
+    # the controller's claims, as the API has them: the same two objects all along
+    assert sorted(claim["metadata"]["uid"] for claim in claims_on(control_plane, namespace)) == kept
+    dirty = write_tasks(tmp_path / "dirty.jsonl", [{}, {"leave": "tmpfile"}])
+    done = run_tool_on(control_plane, tmp_path, "run", "--backend", "warm-pool", "--pool", "pool", "--tasks", dirty,
+                       "--output", "step-4")
+    assert done.code == 0, done
+    quarantined = read(tmp_path / "step-4" / "results.json")["recycled_pool"]["quarantined"]
+    assert [entry["task"] for entry in quarantined] == [1]
+    now = sorted(claim["metadata"]["name"] for claim in claims_on(control_plane, namespace))
+    assert len(now) == 2 and quarantined[0]["claim"] not in now  # its claim deleted, a fresh one in its slot
+    down = run_tool_on(control_plane, tmp_path, "pool", "down", "pool")
+    assert down.code == 0, down
+    assert namespace_gone(control_plane, namespace)
+
+
+@pytest.mark.parts("agent-sandbox")
+def test_a_sigkilled_steps_sandboxes_are_deleted_by_the_controller_at_their_expiry(control_plane, tmp_path):
+    up = run_tool_on(control_plane, tmp_path, "pool", "up", "--recycle", "--size", "2", "--ttl", "10", "--episode",
+                     EPISODE, "--output", "pool")
+    assert up.code == 0, up
+    namespace = read(tmp_path / "pool" / "pool.json")["namespace"]
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"sleep": 600}, {"sleep": 600}])
+    step = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--backend", "warm-pool", "--pool", "pool", "--tasks",
+                             tasks, "--timeout", "5", "--output", "step"], cwd=str(tmp_path), env=control_plane.env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        # the episodes under way: each has its journal in its sandbox, as the runtime saw it exec'd
+        wait_for("the step's two episodes", lambda: step.poll() is None and len(episode_execs_per_pod(
+            control_plane)) == 2 or (step.poll() is not None and pytest.fail(step.communicate()[1])))
+    finally:
+        try:
+            os.killpg(step.pid, signal.SIGKILL)  # the tool and its kubectl children: a machine that never comes back
+        except ProcessLookupError:
+            pass  # it had ended (the wait above says how)
+        step.wait()
+    expiries = {claim["metadata"]["name"]: claim["spec"]["lifecycle"]["shutdownTime"]
+                for claim in claims_on(control_plane, namespace)}
+    assert len(expiries) == 2
+    latest = max(rl_batch_demo_time(stamp) for stamp in expiries.values())
+    # the step had made them outlive its deadline (5 s, its last reset check, a margin) and --ttl
+    assert latest - time.time() <= 5 + 15 + 30 + 10
+    wait_for("the controller to delete the expired claims and their sandboxes", lambda: not claims_on(
+        control_plane, namespace) and not control_plane.get_json("-n", namespace, "sandboxes")["items"] and not [
+        pod for pod in control_plane.get_json("-n", namespace, "pods")["items"]
+        if not pod["metadata"].get("deletionTimestamp")], timeout=300)
+    assert time.time() >= min(rl_batch_demo_time(stamp) for stamp in expiries.values())  # not before their time
+    down = run_tool_on(control_plane, tmp_path, "pool", "down", "pool")
+    assert down.code == 0, down
+    assert namespace_gone(control_plane, namespace)
+
+
+@pytest.mark.parts("agent-sandbox")
+def test_a_step_that_sees_two_pods_for_one_sandbox_stops_says_so_and_deletes_that_claim(control_plane, tmp_path):
+    up = run_tool_on(control_plane, tmp_path, "pool", "up", "--recycle", "--size", "2", "--episode", EPISODE,
+                     "--output", "pool")
+    assert up.code == 0, up
+    namespace = read(tmp_path / "pool" / "pool.json")["namespace"]
+    slot = read(tmp_path / "pool" / "sandboxes.json")["slots"][0]
+    hold = tmp_path / "hold"
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"wait_for": str(hold)}, {"wait_for": str(hold)}])
+    step = start_tool_on(control_plane, tmp_path, "run", "--backend", "warm-pool", "--pool", "pool", "--tasks", tasks,
+                         "--timeout", "120", "--output", "step")
+    try:
+        wait_for("the step's two episodes", lambda: len(episode_execs_per_pod(control_plane)) == 2 or (
+            step.poll() is not None and pytest.fail(step.communicate()[1])))
+        # a controller making one pod too many (agent-sandbox #1332): a second pod its Sandbox controls
+        extra = control_plane.get_json("-n", namespace, "pod", slot["pod"])
+        extra["metadata"] = {key: extra["metadata"][key] for key in ("labels", "ownerReferences", "annotations")
+                             if key in extra["metadata"]}
+        extra["metadata"].update(name=slot["pod"] + "-extra", namespace=namespace)
+        extra["spec"].pop("nodeName", None)
+        extra.pop("status", None)
+        control_plane.kubectl("create", "-f", "-", stdin=json.dumps(extra))
+        # the guard's answer: that slot's claim deleted while the other episode is still held
+        wait_for("the step to delete the over-made claim", lambda: slot["claim"] not in [
+            claim["metadata"]["name"] for claim in claims_on(control_plane, namespace)] or (
+            step.poll() is not None and pytest.fail(step.communicate()[1])))
+        hold.write_text("")
+        stdout, stderr = step.communicate(timeout=300)
+    finally:
+        hold.write_text("")
+        if step.poll() is None:
+            step.kill()
+            step.wait()
+    assert step.returncode == 4, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: over-creation: Sandbox %s (claim %s) controls 2 pods (%s, %s-extra), one asked "
+                           "for; the step stopped creating" % (slot["sandbox"], slot["claim"], slot["pod"],
+                                                               slot["pod"])), last
+    wait_for("the over-made claim, its Sandbox and both its pods to go", lambda: not [
+        pod for pod in control_plane.get_json("-n", namespace, "pods")["items"]
+        if pod["metadata"]["name"] in (slot["pod"], slot["pod"] + "-extra")] and slot["claim"] not in [
+        claim["metadata"]["name"] for claim in claims_on(control_plane, namespace)], timeout=300)
+    again = run_tool_on(control_plane, tmp_path, "run", "--backend", "warm-pool", "--pool", "pool", "--tasks",
+                        write_tasks(tmp_path / "again.jsonl", [{}, {}]), "--output", "step-2")
+    assert again.code == 0, again
+    assert "slot 0 of the recycled pool cannot serve" in again.stderr
+    down = run_tool_on(control_plane, tmp_path, "pool", "down", "pool")
+    assert down.code == 0, down
+    assert namespace_gone(control_plane, namespace)
+
+
+def rl_batch_demo_time(stamp):
+    import calendar
+    return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
+
+
 # ---------------------------------------------------------------- Kueue v0.19.2's controller manager on it
 
 

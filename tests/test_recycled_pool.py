@@ -6,10 +6,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
-from conftest import EPISODE, read, start_tool, wait_for, write_tasks
+from conftest import EPISODE, ROOT, read, start_tool, wait_for, write_tasks
 
 import rl_batch_demo
 
@@ -139,3 +140,107 @@ def test_pool_down_of_a_recycled_pool_deletes_its_claims_and_namespace(sandbox_c
     done = run_tool("pool", "down", "pool", cluster=sandbox_cluster)
     assert done.code == 0, done
     assert namespace not in [item["metadata"]["name"] for item in sandbox_cluster.get_json("namespaces")["items"]]
+
+
+# ---------------------------------------------------------------- from Python
+
+
+def test_a_recycled_warm_pool_serves_a_twenty_step_loop_from_python_with_no_claim_churn(sandbox_cluster, tmp_path):
+    # GRPO-shaped: each step a group of 2 episodes of each of 2 tasks, every reward checked against its task's
+    # own (the scripted episode answers the reward its task names); a step's dirtying episode on step 7
+    program = """
+import json, sys
+sys.path.insert(0, %r)
+import rl_batch_demo
+steps = []
+with rl_batch_demo.warm_pool(size=2, output="pool", no_runtime_class=True, episode=%r, recycle=True) as pool:
+    namespace = pool.status()["namespace"]
+    for number in range(20):
+        tasks = [{"id": "t%%d-%%d" %% (number, task), "reward": round(0.05 * (number %% 10) + 0.1 * task, 2)}
+                 for task in range(2) for _ in range(2)]
+        if number == 7:
+            tasks[3]["leave"] = "tmpfile"
+        batch = pool.run_batch(tasks=tasks)
+        results = batch.results
+        steps.append({"rewards": batch.rewards, "expected": [task["reward"] for task in tasks],
+                      "exit_code": batch.exit_code, "backend": results["backend"],
+                      "created": len(results["recycled_pool"]["claims_created"]),
+                      "deleted": len(results["recycled_pool"]["claims_deleted"]),
+                      "quarantined": [entry["task"] for entry in results["recycled_pool"]["quarantined"]]})
+    print(json.dumps({"steps": steps, "namespace": namespace}))
+""" % (str(ROOT), EPISODE)
+    done = subprocess.run([sys.executable, "-c", program], cwd=str(tmp_path), env=sandbox_cluster.env(),
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    steps = said["steps"]
+    assert len(steps) == 20
+    assert all(step["rewards"] == step["expected"] and step["exit_code"] == 0 for step in steps)
+    assert {step["backend"] for step in steps} == {"recycled-pool"}
+    # the one quarantine (step 8's fourth episode) is the only claim made or deleted in twenty steps
+    assert [(number, step["quarantined"]) for number, step in enumerate(steps) if step["quarantined"]] == [(7, [3])]
+    assert [(step["created"], step["deleted"]) for step in steps] == [(0, 0)] * 7 + [(1, 1)] + [(0, 0)] * 12
+    assert sandbox_cluster.kubectl("get", "namespace", said["namespace"], check=False).returncode != 0
+
+
+def test_pool_status_of_a_recycled_pool_counts_its_claims_and_shows_their_expiry(sandbox_cluster, run_tool, tmp_path):
+    recycled_pool_up(run_tool, sandbox_cluster, 2, "--ttl", "600")
+    done = run_tool("pool", "status", "pool", "--json", cluster=sandbox_cluster)
+    assert done.code == 0, done
+    status = json.loads(done.stdout)
+    assert (status["recycle"], status["ready"], status["size"]) == (True, 2, 2)
+    assert 0 < status["expires_in_seconds"] <= 600
+    shown = run_tool("pool", "status", "pool", cluster=sandbox_cluster)
+    assert "its claims expire on the server at %s" % status["expires_at"] in shown.stdout + shown.stderr
+
+
+def test_a_step_extends_claims_that_would_expire_before_its_deadline(sandbox_cluster, run_tool, tmp_path):
+    recycled_pool_up(run_tool, sandbox_cluster, 2, "--ttl", "10")
+    namespace = read(tmp_path / "pool" / "pool.json")["namespace"]
+    assert step(run_tool, sandbox_cluster, "step-1", "--count", "2", "--timeout", "120").code == 0
+    # the step's start made them outlive its deadline (120 s, its last check and a margin) and 10 s more
+    for claim in claims_of(sandbox_cluster, namespace):
+        left = rl_batch_demo.parse_k8s_time(claim["spec"]["lifecycle"]["shutdownTime"]) - time.time()
+        assert 120 < left <= 120 + 15 + 30 + 10
+    assert read(tmp_path / "step-1" / "warm-pool.json")["expiry_extended"] == 2
+
+
+# ---------------------------------------------------------------- the over-creation guard, in-process
+
+
+def owned(kind, name, uid, owner_uid, **status):
+    return {"kind": kind, "metadata": {"name": name, "uid": uid, "ownerReferences": [
+        {"uid": owner_uid, "controller": True}]}, "status": status}
+
+
+SLOTS = [{"claim": "episode-slot-0-0", "claim_uid": "c0"}, {"claim": "episode-slot-1-0", "claim_uid": "c1"}]
+SANDBOXES = [owned("Sandbox", "s0", "s0", "c0"), owned("Sandbox", "s1", "s1", "c1")]
+
+
+def test_one_sandbox_and_one_pod_per_claim_is_not_over_creation(tool):
+    pods = [owned("Pod", "p0", "p0", "s0", phase="Running"), owned("Pod", "p1", "p1", "s1", phase="Running")]
+    assert tool.over_creation(SLOTS, SANDBOXES, pods) is None
+
+
+def test_two_live_pods_of_one_sandbox_are_over_creation_naming_both_and_the_claim(tool):
+    pods = [owned("Pod", "p0", "p0", "s0", phase="Running"), owned("Pod", "p0-extra", "px", "s0", phase="Pending")]
+    assert tool.over_creation(SLOTS, SANDBOXES, pods) == (
+        "Sandbox s0 (claim episode-slot-0-0) controls 2 pods (p0, p0-extra), one asked for", ["episode-slot-0-0"])
+
+
+def test_a_pod_being_deleted_or_ended_beside_its_replacement_is_not_over_creation(tool):
+    going = owned("Pod", "old", "old", "s0", phase="Running")
+    going["metadata"]["deletionTimestamp"] = "2026-12-07T00:00:00Z"
+    pods = [going, owned("Pod", "ended", "ended", "s0", phase="Failed"), owned("Pod", "p0", "p0", "s0", phase="Running")]
+    assert tool.over_creation(SLOTS, SANDBOXES, pods) is None
+
+
+def test_two_sandboxes_of_one_claim_are_over_creation(tool):
+    sandboxes = SANDBOXES + [owned("Sandbox", "s1-again", "s2", "c1")]
+    assert tool.over_creation(SLOTS, sandboxes, []) == (
+        "claim episode-slot-1-0 controls 2 Sandboxes (s1, s1-again), one asked for", ["episode-slot-1-0"])
+
+
+def test_objects_of_claims_the_pool_does_not_hold_are_not_counted(tool):
+    sandboxes = [owned("Sandbox", "a", "a", "someone-else"), owned("Sandbox", "b", "b", "someone-else")]
+    assert tool.over_creation(SLOTS, sandboxes, []) is None

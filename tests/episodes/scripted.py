@@ -18,7 +18,7 @@ a container's PID 1 does not see SIGTERM at all).
 "leave": what the episode leaves in its sandbox after its reward (a recycled pool's reset check
 finds it): "daemon" a double-forked process that lives as long as the sandbox's keep-alive,
 "tmpfile" a file in $TMPDIR (or /tmp), "chmod_workspace" its workspace made mode 000,
-"kill_keepalive" the sandbox's keep-alive killed (SIGKILL).
+"kill_keepalive" the sandbox's keep-alive killed (SIGKILL), the episode then waiting to end with it.
 """
 import json
 import os
@@ -114,3 +114,4 @@ elif left == "chmod_workspace":
     os.chmod(os.environ.get("RL_WORKSPACE", "/workspace"), 0)
 elif left == "kill_keepalive":
     os.kill(keep_alive(), signal.SIGKILL)
+    time.sleep(300)  # the container's end ends the episode too (as a real one's processes end with it)
