@@ -9754,23 +9754,22 @@ def over_creation(slots, sandboxes, pods):
     more)."""
     claims = {record["claim_uid"]: record["claim"] for record in slots if record.get("claim_uid")}
 
-    def live(obj):
-        return not obj["metadata"].get("deletionTimestamp") and (obj.get("status") or {}).get("phase") not in (
-            "Succeeded", "Failed")
-    by_claim = {}
-    for sandbox in sandboxes:
-        if controller_uid(sandbox) in claims and live(sandbox):
-            by_claim.setdefault(controller_uid(sandbox), []).append(sandbox)
+    def live_by_controller(objects, owners):
+        """{owner uid: [its live objects]} of the objects whose controller is one of `owners`."""
+        grouped = {}
+        for obj in objects:
+            if controller_uid(obj) in owners and not obj["metadata"].get("deletionTimestamp") and (
+                    obj.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                grouped.setdefault(controller_uid(obj), []).append(obj)
+        return grouped
+    by_claim = live_by_controller(sandboxes, claims)
     for uid, found in sorted(by_claim.items(), key=lambda item: claims[item[0]]):
         if len(found) > 1:
             return ("claim %s controls %d Sandboxes (%s), one asked for" % (
                 claims[uid], len(found), ", ".join(sorted(s["metadata"]["name"] for s in found))), [claims[uid]])
     owners = {sandbox["metadata"]["uid"]: (sandbox["metadata"]["name"], claims[uid])
               for uid, found in by_claim.items() for sandbox in found}
-    by_sandbox = {}
-    for pod in pods:
-        if controller_uid(pod) in owners and live(pod):
-            by_sandbox.setdefault(controller_uid(pod), []).append(pod)
+    by_sandbox = live_by_controller(pods, owners)
     for uid, found in sorted(by_sandbox.items(), key=lambda item: owners[item[0]]):
         if len(found) > 1:
             sandbox, claim = owners[uid]
