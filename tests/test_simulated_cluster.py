@@ -3,6 +3,7 @@ or through the real kubectl (the tool's tests rely on it)."""
 
 import io
 import json
+from pathlib import Path
 import sys
 
 import pytest
@@ -74,3 +75,34 @@ def test_the_job_controller_creates_pods_no_faster_than_its_client_rate_limit(ma
                      for pod in read(tmp_path / "out" / "pods.json"))
     seconds = (created[-1] - created[0]).total_seconds()  # whole seconds apart, across any hour or day
     assert spread[0] <= seconds <= spread[1], created
+
+
+class RefusesOnce:
+    """A client rate limiter with no token for the first call and plenty after."""
+    calls = 0
+
+    def take(self):
+        self.calls += 1
+        return self.calls > 1
+
+
+@pytest.mark.parametrize("mode", ["NonIndexed", "Indexed"])
+def test_a_pod_that_succeeded_before_its_count_is_not_replaced(tmp_path, mode):
+    # the controller's finalizer removal finds no token, its pod creation a moment later does:
+    # the uncounted Succeeded pod is succeeded all the same (calculateSucceededIndexes, getStatus)
+    sys.path.insert(0, str(Path(__file__).parent / "fakecluster"))
+    from api import DEFAULT_CONFIG
+    from server import Cluster
+    cluster = Cluster(tmp_path, dict(DEFAULT_CONFIG, clientRates="unlimited"))
+    template = {"metadata": {}, "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}}
+    with cluster.lock:
+        job = cluster.api_create("jobs", "default", {
+            "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
+            "spec": {"completions": 2, "parallelism": 2, "completionMode": mode, "template": template}})
+        cluster.job_controller()
+        first = cluster.owned_pods(job)[0]
+        first["status"]["phase"] = "Succeeded"
+        cluster.put("pods", first)
+        cluster.client_limits["jobController"] = RefusesOnce()
+        cluster.job_controller()
+        assert len(cluster.owned_pods(job)) == 2

@@ -170,15 +170,21 @@ class JobController:
             elif time.time() >= book["create_backoff_until"]:
                 # TerminatingOrFailed replaces a terminating pod at once; Failed waits for it.
                 occupying = active + (terminating if spec["podReplacementPolicy"] == "Failed" else [])
+                # A Succeeded pod whose finalizer this sync could not remove yet (the client's rate
+                # limit) is succeeded all the same: calculateSucceededIndexes and getStatus count it
+                # (ASSUMPTIONS.md "Job controller"), so its index gets no second pod.
+                uncounted = [p for p in pods if p["status"].get("phase") == "Succeeded"
+                             and TRACKING in p["metadata"].get("finalizers", [])
+                             and p["metadata"]["uid"] not in book["succeeded"]]
                 if indexed:
                     busy = {int(p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"])
-                            for p in occupying}
+                            for p in occupying + uncounted}
                     ready = [i for i in range(spec["completions"]) if i not in book["indexes_succeeded"]
                              and i not in book["indexes_failed"] and i not in busy
                              and time.time() >= book["index_retry_at"].get(i, 0)]
                     indexes = ready[:max(0, spec["parallelism"] - len(occupying))]
                 else:
-                    want = min(spec["parallelism"], spec["completions"] - succeeded) - len(occupying)
+                    want = min(spec["parallelism"], spec["completions"] - succeeded - len(uncounted)) - len(occupying)
                     indexes = [None] * max(0, want)
                 if indexes:
                     self.create_job_pods(job, indexes, book)
