@@ -27,8 +27,15 @@ Figures, per case:
                share (its start -> the first claim's create call; the last episode's end -> its
                exit) and the controller's (first create call -> the last claim Ready, as the
                tool's watch delivered it); `pool down` at the end
+  recycled M   `pool up --size M --recycle`, then 3 steps `run --pool POOL --count M` in the
+               sandboxes it keeps: each step's wall time, slowest episode, overhead, the tool's
+               share (start -> first exec sent, the execs' launch spread, each reset check's round
+               trip and its in-sandbox seconds, last check -> exit) and the controller's (claims
+               created or deleted in the step: none without a quarantine); `pool up` and
+               `pool down` seconds
 
 Usage: python3 benchmarks/real_control_plane.py [--job 200 1000] [--warm 200 1000] [--kept 64 512]
+                                                [--recycled 64 512]
                                                 [--episode-seconds 1.0] [--large-cluster-rates]
                                                 [--images K]
 Prints one line per case and, at the end, a JSON document of every figure."""
@@ -277,6 +284,56 @@ def kept_case(size, workdir, seconds, steps=3):
         plane.stop()
 
 
+def recycled_case(size, workdir, seconds, steps=3):
+    """`pool up --size M --recycle`, then `steps` steps of M episodes in the sandboxes it keeps."""
+    plane = plane_for(size, workdir, seconds, parts=("agent-sandbox",))
+    try:
+        pool = Path(workdir) / "pool"
+        up = Measured(plane, workdir, "pool", "up", "--size", str(size), "--recycle", "--allow-large", "--quiet",
+                      "--output", str(pool), *TIMEOUT)
+        rows = []
+        for number in range(1, steps + 1):
+            output = Path(workdir) / ("step-%d" % number)
+            step = Measured(plane, workdir, "run", "--backend", "warm-pool", "--pool", str(pool), "--allow-large",
+                            "--quiet", "--count",
+                            str(size), "--output", str(output), *TIMEOUT)
+            results = json.loads((output / "results.json").read_text())
+            assert results["successful_episodes"] == size, results["successful_episodes"]
+            observed = list(json.loads((output / "observed.json").read_text()).values())
+            began = step.exited - step.seconds
+            slowest = max(o["exec_finished"] - o["exec_started"] for o in observed)
+            checks = sorted(o["reset_checked"] - o["exec_finished"] for o in observed)
+            recycled = results["recycled_pool"]
+            rows.append({"step_seconds": round(step.seconds, 2), "slowest_episode_seconds": round(slowest, 2),
+                         "overhead_seconds": round(step.seconds - slowest, 2),
+                         # the tool's own share: its start -> the first exec sent (the pool's lock, its
+                         # slots checked, the claims' expiry extended), the execs' launch spread, each
+                         # episode's reset check (its exec round trip), the last check -> exit
+                         "start_to_first_exec_seconds": round(min(o["exec_started"] for o in observed) - began, 2),
+                         "exec_launch_spread_seconds": round(max(o["exec_started"] for o in observed)
+                                                             - min(o["exec_started"] for o in observed), 2),
+                         "reset_check_round_trip_p50_max_seconds": [round(checks[len(checks) // 2], 3),
+                                                                    round(checks[-1], 3)],
+                         "reset_check_in_sandbox": recycled["reset_check_in_sandbox_seconds"],
+                         "last_check_to_exit_seconds": round(step.exited - max(o["reset_checked"] for o in observed), 2),
+                         # the controller's share: claims it had to bind for this step (none without
+                         # a quarantine or a lost slot)
+                         "claims_created": len(recycled["claims_created"]),
+                         "claims_deleted": len(recycled["claims_deleted"]),
+                         "quarantined": len(recycled["quarantined"]),
+                         "sandbox_use": recycled["sandbox_use"], "kubectl_processes": step.kubectl_processes})
+        figures = {"case": "recycled", "size": size, "pool_up_seconds": round(up.seconds, 2), "steps": rows}
+        started = time.monotonic()
+        try:
+            Measured(plane, workdir, "pool", "down", str(pool))
+        except CaseFailed as failure:
+            figures["pool_down_error"] = str(failure)
+        figures["pool_down_seconds"] = round(time.monotonic() - started, 2)
+        return figures
+    finally:
+        plane.stop()
+
+
 def main():
     # the whole docstring: its first line alone stopped mid-sentence
     parser = argparse.ArgumentParser(description=__doc__.split("\n\nUsage:")[0],
@@ -287,6 +344,8 @@ def main():
                         help="warm-pool batches of these sizes, each from a pool of its size")
     parser.add_argument("--kept", type=int, nargs="*", default=[64, 512], metavar="M",
                         help="kept pools of these sizes, three steps each")
+    parser.add_argument("--recycled", type=int, nargs="*", default=[64, 512], metavar="M",
+                        help="recycled kept pools (pool up --recycle) of these sizes, three steps each")
     parser.add_argument("--episode-seconds", type=float, default=1.0,
                         help="how long each synthetic episode runs (default 1.0)")
     parser.add_argument("--images", type=int, metavar="K",
@@ -301,7 +360,8 @@ def main():
     # its `finally` (its parts run in sessions of their own, so nothing else stops them)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     every = []
-    for case, sizes in ((job_case, args.job), (warm_case, args.warm), (kept_case, args.kept)):
+    for case, sizes in ((job_case, args.job), (warm_case, args.warm), (kept_case, args.kept),
+                        (recycled_case, args.recycled)):
         for size in sizes:
             with tempfile.TemporaryDirectory(prefix="rl-bench-real-") as workdir:
                 try:

@@ -133,6 +133,70 @@ def test_an_episode_that_kills_its_sandboxs_keep_alive_fails_and_its_slot_is_cla
     assert again.code == 0, again
 
 
+def test_a_reset_check_that_never_answers_quarantines_its_sandbox_and_names_the_episode(make_cluster, run_tool,
+                                                                                        tmp_path):
+    # the first reset check's stream stalls (the simulated kubelet's fault: a hung check, a node
+    # too loaded to answer); the step waits RESET_TIMEOUT_SECONDS for it, then quarantines
+    cluster = make_cluster(dict(AGENT_SANDBOX, execStalls={"words": ["sandbox-reset.py", "check"], "times": 1}))
+    recycled_pool_up(run_tool, cluster, 1)
+    done = step(run_tool, cluster, "step-1", "--count", "2")
+    assert done.code == 0, done
+    results = read(tmp_path / "step-1" / "results.json")
+    [entry] = results["recycled_pool"]["quarantined"]
+    first, second = sorted(row["episode"] for row in results["pods"])  # each episode ran once
+    assert (entry["episode"], entry["claim"]) == (first, "episode-slot-0-0")
+    assert entry["left"] == ["the reset check did not answer (the exec did not finish within 15 s)"]
+    assert [claim["claim"] for claim in results["recycled_pool"]["claims_created"]] == ["episode-slot-0-1"]
+    # the second episode ran in the fresh sandbox that replaced the quarantined one
+    assert [row["sandbox_use"] for row in results["pods"]] == ["fresh", "fresh"]
+
+
+def episode_execs(cluster, pod):
+    """The episode execs (not the baselines or reset checks) the API carried into `pod`."""
+    return [call for call in cluster.execs() if call[1] == pod and not any("sandbox-reset.py" in arg for arg in call)]
+
+
+def test_a_recycled_sandbox_deleted_mid_episode_is_named_and_its_slot_claimed_afresh(sandbox_cluster, run_tool,
+                                                                                    tmp_path):
+    recycled_pool_up(run_tool, sandbox_cluster, 1, "--episode", EPISODE)
+    namespace = read(tmp_path / "pool" / "pool.json")["namespace"]
+    write_tasks(tmp_path / "tasks.jsonl", [{"mode": "ok", "sleep": 60}, {"mode": "ok"}])
+    process = start_tool(sandbox_cluster, tmp_path, "run", "--backend", "warm-pool", "--pool", "pool", "--output",
+                         "step-1", "--tasks", "tasks.jsonl")
+    wait_for("the first episode exec'd", lambda: episode_execs(sandbox_cluster, "episode-slot-0-0"))
+    sandbox_cluster.kubectl("-n", namespace, "delete", "sandbox", "episode-slot-0-0", "--wait=false")
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 5, stderr  # an infrastructure failure, not a sample
+    results = read(tmp_path / "step-1" / "results.json")
+    [failure] = results["infrastructure_failures"]
+    assert failure["index"] == 0 and failure["reason"].startswith("SandboxDeleted: its Sandbox episode-slot-0-0 was "
+                                                                  "deleted while the episode ran"), failure
+    [entry] = results["recycled_pool"]["quarantined"]
+    assert (entry["slot"], entry["episode"]) == (0, failure["attempts"][0]["pod"])
+    assert entry["left"] == ["its sandbox was lost while the episode ran (SandboxDeleted)"]
+    assert [claim["claim"] for claim in results["recycled_pool"]["claims_created"]] == ["episode-slot-0-1"]
+    assert [(row["sandbox"], row["reward"]) for row in results["pods"]] == [("episode-slot-0-1", 1.0)]
+    assert len(episode_execs(sandbox_cluster, "episode-slot-0-0")) == 1  # no episode ran twice
+
+
+def test_a_recycled_sandbox_evicted_between_steps_is_claimed_afresh_at_the_next_steps_start(
+        sandbox_cluster, run_tool, tmp_path):
+    recycled_pool_up(run_tool, sandbox_cluster, 2)
+    namespace = read(tmp_path / "pool" / "pool.json")["namespace"]
+    assert step(run_tool, sandbox_cluster, "step-1", "--count", "2").code == 0
+    (sandbox_cluster.state / "evict-episode-slot-0-0").touch()  # node pressure: the kubelet evicts it
+    wait_for("the pod evicted", lambda: sandbox_cluster.get_json("-n", namespace, "pod", "episode-slot-0-0")[
+        "status"].get("reason") == "Evicted")
+    done = step(run_tool, sandbox_cluster, "step-2", "--count", "2")
+    assert done.code == 0, done
+    results = read(tmp_path / "step-2" / "results.json")
+    assert results["recycled_pool"]["replaced_at_start"] == {
+        "0": "its claim episode-slot-0-0 is not Ready (PodFailed: Pod is Failed)"}
+    assert [claim["claim"] for claim in results["recycled_pool"]["claims_created"]] == ["episode-slot-0-1"]
+    assert sorted((row["sandbox"], row["sandbox_use"]) for row in results["pods"]) == [
+        ("episode-slot-0-1", "fresh"), ("episode-slot-1-0", "recycled")]
+
+
 def test_pool_down_of_a_recycled_pool_deletes_its_claims_and_namespace(sandbox_cluster, run_tool, tmp_path):
     recycled_pool_up(run_tool, sandbox_cluster, 2)
     assert step(run_tool, sandbox_cluster, "step-1", "--count", "2").code == 0

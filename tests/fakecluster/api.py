@@ -62,6 +62,10 @@ DEFAULT_CONFIG = {
     # WebSocket was upgraded (an overloaded kubelet endpoint): {"execs": N, "started": false},
     # "started": the kubelet had begun the command. See kubelet_dial_failure in httpapi.py.
     "kubeletDialFailures": None,
+    # Execs whose command holds every one of these words stall: the stream opens and nothing comes,
+    # not even an exit status, until the client closes it (a command hung in the container, a node
+    # too loaded to answer): {"words": ["sandbox-reset.py", "check"], "times": 1}. See exec_stalls.
+    "execStalls": None,
     # Watches of these resources stay open and deliver nothing (a watch stuck behind a broken
     # proxy or load balancer): ["sandboxwarmpools"].
     "watchStalls": [],

@@ -889,6 +889,9 @@ class HttpApi:
         stdin = None
         if query.get("stdin") == "true":
             stdin = self.read_stdin(websocket, sock, protocol)
+        if exec_stalls(cluster, command):
+            hold_until_closed(cluster, sock)
+            return False
         try:
             dial = kubelet_dial_failure(cluster, namespace, name, chosen)
             if dial is not None:
@@ -981,6 +984,33 @@ def first_after(history, rv):
 
 def http_date():
     return time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime())
+
+
+def exec_stalls(cluster, command):
+    """`execStalls` ({"words": [...], "times": N}): whether this exec, whose command holds every
+    word, is one of the first N such execs, which stall (no command runs, nothing is sent)."""
+    fault = cluster.config.get("execStalls") or {}
+    if not fault or not all(any(word in arg for arg in command) for word in fault.get("words", [])):
+        return False
+    with cluster.lock:
+        used = getattr(cluster, "exec_stalls", 0)
+        if used >= fault.get("times", 1):
+            return False
+        cluster.exec_stalls = used + 1
+    return True
+
+
+def hold_until_closed(cluster, sock):
+    """A stalled stream: the connection held open, silent, until the client closes it or the cluster stops."""
+    sock.settimeout(0.5)
+    while not cluster.stop.is_set():
+        try:
+            if not sock.recv(65536):
+                return
+        except socket.timeout:
+            continue
+        except OSError:
+            return
 
 
 def kubelet_dial_failure(cluster, namespace, name, container):
