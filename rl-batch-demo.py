@@ -558,8 +558,8 @@ finally:
 # episode), prints one JSON line: the sandbox's processes (pid and start time, which together name
 # a process for good, and its command line), every entry (path, kind, mode, size) under each
 # writable place outside the workspace ($TMPDIR or /tmp, /var/tmp, /dev/shm, $HOME unless it is
-# /), and the workspace's own mode. `check WORKSPACE JOURNAL BASELINE`, exec'd after each episode
-# with that line, first waits for the episode's exec journal to end (its lock free: the keeper
+# /), and the workspace's own mode. `check WORKSPACE JOURNAL BASELINE`, run after each episode
+# with that line (in the episode's own exec: RESET_AFTER_EPISODE_SCRIPT), first waits for the episode's exec journal to end (its lock free: the keeper
 # is gone), then compares: a process not in the baseline (every process the sandbox shows is
 # looked at, so one that double-forked away from the episode is found too), a baseline process
 # gone (the keep-alive), an entry added, removed, resized or of another mode, a workspace of
@@ -2119,7 +2119,8 @@ class KubectlExecChannel:
             passing = (error.transient and not stdout and "(InternalError)" not in message
                        and message.startswith(("Error from server", "The connection to the server")))
             timed_out = "did not finish within" in message
-            return ExecResult(None, stdout, error=message, sent_at=sent_at, refused_in_passing=passing,
+            return ExecResult(None, stdout, error.stderr.encode() if timed_out else b"", error=message, sent_at=sent_at,
+                              refused_in_passing=passing,
                               reason="ExecTimedOut" if timed_out else "ExecFailed",
                               cut=error.transient and not passing and not timed_out)
 
@@ -2229,8 +2230,11 @@ class ProxyExecChannel:
             try:
                 # the frames follow the headers on the same buffered stream
                 return read_exec_stream(connection.sock, answer.fp, deadline, sent_at, opened_at)
-            except socket.timeout:
-                return ExecResult(None, error="the exec did not finish within %.0f s" % seconds_left,
+            except socket.timeout as timed_out:
+                # what the command said before its time ran out (a recycled episode's exit code
+                # before a reset check that hung)
+                return ExecResult(None, getattr(timed_out, "stdout", b""), getattr(timed_out, "stderr", b""),
+                                  error="the exec did not finish within %.0f s" % seconds_left,
                                   reason="ExecTimedOut", sent_at=sent_at, opened_at=opened_at)
             except (OSError, ValueError) as error:
                 return ExecResult(None, error="the exec stream was cut after it opened (%s); the command may have "
@@ -2275,8 +2279,24 @@ def read_exec_stream(connection, stream, deadline, sent_at, opened_at):
         stopped.set()
 
 
+class ExecStreamTimedOut(socket.timeout):
+    """The exec's time ran out with its stream open: what its stdout and stderr had said by then."""
+
+    def __init__(self, stdout, stderr):
+        super().__init__("timed out")
+        self.stdout, self.stderr = stdout, stderr
+
+
 def read_exec_messages(connection, stream, deadline, sent_at, opened_at, writing):
-    out, err, status, message = bytearray(), bytearray(), None, bytearray()
+    out, err = bytearray(), bytearray()
+    try:
+        return read_exec_frames(connection, stream, deadline, sent_at, opened_at, writing, out, err)
+    except socket.timeout:
+        raise ExecStreamTimedOut(bytes(out), bytes(err)) from None
+
+
+def read_exec_frames(connection, stream, deadline, sent_at, opened_at, writing, out, err):
+    status, message = None, bytearray()
     while True:
         connection.settimeout(max(0.05, deadline - time.monotonic()))
         head = stream.read(2)
@@ -8554,17 +8574,21 @@ class WarmPoolRun:
         broken when the channel's handshake was answered wrongly (the command may have run)."""
         channel = self.channel
         try:
-            result = channel.run(pod_name, command, self.deadline - time.monotonic())
+            result = channel.run(pod_name, command, self.exec_seconds_left())
         except ExecRefused as refused:
             channel = self.fall_back(channel, refused)
-            result = channel.run(pod_name, command, self.deadline - time.monotonic())
+            result = channel.run(pod_name, command, self.exec_seconds_left())
         except ExecChannelBroken as broken:
             self.fall_back(channel, broken)
             return broken.result, True
         if result.code is None and result.opened_at is None and self.channel is not channel:
             # no stream on the channel another episode found refused meanwhile: the fallback's turn
-            result = self.channel.run(pod_name, command, self.deadline - time.monotonic())
+            result = self.channel.run(pod_name, command, self.exec_seconds_left())
         return result, False
+
+    def exec_seconds_left(self):
+        """An episode's exec budget: what is left of the run's deadline."""
+        return self.deadline - time.monotonic()
 
     def offer(self, name, index, result):
         """The finished episode, to the stream (--stream): its record as episodes.json will hold
@@ -9724,6 +9748,40 @@ def reset_check_command(episode, baseline):
             baseline]
 
 
+# A recycled episode's exec runs its reset check too (one round trip, not two): the shell runs the
+# episode, writes its exit code to stderr, runs the check and writes the check's exit code and
+# answer after it, then exits with the episode's code. The marks let the tool split the stream
+# again (split_reset_answer); a check that hangs leaves the episode's code already said.
+RESET_MARK = "rl-batch-demo reset: "
+RESET_AFTER_EPISODE_SCRIPT = (
+    'baseline=$1 journal=$2; shift 2; "$@"; code=$?; printf "\\n%%sepisode exit %%s\\n" "%(mark)s" "$code" >&2; '
+    'answer=$(python -S -B /demo/%(program)s check /workspace "$journal" "$baseline" 2>&1); checked=$?; '
+    'printf "%%scheck exit %%s\\n%%s\\n" "%(mark)s" "$checked" "$answer" >&2; exit $code'
+    % {"mark": RESET_MARK, "program": SANDBOX_RESET_FILE})
+
+
+def episode_then_reset_command(episode, command, baseline):
+    """`command` (the episode's exec), then its sandbox's reset check, in one exec."""
+    return ["sh", "-c", RESET_AFTER_EPISODE_SCRIPT, "sh", baseline, exec_journal(episode), *command]
+
+
+def split_reset_answer(result):
+    """(the episode's own result, its reset check's) of an exec that ran both: the check's None
+    when the exec did not get as far as the episode's end; the episode's code is kept when the
+    check did not answer in time (the exec's error is then the check's)."""
+    head, mark, tail = result.stderr.rpartition(b"\n" + RESET_MARK.encode() + b"episode exit ")
+    code, _, rest = tail.partition(b"\n")
+    if not mark or not code.strip().isdigit():
+        return result, None
+    episode = ExecResult(int(code), result.stdout, head, sent_at=result.sent_at, opened_at=result.opened_at)
+    checked, mark, answer = rest.partition(b"\n")
+    prefix = RESET_MARK.encode() + b"check exit "
+    if checked.startswith(prefix) and checked[len(prefix):].strip().isdigit():
+        return episode, ExecResult(int(checked[len(prefix):]), answer, answer)
+    return episode, ExecResult(None, error=result.error or "the exec ended before the check answered",
+                               reason=result.reason)
+
+
 def reset_answer(result):
     """(clean, left, seconds in the sandbox) of a reset check's exec: clean only when it exited 0
     saying so; a check that broke or did not answer is not clean, its failure the one thing left."""
@@ -9849,6 +9907,7 @@ class RecycledRun(WarmPoolRun):
         # what the over-creation guard found (over_creation()), once; from then on no claim is made
         self.over_created, self.stop_claiming = None, threading.Event()
         self.generations = {}  # slot number -> its last claim's generation (RecycledSlots.generations)
+        self.checks = {}  # pod name -> the reset check its last exec ran after the episode, or None
 
     def open(self):
         """The channel, the watches of the pool's claims, Sandboxes and pods, and their pump."""
@@ -9892,6 +9951,18 @@ class RecycledRun(WarmPoolRun):
             if watch is not None:
                 watch.stop()
         self.close_channels()
+
+    def exec_seconds_left(self):
+        """An episode's exec carries its reset check: the check's time beyond the deadline."""
+        return self.deadline - time.monotonic() + RESET_TIMEOUT_SECONDS
+
+    def exec_once(self, pod_name, command):
+        """One exec; of an episode's that ran its reset check too, the episode's part (the check's
+        answer kept in self.checks for serve_one, as the exec journal reads only the episode's)."""
+        result, broken = super().exec_once(pod_name, command)
+        result, check = split_reset_answer(result)
+        self.checks[pod_name] = check
+        return result, broken
 
     def exec_check(self, pod_name, command, seconds=RESET_TIMEOUT_SECONDS):
         """A baseline or a reset check: one exec within `seconds`, the fallback's when the stream is refused."""
@@ -10151,8 +10222,12 @@ class RecycledRun(WarmPoolRun):
         self.observed[name].update(slot=number, claim=record["claim"], episodes_before=record["episodes_served"],
                                    sandbox=record["sandbox"], pod=record["pod"], node=record.get("node"),
                                    generation=record["generation"])
-        result = self.exec_episode(record["pod"], name, episode_command(name, index, self.spec))
+        self.checks.pop(record["pod"], None)
+        result = self.exec_episode(record["pod"], name, episode_then_reset_command(
+            name, episode_command(name, index, self.spec), record["baseline"]))
         self.observed[name].update(exec_finished=time.time(), exec_started=result.sent_at)
+        check = self.checks.pop(record["pod"], None)
+        result = self.within_deadline(result, check)
         if result.code != 0 and self.stopping.is_set():
             result = ExecResult(None, result.stdout, result.stderr, reason="Interrupted", error=(
                 "interrupted: the tool was stopped (Ctrl-C or SIGTERM) while the episode ran"),
@@ -10171,7 +10246,10 @@ class RecycledRun(WarmPoolRun):
         if result.reason in ("SandboxDeleted", "Evicted", "Interrupted"):
             clean, left, seconds = False, ["its sandbox was lost while the episode ran (%s)" % result.reason], None
         else:
-            check = self.exec_check(record["pod"], reset_check_command(name, record["baseline"]))
+            # the check rode on the episode's exec; one followed through the journal, or sent again
+            # after the journal said it never started, did not: then it is an exec of its own
+            if check is None:
+                check = self.exec_check(record["pod"], reset_check_command(name, record["baseline"]))
             clean, left, seconds = reset_answer(check)
         self.observed[name].update(reset_checked=time.time(), reset_seconds=seconds)
         self.results[name] = {"code": result.code, "error": result.error, "reason": result.reason,
@@ -10185,6 +10263,20 @@ class RecycledRun(WarmPoolRun):
             free.put(number)
             return
         self.quarantine(number, name, index, left, free)
+
+    def within_deadline(self, result, check):
+        """The episode's result, or ExecTimedOut when it ended after the step's deadline: its exec
+        may run RESET_TIMEOUT_SECONDS longer for its check, so its end is the exec's return less
+        the check's own seconds (later than the real end by the return trip: never too kind)."""
+        seconds = reset_answer(check)[2] if check is not None else None
+        if result.code is None or not isinstance(seconds, (int, float)) or self.deadline_at is None:
+            return result
+        late = time.time() - seconds - self.deadline_at
+        if late <= 0:
+            return result
+        return ExecResult(None, result.stdout, result.stderr, reason="ExecTimedOut", sent_at=result.sent_at,
+                          opened_at=result.opened_at, error="the episode ended %.1f s after the step's --timeout of "
+                                                            "%d s" % (late, self.spec.timeout))
 
     def quarantine(self, number, episode, task, left, free):
         record = self.slots.get(number)
@@ -10306,8 +10398,11 @@ RECYCLED_TIME_POINTS = {
     "imports_done": TIME_POINTS["imports_done"],
     "ready": TIME_POINTS["ready"],
     "reward": TIME_POINTS["reward"],
-    "exec_finished": WARM_TIME_POINTS["exec_finished"],
-    "reset_checked": ("client", 1e-6, "the reset check's exec returned (time.time())"),
+    "exec_finished": ("client", 1e-6, "the episode's exec returned (time.time()), the reset check it ran after the "
+                                      "episode included"),
+    "reset_checked": ("client", 1e-6, "the reset check's answer arrived (time.time()): with the episode's exec, "
+                                      "which runs it, the same moment as exec_finished; as its own exec (after a "
+                                      "stream followed through the journal), when that returned"),
 }
 RECYCLED_PHASES = {
     "waiting_for_sandbox": ("step_started", "sandbox_free", "step started -> a sandbox free"),
@@ -10319,7 +10414,8 @@ RECYCLED_PHASES = {
     "import_done_to_ready": PHASES["import_done_to_ready"],
     "ready_to_reward": PHASES["ready_to_reward"],
     "reward_to_exec_finished": WARM_PHASES["reward_to_exec_finished"],
-    "reset_check": ("exec_finished", "reset_checked", "exec returned -> reset check answered"),
+    "reset_check": ("exec_finished", "reset_checked", "exec returned -> reset check answered (0 when the episode's "
+                                                      "exec ran it: its cost is then in reset.seconds_in_sandbox)"),
     "step_to_ready": ("step_started", "ready", "step started -> ready"),
 }
 RECYCLED_SCHEME = PhaseScheme(

@@ -135,25 +135,27 @@ def test_an_episode_that_kills_its_sandboxs_keep_alive_fails_and_its_slot_is_cla
 
 def test_a_reset_check_that_never_answers_quarantines_its_sandbox_and_names_the_episode(make_cluster, run_tool,
                                                                                         tmp_path):
-    # the first reset check's stream stalls (the simulated kubelet's fault: a hung check, a node
-    # too loaded to answer); the step waits RESET_TIMEOUT_SECONDS for it, then quarantines
-    cluster = make_cluster(dict(AGENT_SANDBOX, execStalls={"words": ["sandbox-reset.py", "check"], "times": 1}))
-    recycled_pool_up(run_tool, cluster, 1)
-    done = step(run_tool, cluster, "step-1", "--count", "2")
+    # the first episode's exec says the episode's exit code, then its reset check hangs (the
+    # simulated kubelet's fault: the stream stalls there); the step waits out the exec's budget,
+    # its --timeout and RESET_TIMEOUT_SECONDS, keeps the episode and quarantines the sandbox
+    cluster = make_cluster(dict(AGENT_SANDBOX, execStalls={"words": ["sandbox-reset.py", "/demo/episode.py"], "times": 1,
+                                                           "stallAt": "rl-batch-demo reset: check exit"}))
+    recycled_pool_up(run_tool, cluster, 2)
+    done = step(run_tool, cluster, "step-1", "--count", "2", "--timeout", "20")
     assert done.code == 0, done
     results = read(tmp_path / "step-1" / "results.json")
     [entry] = results["recycled_pool"]["quarantined"]
-    first, second = sorted(row["episode"] for row in results["pods"])  # each episode ran once
-    assert (entry["episode"], entry["claim"]) == (first, "episode-slot-0-0")
-    assert entry["left"] == ["the reset check did not answer (the exec did not finish within 15 s)"]
-    assert [claim["claim"] for claim in results["recycled_pool"]["claims_created"]] == ["episode-slot-0-1"]
-    # the second episode ran in the fresh sandbox that replaced the quarantined one
-    assert [row["sandbox_use"] for row in results["pods"]] == ["fresh", "fresh"]
+    [stalled] = [row for row in results["pods"] if row["reset"]["clean"] is False]
+    assert (entry["episode"], entry["claim"]) == (stalled["episode"], stalled["claim"])
+    assert entry["left"] == ["the reset check did not answer (the exec did not finish within 35 s)"]
+    assert [row["reward"] for row in results["pods"]] == [1.0, 1.0]  # the episode's own result was kept
+    assert [claim["why"] for claim in results["recycled_pool"]["claims_created"]] == [
+        "quarantine of %s after %s" % (stalled["claim"], stalled["episode"])]
 
 
 def episode_execs(cluster, pod):
     """The episode execs (not the baselines or reset checks) the API carried into `pod`."""
-    return [call for call in cluster.execs() if call[1] == pod and not any("sandbox-reset.py" in arg for arg in call)]
+    return [call for call in cluster.execs() if call[1] == pod and any(arg.endswith("/episode.py") for arg in call)]
 
 
 def test_a_recycled_sandbox_deleted_mid_episode_is_named_and_its_slot_claimed_afresh(sandbox_cluster, run_tool,
@@ -308,3 +310,29 @@ def test_two_sandboxes_of_one_claim_are_over_creation(tool):
 def test_objects_of_claims_the_pool_does_not_hold_are_not_counted(tool):
     sandboxes = [owned("Sandbox", "a", "a", "someone-else"), owned("Sandbox", "b", "b", "someone-else")]
     assert tool.over_creation(SLOTS, sandboxes, []) is None
+
+
+# ---------------------------------------------------------------- one exec per episode: its reset check's answer, in-process
+
+
+def test_an_exec_that_ran_the_episode_and_its_check_splits_into_both(tool):
+    stderr = (b"episode's own\n\n" + tool.RESET_MARK.encode() + b"episode exit 3\n" + tool.RESET_MARK.encode() +
+              b'check exit 0\n{"clean": true, "left": [], "seconds": 0.2}\n')
+    episode, check = tool.split_reset_answer(tool.ExecResult(3, b"events\n", stderr))
+    assert (episode.code, episode.stdout, episode.stderr) == (3, b"events\n", b"episode's own\n")
+    assert tool.reset_answer(check) == (True, [], 0.2)
+
+
+def test_an_exec_whose_check_hung_keeps_the_episodes_exit_code_and_names_the_check(tool):
+    stderr = b"\n" + tool.RESET_MARK.encode() + b"episode exit 0\n"
+    timed_out = tool.ExecResult(None, b"events\n", stderr, error="the exec did not finish within 35 s",
+                                reason="ExecTimedOut")
+    episode, check = tool.split_reset_answer(timed_out)
+    assert (episode.code, episode.error, episode.stderr) == (0, None, b"")
+    assert tool.reset_answer(check) == (False, ["the reset check did not answer (the exec did not finish within "
+                                                "35 s)"], None)
+
+
+def test_an_exec_that_never_reached_the_episodes_end_has_no_check(tool):
+    cut = tool.ExecResult(None, b"half", b"", error="the exec stream was cut", cut=True)
+    assert tool.split_reset_answer(cut) == (cut, None)

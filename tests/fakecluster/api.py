@@ -64,7 +64,8 @@ DEFAULT_CONFIG = {
     "kubeletDialFailures": None,
     # Execs whose command holds every one of these words stall: the stream opens and nothing comes,
     # not even an exit status, until the client closes it (a command hung in the container, a node
-    # too loaded to answer): {"words": ["sandbox-reset.py", "check"], "times": 1}. See exec_stalls.
+    # too loaded to answer): {"words": ["sandbox-reset.py", "check"], "times": 1}; with "stallAt": TEXT
+    # the command runs and its output is sent up to TEXT, then nothing more. See exec_stalls.
     "execStalls": None,
     # Watches of these resources stay open and deliver nothing (a watch stuck behind a broken
     # proxy or load balancer): ["sandboxwarmpools"].

@@ -889,7 +889,8 @@ class HttpApi:
         stdin = None
         if query.get("stdin") == "true":
             stdin = self.read_stdin(websocket, sock, protocol)
-        if exec_stalls(cluster, command):
+        stall = exec_stalls(cluster, command)
+        if stall is not None and not stall.get("stallAt"):
             hold_until_closed(cluster, sock)
             return False
         try:
@@ -908,10 +909,16 @@ class HttpApi:
         except ApiError as error:
             # the kubelet's refusal reaches the client on the error channel (the stream is open)
             status, streams = dict(error.status, metadata={}), []
+        if stall is not None and streams:
+            # the command's output up to the stall's text, then silence (what came after it hung)
+            streams = [(channel, data.split(stall["stallAt"].encode(), 1)[0]) for channel, data in streams]
         for channel, data in streams:
             for start in range(0, len(data), 32768):
                 sock.sendall(websocket.send(wsproto.events.BytesMessage(data=bytes([channel]) +
                                                                          data[start:start + 32768])))
+        if stall is not None:
+            hold_until_closed(cluster, sock)
+            return False
         sock.sendall(websocket.send(wsproto.events.BytesMessage(data=bytes([3]) + json.dumps(status).encode())))
         sock.sendall(websocket.send(wsproto.events.CloseConnection(code=1000)))
         return False
@@ -987,17 +994,19 @@ def http_date():
 
 
 def exec_stalls(cluster, command):
-    """`execStalls` ({"words": [...], "times": N}): whether this exec, whose command holds every
-    word, is one of the first N such execs, which stall (no command runs, nothing is sent)."""
+    """`execStalls` ({"words": [...], "times": N, "stallAt": TEXT}): the fault, when this exec,
+    whose command holds every word, is one of the first N such execs, else None. Such an exec
+    stalls: without stallAt no command runs and nothing is sent; with it the command runs and
+    its output is sent up to TEXT's first occurrence, then nothing more (no exit status)."""
     fault = cluster.config.get("execStalls") or {}
     if not fault or not all(any(word in arg for arg in command) for word in fault.get("words", [])):
-        return False
+        return None
     with cluster.lock:
         used = getattr(cluster, "exec_stalls", 0)
         if used >= fault.get("times", 1):
-            return False
+            return None
         cluster.exec_stalls = used + 1
-    return True
+    return fault
 
 
 def hold_until_closed(cluster, sock):
