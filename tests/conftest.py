@@ -127,6 +127,12 @@ def controlplane_binaries():
         pytest.skip("the real control plane cannot be built here: %s" % failure)
 
 
+# agent-sandbox releases the real-control-plane tier runs (tests/controlplane/agent-sandbox*/):
+# `@AGENT_SANDBOX_VERSIONS` on a test marked parts("agent-sandbox") runs it on each
+AGENT_SANDBOX_VERSIONS = pytest.mark.parametrize("agent_sandbox", ["agent-sandbox", "agent-sandbox-v1"],
+                                                 ids=["v0.5.6", "v1.0.1"])
+
+
 @pytest.fixture
 def control_plane(request, tmp_path, controlplane_binaries):
     """A real control plane of its own (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
@@ -136,7 +142,12 @@ def control_plane(request, tmp_path, controlplane_binaries):
     import fcntl
     from controlplane.cluster import ControlPlane, PartDidNotStart
     asked = request.node.get_closest_marker("parts")
-    plane = ControlPlane(tmp_path / "control-plane", controlplane_binaries, parts=asked.args if asked else ())
+    parts = list(asked.args if asked else ())
+    # a test parametrized over AGENT_SANDBOX_VERSIONS runs on the agent-sandbox of its parameter
+    version = getattr(request.node, "callspec", None) and request.node.callspec.params.get("agent_sandbox")
+    if version:
+        parts = [version if part == "agent-sandbox" else part for part in parts]
+    plane = ControlPlane(tmp_path / "control-plane", controlplane_binaries, parts=parts)
     with open(Path(controlplane_binaries) / "create.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EPISODE, SCRIPT, Result, read, wait_for, write_tasks
+from conftest import AGENT_SANDBOX_VERSIONS, EPISODE, SCRIPT, Result, read, wait_for, write_tasks
 
 pytestmark = pytest.mark.controlplane
 
@@ -205,7 +205,9 @@ def episode_execs_per_pod(plane):
 
 
 @pytest.mark.parts("agent-sandbox")
-def test_a_warm_pool_batch_runs_every_episode_exactly_once_over_the_exec_channel(control_plane, tmp_path):
+@AGENT_SANDBOX_VERSIONS
+def test_a_warm_pool_batch_runs_every_episode_exactly_once_over_the_exec_channel(
+        control_plane, tmp_path, agent_sandbox):
     done = run_tool_on(control_plane, tmp_path, "run", "--backend", "warm-pool", "--count", "6", "--output", "out")
     assert done.code == 0, done
     results = read(tmp_path / "out" / "results.json")
@@ -240,7 +242,7 @@ def test_a_kept_pool_serves_three_steps_and_pool_down_leaves_nothing(control_pla
     assert namespace_gone(control_plane, namespace)
 
 
-# ---------------------------------------------------------------- a recycled kept pool on agent-sandbox v0.5.6
+# ------------------------------------------------ a recycled kept pool on agent-sandbox v0.5.6 and v1.0.1
 
 
 def claims_on(plane, namespace):
@@ -248,7 +250,9 @@ def claims_on(plane, namespace):
 
 
 @pytest.mark.parts("agent-sandbox")
-def test_a_recycled_pool_serves_three_steps_on_the_claims_it_keeps_and_replaces_a_dirty_one(control_plane, tmp_path):
+@AGENT_SANDBOX_VERSIONS
+def test_a_recycled_pool_serves_three_steps_on_the_claims_it_keeps_and_replaces_a_dirty_one(
+        control_plane, tmp_path, agent_sandbox):
     up = run_tool_on(control_plane, tmp_path, "pool", "up", "--recycle", "--size", "2", "--episode", EPISODE,
                      "--output", "pool")
     assert up.code == 0, up
@@ -278,7 +282,9 @@ def test_a_recycled_pool_serves_three_steps_on_the_claims_it_keeps_and_replaces_
 
 
 @pytest.mark.parts("agent-sandbox")
-def test_a_sigkilled_steps_sandboxes_are_deleted_by_the_controller_at_their_expiry(control_plane, tmp_path):
+@AGENT_SANDBOX_VERSIONS
+def test_a_sigkilled_steps_sandboxes_are_deleted_by_the_controller_at_their_expiry(
+        control_plane, tmp_path, agent_sandbox):
     up = run_tool_on(control_plane, tmp_path, "pool", "up", "--recycle", "--size", "2", "--ttl", "10", "--episode",
                      EPISODE, "--output", "pool")
     assert up.code == 0, up
@@ -315,7 +321,9 @@ def test_a_sigkilled_steps_sandboxes_are_deleted_by_the_controller_at_their_expi
 
 
 @pytest.mark.parts("agent-sandbox")
-def test_a_step_that_sees_two_pods_for_one_sandbox_stops_says_so_and_deletes_that_claim(control_plane, tmp_path):
+@AGENT_SANDBOX_VERSIONS
+def test_a_step_that_sees_two_pods_for_one_sandbox_stops_says_so_and_deletes_that_claim(
+        control_plane, tmp_path, agent_sandbox):
     up = run_tool_on(control_plane, tmp_path, "pool", "up", "--recycle", "--size", "2", "--episode", EPISODE,
                      "--output", "pool")
     assert up.code == 0, up

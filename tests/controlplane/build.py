@@ -9,7 +9,7 @@ those changes:
 
     $RL_BATCH_DEMO_CONTROLPLANE_CACHE (default ~/.cache/rl-batch-demo/controlplane)/<key>/
         bin/      etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
-                  kwok, kwokctl, agent-sandbox-controller, kueue
+                  kwok, kwokctl, agent-sandbox-controller (v0.5.6) and -v1 (v1.0.1), kueue
         share/    the CRDs and manifests of those same module versions (agent-sandbox's
                   k8s/crds, Kueue's config/components/crd, kwok's default stages)
         COMPLETE  written last: a folder without it is finished, never trusted
@@ -58,6 +58,8 @@ PROGRAMS = [
     ("kwok", "sigs.k8s.io/kwok/cmd/kwokctl", "kwokctl", []),
     ("agent-sandbox", "sigs.k8s.io/agent-sandbox/cmd/agent-sandbox-controller",
      "agent-sandbox-controller", []),
+    ("agent-sandbox-v1", "sigs.k8s.io/agent-sandbox/cmd/agent-sandbox-controller",
+     "agent-sandbox-controller-v1", []),
     ("kueue", "sigs.k8s.io/kueue/cmd/kueue", "kueue", []),
 ] + [
     ("kubernetes", "k8s.io/kubernetes/cmd/" + name, name,
@@ -68,6 +70,7 @@ PROGRAMS = [
 # (module folder, upstream module, folder inside it, destination under share/)
 SHARED_FILES = [
     ("agent-sandbox", "sigs.k8s.io/agent-sandbox", "k8s/crds", "agent-sandbox/crds"),
+    ("agent-sandbox-v1", "sigs.k8s.io/agent-sandbox", "k8s/crds", "agent-sandbox-v1/crds"),
     ("kueue", "sigs.k8s.io/kueue", "config/components/crd/bases", "kueue/crds"),
     ("kueue", "sigs.k8s.io/kueue", "config/components/webhook", "kueue/webhook"),
     ("kueue", "sigs.k8s.io/kueue", "config/components/rbac", "kueue/rbac"),
@@ -81,6 +84,7 @@ UPSTREAM = {
     "etcd": "go.etcd.io/etcd/server/v3",
     "kwok": "sigs.k8s.io/kwok",
     "agent-sandbox": "sigs.k8s.io/agent-sandbox",
+    "agent-sandbox-v1": "sigs.k8s.io/agent-sandbox",
     "kueue": "sigs.k8s.io/kueue",
     "kubernetes": "k8s.io/kubernetes",
 }

@@ -93,7 +93,7 @@ class ControlPlane:
         self.nodes = nodes
         self.kubectl_program = kubectl or machine_kubectl()
         self.runtime = None
-        self.parts = tuple(parts)  # add-ons a test asked for: "agent-sandbox"
+        self.parts = tuple(parts)  # add-ons a test asked for: "agent-sandbox" (v0.5.6), "agent-sandbox-v1", "kueue"
         self.synthetic_seconds = synthetic_seconds  # benchmarks: episodes without a process (runtime.py)
         # a plane whose episodes run on a real node (tests/realnode/) starts no episode runtime
         self.episode_runtime = episode_runtime
@@ -147,6 +147,8 @@ class ControlPlane:
         self.wait_for_nodes()
         if "agent-sandbox" in self.parts:
             self.start_agent_sandbox()
+        if "agent-sandbox-v1" in self.parts:
+            self.start_agent_sandbox_v1()
         if "kueue" in self.parts:
             self.start_kueue()
         return self
@@ -185,6 +187,21 @@ class ControlPlane:
             "--leader-elect=false", "--metrics-bind-address", "0", "--health-probe-bind-address",
             "127.0.0.1:%d" % health, "--webhook-port", str(port), "--webhook-cert-dir", str(certs),
             "--manage-webhook-certs=false"], ready_url="http://127.0.0.1:%d/readyz" % health)
+
+    def start_agent_sandbox_v1(self):
+        """agent-sandbox v1.0.1's controller (--extensions) and its CRDs: v1beta1 alone, no
+        conversion webhook and no webhook flags (v1.0.1 removed v1alpha1, its conversion and
+        cmd/agent-sandbox-controller's webhook server; ASSUMPTIONS.md "agent-sandbox v1.0.1")."""
+        from .webhooks import as_json, free_port
+        health = free_port()
+        crds = [crd for path in sorted((self.built / "share" / "agent-sandbox-v1" / "crds").glob("*.yaml"))
+                for crd in as_json(self.kubectl, path.read_text())]
+        self.kubectl("create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": crds}))
+        self.wait_for_established([crd["metadata"]["name"] for crd in crds])
+        self.start_addon("agent-sandbox-controller", [
+            str(self.bin / "agent-sandbox-controller-v1"), "--kubeconfig", str(self.kubeconfig), "--extensions",
+            "--leader-elect=false", "--metrics-bind-address", "0", "--health-probe-bind-address",
+            "127.0.0.1:%d" % health], ready_url="http://127.0.0.1:%d/readyz" % health)
 
     def start_kueue(self):
         """Kueue v0.19.2's controller manager managing batch/v1 Jobs, its CRDs (with the conversion
