@@ -334,6 +334,13 @@ def recycled_case(size, workdir, seconds, steps=3):
         plane.stop()
 
 
+def stop_once(*_):
+    """SIGTERM: end the benchmark, once. `timeout` and `pkill -f` can deliver it twice (to the process
+    group, and to the process): a second SystemExit inside a case's `finally` left its plane running."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(143)
+
+
 def main():
     # the whole docstring: its first line alone stopped mid-sentence
     parser = argparse.ArgumentParser(description=__doc__.split("\n\nUsage:")[0],
@@ -358,7 +365,7 @@ def main():
     RATES.update(LARGE_CLUSTER_RATES if args.large_cluster_rates else {})
     # `timeout` or a CI runner ends a long benchmark with SIGTERM: each case's plane is stopped by
     # its `finally` (its parts run in sessions of their own, so nothing else stops them)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGTERM, stop_once)
     every = []
     for case, sizes in ((job_case, args.job), (warm_case, args.warm), (kept_case, args.kept),
                         (recycled_case, args.recycled)):
