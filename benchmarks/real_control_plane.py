@@ -244,6 +244,17 @@ def warm_case(size, workdir, seconds):
         plane.stop()
 
 
+def timed_pool_down(plane, workdir, pool):
+    """`pool down` of a case's pool: its seconds, and its error line if it failed."""
+    started, figures = time.monotonic(), {}
+    try:
+        Measured(plane, workdir, "pool", "down", str(pool))
+    except CaseFailed as failure:
+        figures["pool_down_error"] = str(failure)
+    figures["pool_down_seconds"] = round(time.monotonic() - started, 2)
+    return figures
+
+
 def kept_case(size, workdir, seconds, steps=3):
     # room for the pool, a step's claimed sandboxes and the pool's refill at once (2 x size: the
     # second step of 512 once waited 8 minutes for room on nodes sized for the pool alone)
@@ -273,13 +284,7 @@ def kept_case(size, workdir, seconds, steps=3):
                          "kubectl_processes": step.kubectl_processes,
                          "warm": results["kept_pool_step"]["warm"], "cold": results["kept_pool_step"]["cold"]})
         figures = {"case": "kept", "size": size, "steps": rows}
-        started = time.monotonic()
-        try:
-            Measured(plane, workdir, "pool", "down", str(pool))
-        except CaseFailed as failure:
-            figures["pool_down_error"] = str(failure)
-        figures["pool_down_seconds"] = round(time.monotonic() - started, 2)
-        return figures
+        return dict(figures, **timed_pool_down(plane, workdir, pool))
     finally:
         plane.stop()
 
@@ -295,8 +300,7 @@ def recycled_case(size, workdir, seconds, steps=3):
         for number in range(1, steps + 1):
             output = Path(workdir) / ("step-%d" % number)
             step = Measured(plane, workdir, "run", "--backend", "warm-pool", "--pool", str(pool), "--allow-large",
-                            "--quiet", "--count",
-                            str(size), "--output", str(output), *TIMEOUT)
+                            "--quiet", "--count", str(size), "--output", str(output), *TIMEOUT)
             results = json.loads((output / "results.json").read_text())
             assert results["successful_episodes"] == size, results["successful_episodes"]
             observed = list(json.loads((output / "observed.json").read_text()).values())
@@ -323,13 +327,7 @@ def recycled_case(size, workdir, seconds, steps=3):
                          "quarantined": len(recycled["quarantined"]),
                          "sandbox_use": recycled["sandbox_use"], "kubectl_processes": step.kubectl_processes})
         figures = {"case": "recycled", "size": size, "pool_up_seconds": round(up.seconds, 2), "steps": rows}
-        started = time.monotonic()
-        try:
-            Measured(plane, workdir, "pool", "down", str(pool))
-        except CaseFailed as failure:
-            figures["pool_down_error"] = str(failure)
-        figures["pool_down_seconds"] = round(time.monotonic() - started, 2)
-        return figures
+        return dict(figures, **timed_pool_down(plane, workdir, pool))
     finally:
         plane.stop()
 
